@@ -1,0 +1,126 @@
+"""The runner interface (after Polygraphy's BaseRunner: activate / infer / deactivate).
+
+The base class owns the lifecycle and turns every failure into a status with a reason, so a
+failing cell is a result, not a crashed pipeline:
+  OK           ran; the per-layer values were captured
+  UNSUPPORTED  the provider does not declare this dtype (conf/providers/<p>.yaml `dtypes:`)
+  UNAVAILABLE  the backend cannot run on this machine (library or device missing)
+  EXPORT_FAIL  preparing the model for this backend failed (conversion, session or engine build)
+  INFER_FAIL   running it failed
+A subclass overrides only the hooks it needs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "INFER_FAIL")
+
+
+@dataclass
+class CaptureJob:
+    model: str
+    model_cfg: dict
+    dtype: str
+    dtype_cfg: dict
+    provider: str
+    provider_cfg: dict
+    model_dir: Path          # the export stage's output: model.onnx, layers.onnx, layers.json
+    seed: int = 0
+    threads: int = 0
+
+
+@dataclass
+class CaptureResult:
+    status: str
+    reason: str = ""
+    # per sample: list of (name, array) with the model outputs first, then layers in execution order
+    samples: list[list[tuple[str, np.ndarray]]] = field(default_factory=list)
+    latency_ms: list[float] = field(default_factory=list)
+    warmup: int = 0
+
+
+class Runner:
+    """One backend at one dtype. Lifecycle: availability() -> activate() -> infer()* -> deactivate()."""
+
+    def __init__(self, job: CaptureJob):
+        self.job = job
+        self.is_active = False
+
+    @classmethod
+    def availability(cls, job: CaptureJob) -> str | None:
+        """None if this runner can run here, else the reason it cannot."""
+        return None
+
+    def activate(self) -> None:
+        """Load/convert/build the model for this backend at job.dtype."""
+
+    def infer(self, feeds: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+        """Per-layer run: (name, value) for the model outputs then every captured layer."""
+        raise NotImplementedError
+
+    def infer_plain(self, feeds: dict[str, np.ndarray]) -> None:
+        """The shipped model alone (no extra outputs), timed for latency."""
+        raise NotImplementedError
+
+    def deactivate(self) -> None:
+        """Release sessions/devices."""
+
+
+def _reason(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+    return f"{type(e).__name__}: {e}{where}".strip()
+
+
+def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
+                warmup: int, repeats: int) -> CaptureResult:
+    supported = job.provider_cfg.get("dtypes", [])
+    if job.dtype not in supported:
+        return CaptureResult("UNSUPPORTED", f"provider {job.provider} supports dtypes {supported}, "
+                                            f"not {job.dtype} (conf/providers/{job.provider}.yaml)")
+    try:
+        why = cls.availability(job)
+    except Exception as e:  # an availability probe that raises means: not available
+        why = _reason(e)
+    if why:
+        return CaptureResult("UNAVAILABLE", why)
+    runner = cls(job)
+    try:
+        runner.activate()
+        runner.is_active = True
+    except Exception as e:
+        return CaptureResult("EXPORT_FAIL", _reason(e))
+    try:
+        try:
+            samples = [[(n, np.asarray(v)) for n, v in runner.infer(f)] for f in feeds]
+        except Exception as e:
+            return CaptureResult("INFER_FAIL", _reason(e))
+        lat = []
+        try:
+            for _ in range(warmup):
+                runner.infer_plain(feeds[0])
+            for _ in range(repeats):
+                t0 = time.perf_counter_ns()
+                runner.infer_plain(feeds[0])
+                lat.append((time.perf_counter_ns() - t0) / 1e6)
+        except Exception as e:
+            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e), samples)
+        return CaptureResult("OK", "", samples, lat, warmup)
+    finally:
+        runner.deactivate()
+        runner.is_active = False
+
+
+def latency_stats(ms: list[float]) -> dict:
+    if not ms:
+        return {}
+    s = sorted(ms)
+    return {"median_ms": statistics.median(s), "p90_ms": s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))],
+            "min_ms": s[0], "max_ms": s[-1], "repeats": len(s)}

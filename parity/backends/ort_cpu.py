@@ -1,0 +1,69 @@
+"""ONNX Runtime CPUExecutionProvider. fp32 runs the exported graphs as they are; fp16 converts them
+with onnxruntime.transformers.float16 (weights and compute in fp16, graph inputs/outputs kept fp32
+through Cast nodes). Never imports torch."""
+
+from __future__ import annotations
+
+from parity.backends.base import Runner
+
+OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
+              "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+class OrtRunner(Runner):
+    ep = "CPUExecutionProvider"
+
+    @classmethod
+    def availability(cls, job):
+        try:
+            import onnxruntime as ort
+        except ImportError as e:
+            return f"onnxruntime is not installed ({e})"
+        if cls.ep not in ort.get_available_providers():
+            return f"{cls.ep} is not among onnxruntime's providers {ort.get_available_providers()}"
+        return None
+
+    def _convert(self, path):
+        import onnx
+
+        m = onnx.load(str(path))
+        if self.job.dtype == "fp16":
+            from onnxruntime.transformers.float16 import convert_float_to_float16
+
+            m = convert_float_to_float16(m, keep_io_types=True)
+        elif self.job.dtype != "fp32":
+            raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
+        return m.SerializeToString()
+
+    def _session(self, path):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        opt = (self.job.provider_cfg.get("options") or {}).get("graph_optimization_level", "all")
+        if opt not in OPT_LEVELS:
+            raise ValueError(f"providers.{self.job.provider}.options.graph_optimization_level: "
+                             f"unknown level '{opt}'. Valid: {', '.join(OPT_LEVELS)}")
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt])
+        so.use_deterministic_compute = True
+        so.log_severity_level = 3
+        if self.job.threads:
+            so.intra_op_num_threads = self.job.threads
+        return ort.InferenceSession(self._convert(path), sess_options=so, providers=[self.ep])
+
+    def activate(self) -> None:
+        self.layers = self._session(self.job.model_dir / "layers.onnx")
+        self.plain = self._session(self.job.model_dir / "model.onnx")
+        self.names = [o.name for o in self.layers.get_outputs()]
+
+    def infer(self, feeds):
+        return list(zip(self.names, self.layers.run(None, feeds)))
+
+    def infer_plain(self, feeds) -> None:
+        self.plain.run(None, feeds)
+
+    def deactivate(self) -> None:
+        self.layers = self.plain = None
+
+
+class OrtCpuRunner(OrtRunner):
+    pass

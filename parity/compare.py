@@ -1,0 +1,157 @@
+"""Compare captured tensors against the reference. numpy only (no torch).
+
+A layer passes when the fraction of elements outside |a - b| <= atol + rtol * |b| is at most
+`max_mismatch` (0 by default, as torch.testing.assert_close) and `a` has no NaN/Inf where `b` is
+finite. Metrics are computed in float64:
+  max_abs   max |a - b|                      mean_abs  mean |a - b|
+  max_rel   max |a - b| / |b| over b != 0    rel_l2    ||a - b|| / ||b||
+  cosine    <a, b> / (||a|| ||b||)           tol_ratio max |a - b| / (atol + rtol |b|) (<= 1 passes)
+  frac_outside, n_outside, nan/inf counts of both sides, and the worst element's index.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+METRICS = ("max_abs", "mean_abs", "max_rel", "rel_l2", "cosine", "tol_ratio", "frac_outside")
+
+
+@dataclass
+class LayerDiff:
+    name: str
+    order: int
+    shape: list[int]
+    numel: int
+    atol: float
+    rtol: float
+    tol_source: str
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    max_rel: float = 0.0
+    rel_l2: float = 0.0
+    cosine: float = 1.0
+    tol_ratio: float = 0.0
+    frac_outside: float = 0.0
+    n_outside: int = 0
+    nan_actual: int = 0
+    inf_actual: int = 0
+    nan_expected: int = 0
+    inf_expected: int = 0
+    worst_index: list[int] = field(default_factory=list)
+    worst_sample: int = 0
+    passed: bool = True
+    problem: str = ""  # set when the layer could not be compared (missing, shape mismatch)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 and nb == 0.0:
+        return 1.0
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(np.dot(a, b) / (na * nb))
+
+
+def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
+    """Metrics for one pair of same-shape arrays (one sample of one layer)."""
+    a = np.asarray(actual, dtype=np.float64).ravel()
+    b = np.asarray(expected, dtype=np.float64).ravel()
+    fin_a, fin_b = np.isfinite(a), np.isfinite(b)
+    both = fin_a & fin_b
+    out = {
+        "nan_actual": int(np.isnan(a).sum()), "inf_actual": int(np.isinf(a).sum()),
+        "nan_expected": int(np.isnan(b).sum()), "inf_expected": int(np.isinf(b).sum()),
+    }
+    # Non-finite values match only when both sides hold the same value (inf == inf); NaN never does.
+    nonfinite_bad = ~both & ~((a == b) & ~np.isnan(a))
+    diff = np.where(both, np.abs(a - b), 0.0)
+    allowed = atol + rtol * np.abs(np.where(both, b, 0.0))
+    outside = (diff > allowed) | nonfinite_bad
+    n_out = int(outside.sum())
+    ratio = np.divide(diff, allowed, out=np.where(diff > 0, np.inf, 0.0), where=allowed > 0)
+    ratio = np.where(nonfinite_bad, np.inf, ratio)
+    absb = np.abs(b)
+    nz = both & (absb > 0)
+    worst = int(np.argmax(ratio)) if ratio.size else 0
+    out.update(
+        max_abs=float(diff.max()) if diff.size else 0.0,
+        mean_abs=float(diff[both].mean()) if both.any() else 0.0,
+        max_rel=float((diff[nz] / absb[nz]).max()) if nz.any() else 0.0,
+        rel_l2=(float(np.linalg.norm(diff) / np.linalg.norm(b[both]))
+                if both.any() and np.linalg.norm(b[both]) > 0 else (0.0 if not diff.any() else math.inf)),
+        cosine=_cosine(np.where(both, a, 0.0), np.where(both, b, 0.0)),
+        tol_ratio=float(ratio.max()) if ratio.size else 0.0,
+        n_outside=n_out,
+        numel=int(a.size),
+        sq_diff=float(np.dot(diff, diff)) if not nonfinite_bad.any() else math.inf,
+        sq_ref=float(np.dot(b[both], b[both])),
+        worst_flat=worst,
+    )
+    return out
+
+
+def compare_layer(name: str, order: int, pairs: list[tuple[int, np.ndarray, np.ndarray]],
+                  atol: float, rtol: float, tol_source: str, max_mismatch: float = 0.0) -> LayerDiff:
+    """Aggregate over samples: worst case for max-type metrics, element-weighted means."""
+    shape = list(pairs[0][2].shape) if pairs else []
+    d = LayerDiff(name=name, order=order, shape=shape, numel=0, atol=atol, rtol=rtol, tol_source=tol_source)
+    if not pairs:
+        d.passed, d.problem = False, "no samples"
+        return d
+    sum_abs, sq_diff, sq_ref = 0.0, 0.0, 0.0
+    cos = []
+    for sample, actual, expected in pairs:
+        if tuple(actual.shape) != tuple(expected.shape):
+            d.passed = False
+            d.problem = f"shape mismatch: actual {list(actual.shape)} vs reference {list(expected.shape)}"
+            return d
+        m = compare_arrays(actual, expected, atol, rtol)
+        if m["tol_ratio"] >= d.tol_ratio and (m["tol_ratio"] > d.tol_ratio or not d.worst_index):
+            d.tol_ratio = m["tol_ratio"]
+            d.worst_sample = sample
+            d.worst_index = [int(i) for i in np.unravel_index(m["worst_flat"], expected.shape)] if expected.size else []
+        d.max_abs = max(d.max_abs, m["max_abs"])
+        d.max_rel = max(d.max_rel, m["max_rel"])
+        d.n_outside += m["n_outside"]
+        d.numel += m["numel"]
+        for k in ("nan_actual", "inf_actual", "nan_expected", "inf_expected"):
+            setattr(d, k, getattr(d, k) + m[k])
+        sum_abs += m["mean_abs"] * m["numel"]
+        sq_diff += m["sq_diff"]
+        sq_ref += m["sq_ref"]
+        cos.append(m["cosine"])
+    d.mean_abs = sum_abs / d.numel if d.numel else 0.0
+    d.rel_l2 = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
+    d.cosine = min(cos)
+    d.frac_outside = d.n_outside / d.numel if d.numel else 0.0
+    unexpected_nonfinite = (d.nan_actual + d.inf_actual) > (d.nan_expected + d.inf_expected)
+    d.passed = d.frac_outside <= max_mismatch and not unexpected_nonfinite
+    return d
+
+
+def summarize(layers: list[LayerDiff], output_names: set[str]) -> dict:
+    """drift_origin: first failing layer in execution order (an output if only outputs fail);
+    worst_layer: the layer with the highest tol_ratio (how far past its tolerance it is)."""
+    ordered = sorted(layers, key=lambda d: d.order)
+    inner = [d for d in ordered if d.name not in output_names]
+    outs = [d for d in ordered if d.name in output_names]
+    failed = [d for d in ordered if not d.passed]
+    origin = next((d.name for d in inner if not d.passed), None)
+    if origin is None:
+        origin = next((d.name for d in outs if not d.passed), None)
+    worst = max(ordered, key=lambda d: (d.tol_ratio, -d.order), default=None)
+    return {
+        "layers": len(inner),
+        "layers_failed": sum(1 for d in inner if not d.passed),
+        "failed": [d.name for d in failed],
+        "drift_origin": origin,
+        "worst_layer": worst.name if worst else None,
+        "worst_tol_ratio": worst.tol_ratio if worst else 0.0,
+        "passed": not failed,
+    }

@@ -1,0 +1,216 @@
+"""Load and validate params.yaml (the composed Hydra config). Light: yaml only, never torch.
+
+Every stage calls `load()` first, so a bad config fails before anything is written; the Hydra
+plugin (hydra_plugins/parity_conf) calls `validate()` at compose time, so `dvc exp run -S ...`
+fails before any stage runs. Errors name the bad key and list the valid choices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PARAMS_FILE = "params.yaml"
+
+TOP_KEYS = {
+    "models": "model configs, one per conf/models/*.yaml option",
+    "dtypes": "precision modes, one per conf/dtypes/*.yaml option",
+    "providers": "backends, one per conf/providers/*.yaml option",
+    "seed": "int seed for weights and inputs",
+    "export": "ONNX export settings",
+    "inputs": "input generation settings",
+    "reference": "reference run settings",
+    "capture": "capture/latency settings",
+    "diff": "comparison settings",
+    "strict": "fail on UNAVAILABLE/UNSUPPORTED cells",
+    "validated": "written by the Hydra plugin",
+}
+SECTION_KEYS = {
+    "export": {"exporter", "opset"},
+    "inputs": {"samples"},
+    "reference": {"fp64"},
+    "capture": {"warmup", "repeats", "threads"},
+    "diff": {"max_mismatch"},
+}
+EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
+MODEL_KEYS = {"arch", "input", "tolerances"}
+ARCH_SOURCES = ("parity", "torchvision", "import")
+PARITY_ZOO = ("mlp", "transformer_block")  # builders live in parity/models/zoo.py
+INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
+INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
+               "zeros": set(), "ones": set()}
+TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
+TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
+PROVIDER_KEYS = {"runner", "dtypes", "uses", "options"}
+# Backend components the env stage fingerprints; a provider's `uses:` picks from these.
+COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt")
+
+
+class ConfigError(ValueError):
+    """A bad config. The message names the key and lists valid choices."""
+
+
+def _choices(valid) -> str:
+    return ", ".join(sorted(valid))
+
+
+def _check_keys(where: str, got: dict, valid, required=()) -> None:
+    if not isinstance(got, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(got).__name__} {got!r}")
+    for k in got:
+        if k not in valid:
+            raise ConfigError(f"{where}: unknown key '{k}'. Valid keys: {_choices(valid)}")
+    for k in required:
+        if k not in got:
+            raise ConfigError(f"{where}: missing key '{k}'")
+
+
+def _num(where: str, v, lo=None, hi=None, integer=False) -> None:
+    ok = isinstance(v, numbers.Integral) if integer else isinstance(v, numbers.Real)
+    if not ok or isinstance(v, bool):
+        raise ConfigError(f"{where}: expected {'an integer' if integer else 'a number'}, got {v!r}")
+    if lo is not None and v < lo or hi is not None and v > hi:
+        raise ConfigError(f"{where}: {v!r} is outside [{lo}, {hi}]")
+
+
+def _tol(where: str, t: dict) -> None:
+    _check_keys(where, t, {"atol", "rtol"}, required=("atol", "rtol"))
+    _num(f"{where}.atol", t["atol"], lo=0)
+    _num(f"{where}.rtol", t["rtol"], lo=0)
+
+
+def validate(p: dict) -> dict:
+    """Raise ConfigError on the first problem; return p unchanged."""
+    _check_keys("params", p, TOP_KEYS, required=("models", "dtypes", "providers"))
+    for group in ("models", "dtypes", "providers"):
+        if not isinstance(p[group], dict) or not p[group]:
+            raise ConfigError(f"{group}: select at least one option (e.g. -S '{group}=[...]')")
+    for sec, keys in SECTION_KEYS.items():
+        if sec in p:
+            _check_keys(sec, p[sec], keys)
+    if "seed" in p:
+        _num("seed", p["seed"], lo=0, integer=True)
+
+    exp = p.get("export", {})
+    exporter = exp.get("exporter", "dynamo")
+    if exporter not in EXPORTERS:
+        raise ConfigError(f"export.exporter: unknown exporter '{exporter}'. Valid: {_choices(EXPORTERS)}")
+    lo, hi = EXPORTERS[exporter]
+    _num("export.opset", exp.get("opset", lo), lo=lo, hi=hi, integer=True)
+    _num("inputs.samples", p.get("inputs", {}).get("samples", 1), lo=1, integer=True)
+    cap = p.get("capture", {})
+    _num("capture.warmup", cap.get("warmup", 0), lo=0, integer=True)
+    _num("capture.repeats", cap.get("repeats", 1), lo=1, integer=True)
+    _num("capture.threads", cap.get("threads", 0), lo=0, integer=True)
+    _num("diff.max_mismatch", p.get("diff", {}).get("max_mismatch", 0.0), lo=0, hi=1)
+
+    for name, d in p["dtypes"].items():
+        _check_keys(f"dtypes.{name}", d, {"torch", "tol"}, required=("torch", "tol"))
+        if d["torch"] not in TORCH_DTYPES:
+            raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")
+        _tol(f"dtypes.{name}.tol", d["tol"])
+
+    for name, prov in p["providers"].items():
+        where = f"providers.{name}"
+        _check_keys(where, prov, PROVIDER_KEYS, required=("runner", "dtypes", "uses"))
+        if not isinstance(prov["runner"], str) or ":" not in prov["runner"]:
+            raise ConfigError(f"{where}.runner: expected 'package.module:ClassName', got {prov['runner']!r}")
+        for u in prov["uses"]:
+            if u not in COMPONENTS:
+                raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(COMPONENTS)}")
+        if p.get("strict"):
+            for dt in p["dtypes"]:
+                if dt not in prov["dtypes"]:
+                    raise ConfigError(
+                        f"{where}: does not support dtype '{dt}' (strict: true). "
+                        f"Supported: {_choices(prov['dtypes'])}")
+
+    for name, m in p["models"].items():
+        where = f"models.{name}"
+        if "-" in name:
+            raise ConfigError(f"{where}: model names must not contain '-' (it separates cell keys)")
+        _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
+        arch = m["arch"]
+        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs"}, required=("source", "name"))
+        if arch["source"] not in ARCH_SOURCES:
+            raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
+        if arch["source"] == "parity" and arch["name"] not in PARITY_ZOO:
+            raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. Valid: {_choices(PARITY_ZOO)}")
+        if arch["source"] == "import" and ":" not in str(arch["name"]):
+            raise ConfigError(f"{where}.arch.name: expected 'package.module:callable', got {arch['name']!r}")
+        if not isinstance(m["input"], list) or not m["input"]:
+            raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
+        for i, spec in enumerate(m["input"]):
+            w = f"{where}.input[{i}]"
+            init = spec.get("init", "normal") if isinstance(spec, dict) else None
+            if init not in INPUT_INITS:
+                raise ConfigError(f"{w}.init: unknown init '{init}'. Valid: {_choices(INPUT_INITS)}")
+            _check_keys(w, spec, {"name", "shape", "dtype", "init"} | INPUT_INITS[init], required=("name", "shape"))
+            if not isinstance(spec["shape"], list) or not all(isinstance(s, int) and s > 0 for s in spec["shape"]):
+                raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
+            if spec.get("dtype", "float32") not in INPUT_DTYPES:
+                raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
+        rules = m.get("tolerances") or []
+        if not isinstance(rules, list):
+            raise ConfigError(f"{where}.tolerances: expected a list of rules")
+        for i, r in enumerate(rules):
+            w = f"{where}.tolerances[{i}]"
+            _check_keys(w, r, TOL_RULE_KEYS)
+            if ("atol" in r) != ("rtol" in r):
+                raise ConfigError(f"{w}: give atol and rtol together (torch.testing convention), got {sorted(r)}")
+            if "atol" not in r:
+                raise ConfigError(f"{w}: a rule needs atol and rtol")
+            _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
+            if "dtype" in r and r["dtype"] not in p["dtypes"]:
+                pass  # a rule for a dtype not selected in this run is allowed (it just never matches)
+    return p
+
+
+def load(path: str | Path = PARAMS_FILE) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: not found (run `dvc exp run` or `parity check` to compose it from conf/)")
+    with open(path) as f:
+        p = yaml.safe_load(f) or {}
+    return validate(p)
+
+
+def cells(p: dict) -> list[tuple[str, str, str]]:
+    """The (model, dtype, provider) cells in DVC matrix order (models x dtypes x providers)."""
+    return list(itertools.product(p["models"], p["dtypes"], p["providers"]))
+
+
+def cell_key(model: str, dtype: str, provider: str) -> str:
+    return f"{model}-{dtype}-{provider}"
+
+
+def summary_line(p: dict) -> str:
+    n = len(cells(p))
+    return (f"{len(p['models'])} models x {len(p['dtypes'])} dtypes x "
+            f"{len(p['providers'])} providers = {n} cells")
+
+
+def die(err: Exception, code: int = 2):
+    """Print a config error the way every entry point does, and exit non-zero."""
+    import sys
+    print(f"parity: config error: {err}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def tolerance_for(p: dict, model: str, dtype: str, layer: str) -> tuple[float, float, str]:
+    """(atol, rtol, source-key) for a layer: dtype default, then model rules in order (last wins)."""
+    import fnmatch
+
+    t = p["dtypes"][dtype]["tol"]
+    atol, rtol, src = float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol"
+    for i, r in enumerate(p["models"][model].get("tolerances") or []):
+        if "dtype" in r and r["dtype"] != dtype:
+            continue
+        if "layer" in r and not fnmatch.fnmatchcase(layer, r["layer"]):
+            continue
+        atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"models.{model}.tolerances[{i}]"
+    return atol, rtol, src

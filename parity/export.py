@@ -1,0 +1,86 @@
+"""torch -> ONNX export of the per-layer graph, the plain graph derived from it, and the op inventory.
+
+One export: the model wrapped in a LayerRecorder, so every leaf-module call is a named graph output
+(`layers.onnx`). The plain graph (`model.onnx`, what ships) is the same graph with only the model
+outputs kept and dead nodes dropped, so both graphs carry identical weights. Whole-model latency is
+measured on the plain graph, since extra outputs can change what a backend fuses.
+"""
+
+from __future__ import annotations
+
+import collections
+from pathlib import Path
+
+import onnx
+
+
+def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int) -> list[str]:
+    """Export `model` with every leaf call as an output; return output names (model outputs first)."""
+    import torch
+
+    from parity.models.layers import LayerRecorder
+
+    rec = LayerRecorder(model).eval()
+    with torch.no_grad():
+        rec(*example)
+    names = list(rec.names)
+    kwargs = dict(input_names=input_names, output_names=names, opset_version=opset)
+    if exporter == "dynamo":
+        kwargs.update(dynamo=True, external_data=False, verbose=False)
+    else:
+        kwargs.update(dynamo=False)
+        torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
+    with torch.no_grad():
+        torch.onnx.export(rec, example, str(path), **kwargs)
+    return names
+
+
+def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
+    """Copy of `m` with only the `keep` graph outputs and the nodes they need."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    g = out.graph
+    kept = [o for o in g.output if o.name in keep]
+    del g.output[:]
+    g.output.extend(kept)
+    needed = set(keep)
+    live = []
+    for node in reversed(list(g.node)):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(i for i in node.input if i)
+            for attr in node.attribute:  # subgraph inputs (If/Loop bodies) reference outer values
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    needed.update(i for n in sub.node for i in n.input if i)
+    live.reverse()
+    del g.node[:]
+    g.node.extend(live)
+    inits = [t for t in g.initializer if t.name in needed]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    vi = [v for v in g.value_info if v.name in needed]
+    del g.value_info[:]
+    g.value_info.extend(vi)
+    return out
+
+
+def op_inventory(m: onnx.ModelProto) -> dict:
+    counts = collections.Counter((n.domain or "ai.onnx", n.op_type) for n in m.graph.node)
+    return {
+        "opset": {(i.domain or "ai.onnx"): i.version for i in m.opset_import},
+        "nodes": len(m.graph.node),
+        "op_types": len({t for _, t in counts}),
+        "ops": {f"{t}" if d == "ai.onnx" else f"{d}::{t}": c for (d, t), c in sorted(counts.items())},
+        "inputs": [i.name for i in m.graph.input],
+        "outputs": [o.name for o in m.graph.output],
+        "initializers": len(m.graph.initializer),
+        "parameters": int(sum(_numel(t) for t in m.graph.initializer)),
+        "producer": f"{m.producer_name} {m.producer_version}".strip(),
+    }
+
+
+def _numel(t) -> int:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n

@@ -1,0 +1,65 @@
+"""Atomic, deterministic writes. An interrupted stage leaves no half-written artifact."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temp path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def _clean(o):
+    """JSON-safe and deterministic: NaN/Inf become strings, numpy scalars become Python numbers."""
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
+        o = o.item()
+    if isinstance(o, float):
+        if math.isnan(o):
+            return "nan"
+        if math.isinf(o):
+            return "inf" if o > 0 else "-inf"
+        return float(repr(o)) if o == o else o
+    return o
+
+
+def dumps(obj, sort_keys: bool = True) -> str:
+    return json.dumps(_clean(obj), indent=2, sort_keys=sort_keys, allow_nan=False) + "\n"
+
+
+def write_json(path: str | Path, obj, sort_keys: bool = True) -> None:
+    write_text(path, dumps(obj, sort_keys=sort_keys))
+
+
+def read_json(path: str | Path):
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,181 @@
+"""Render the summary across cells: Markdown, and a self-contained HTML page (inline SVG, no
+scripts, no network) with per-layer error curves on a log scale. Light: stdlib only."""
+
+from __future__ import annotations
+
+import html
+import math
+
+VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
+                   "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700",
+                   "MISSING": "#6e7781"}
+
+
+def fmt(v, digits: int = 3) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        return f"{v:.{digits}e}" if v and (abs(v) < 1e-2 or abs(v) >= 1e4) else f"{v:.{digits}g}"
+    return str(v)
+
+
+def _num(v) -> float:
+    if isinstance(v, str):
+        return float(v.replace("inf", "inf"))
+    return float(v)
+
+
+def cell_rows(cells: list[dict]) -> list[list[str]]:
+    rows = []
+    for c in cells:
+        m, t = c["metrics"], c.get("timing") or {}
+        out = m.get("output") or {}
+        ratio = c.get("latency_ratio")
+        rows.append([c["model"], c["dtype"], c["provider"], m.get("verdict", "MISSING"),
+                     f"{m.get('layers_failed', '-')}/{m.get('layers', '-')}" if m.get("layers") is not None else "-",
+                     fmt(m.get("drift_origin")), fmt(m.get("worst_layer")),
+                     fmt(out.get("max_abs")), fmt(out.get("rel_l2")), fmt(out.get("cosine"), 6),
+                     fmt(t.get("median_ms")) + (f" ({ratio:.2f}x)" if ratio else "")])
+    return rows
+
+
+HEADER = ["model", "dtype", "provider", "verdict", "failed/layers", "drift_origin", "worst layer",
+          "output max_abs", "output rel_l2", "output cosine", "latency ms (vs torch_cpu fp32)"]
+
+
+def markdown(title: str, summary: dict, cells: list[dict], env: dict) -> str:
+    lines = [f"# {title}", "",
+             f"{summary['cells']} cells: **{summary['passed']} pass**, **{summary['failed']} fail**, "
+             f"{summary['not_run']} not run (unavailable/unsupported/failed to export or infer).", ""]
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for r in cell_rows(cells):
+        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
+    lines.append("")
+    for c in cells:
+        m = c["metrics"]
+        if m.get("verdict") != "FAIL":
+            if m.get("reason"):
+                lines.append(f"- `{c['key']}` {m['verdict']}: {m['reason']}")
+            continue
+        lines.append(f"## {c['key']}: FAIL, drift starts at `{m.get('drift_origin')}`")
+        lines.append("")
+        lines.append("| # | layer | module | max_abs | max_rel | rel_l2 | frac outside | tol_ratio | tolerance (key) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for d in c["layers"]:
+            if d["passed"]:
+                continue
+            lines.append(f"| {d['order']} | `{d['name']}` | {c['modules'].get(d['name'], '')} | {fmt(d['max_abs'])} | "
+                         f"{fmt(d['max_rel'])} | {fmt(d['rel_l2'])} | {fmt(d['frac_outside'])} | "
+                         f"{fmt(d['tol_ratio'])} | atol={d['atol']:g} rtol={d['rtol']:g} `{d['tol_source']}` |")
+        lines.append("")
+    lines += ["## Environment", ""]
+    for name, fp in sorted(env.items()):
+        lines.append(f"- **{name}**: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
+    return "\n".join(lines) + "\n"
+
+
+def svg_curve(layers: list[dict], width: int = 760, height: int = 220) -> str:
+    """Per-layer tol_ratio (error / allowed) and max_abs on a log scale, execution order on x.
+    The tolerance line is tol_ratio = 1; the drift origin is marked."""
+    pts = [(d["order"], d) for d in layers]
+    if not pts:
+        return ""
+    floor = 1e-12
+    vals = [max(floor, _num(d[k])) for _, d in pts for k in ("tol_ratio", "max_abs") if math.isfinite(_num(d[k]))]
+    vals.append(1.0)
+    lo = math.floor(math.log10(min(vals)))
+    hi = math.ceil(math.log10(max(vals))) + (1 if max(vals) >= 10 ** math.ceil(math.log10(max(vals))) else 0)
+    hi = max(hi, lo + 1)
+    L, R, T, B = 56, 12, 12, 28
+    n = max(1, len(pts) - 1)
+    x = lambda i: L + (width - L - R) * i / n  # noqa: E731
+    y = lambda v: T + (height - T - B) * (hi - math.log10(min(max(v, floor), 10 ** hi))) / (hi - lo)  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" class="curve" '
+           f'role="img" aria-label="per-layer error, log scale">',
+           f'<rect x="{L}" y="{T}" width="{width - L - R}" height="{height - T - B}" fill="#fff" stroke="#d0d7de"/>']
+    for e in range(lo, hi + 1):
+        yy = y(10 ** e)
+        out.append(f'<line x1="{L}" x2="{width - R}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>'
+                   f'<text x="{L - 4}" y="{yy + 4:.1f}" font-size="10" text-anchor="end">1e{e}</text>')
+    y1 = y(1.0)
+    out.append(f'<line x1="{L}" x2="{width - R}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="#cf222e" '
+               f'stroke-dasharray="4 3"/><text x="{width - R - 2}" y="{y1 - 3:.1f}" font-size="10" '
+               f'text-anchor="end" fill="#cf222e">tolerance (tol_ratio = 1)</text>')
+    for key, colour in (("max_abs", "#8250df"), ("tol_ratio", "#0969da")):
+        path = " ".join(f"{x(i):.1f},{y(max(floor, _num(d[key]) if math.isfinite(_num(d[key])) else 10 ** hi)):.1f}"
+                        for i, (_, d) in enumerate(pts))
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>')
+    for i, (_, d) in enumerate(pts):
+        if not d["passed"]:
+            v = _num(d["tol_ratio"])
+            out.append(f'<circle cx="{x(i):.1f}" cy="{y(v if math.isfinite(v) else 10 ** hi):.1f}" r="2.5" '
+                       f'fill="#cf222e"><title>{html.escape(d["name"])}: tol_ratio {fmt(v)}</title></circle>')
+    origin = next((i for i, (_, d) in enumerate(pts) if not d["passed"]), None)
+    if origin is not None:
+        out.append(f'<line x1="{x(origin):.1f}" x2="{x(origin):.1f}" y1="{T}" y2="{height - B}" stroke="#9a6700"/>'
+                   f'<text x="{x(origin) + 3:.1f}" y="{T + 11}" font-size="10" fill="#9a6700">drift origin: '
+                   f'{html.escape(pts[origin][1]["name"])}</text>')
+    out.append(f'<text x="{L}" y="{height - 8}" font-size="10">layer 0</text>'
+               f'<text x="{width - R}" y="{height - 8}" font-size="10" text-anchor="end">'
+               f'{html.escape(pts[-1][1]["name"])}</text>'
+               f'<text x="{(L + width) / 2:.0f}" y="{height - 8}" font-size="10" text-anchor="middle">'
+               f'<tspan fill="#0969da">tol_ratio</tspan>  <tspan fill="#8250df">max_abs</tspan> '
+               f'(execution order)</text></svg>')
+    return "".join(out)
+
+
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1f2328;max-width:1200px}
+table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
+th{background:#f6f8fa}.v{color:#fff;font-weight:600;border-radius:3px;padding:1px 6px}
+code{font-size:12px}section{margin:20px 0;border-top:1px solid #d0d7de}small{color:#59636e}"""
+
+
+def html_page(title: str, summary: dict, cells: list[dict], env: dict) -> str:
+    e = html.escape
+    h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
+         f"<h1>{e(title)}</h1><p id='summary'>{summary['cells']} cells: <b>{summary['passed']} pass</b>, "
+         f"<b>{summary['failed']} fail</b>, {summary['not_run']} not run.</p>",
+         "<table id='cells'><tr>" + "".join(f"<th>{e(x)}</th>" for x in HEADER) + "</tr>"]
+    for c, r in zip(cells, cell_rows(cells)):
+        v = r[3]
+        r = [e(x) for x in r]
+        r[3] = f"<span class='v' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}'>{e(v)}</span>"
+        r[0] = f"<a href='#{e(c['key'])}'>{r[0]}</a>"
+        h.append("<tr>" + "".join(f"<td>{x}</td>" for x in r) + "</tr>")
+    h.append("</table>")
+    for c in cells:
+        m = c["metrics"]
+        h.append(f"<section id='{e(c['key'])}'><h2>{e(c['key'])} "
+                 f"<span class='v' style='background:{VERDICT_COLOURS.get(m.get('verdict'), '#6e7781')}'>"
+                 f"{e(m.get('verdict', 'MISSING'))}</span></h2>")
+        if m.get("reason"):
+            h.append(f"<p>{e(m['reason'])}</p>")
+        if c["layers"]:
+            h.append(f"<p>{m.get('layers')} layers compared; {m.get('layers_failed')} over tolerance; drift origin "
+                     f"<code>{e(fmt(m.get('drift_origin')))}</code>; worst <code>{e(fmt(m.get('worst_layer')))}</code>."
+                     f" <small>Per-layer values come from the instrumented graph (every layer an output); "
+                     f"latency from the plain graph.</small></p>")
+            h.append(svg_curve(c["layers"]))
+            bad = [d for d in c["layers"] if not d["passed"]]
+            if bad:
+                h.append("<table><tr><th>#</th><th>layer</th><th>module</th><th>max_abs</th><th>max_rel</th>"
+                         "<th>rel_l2</th><th>frac outside</th><th>tol_ratio</th><th>tolerance (config key)</th></tr>")
+                for d in bad:
+                    h.append(f"<tr><td>{d['order']}</td><td><code>{e(d['name'])}</code></td>"
+                             f"<td>{e(c['modules'].get(d['name'], ''))}</td><td>{fmt(d['max_abs'])}</td>"
+                             f"<td>{fmt(d['max_rel'])}</td><td>{fmt(d['rel_l2'])}</td><td>{fmt(d['frac_outside'])}</td>"
+                             f"<td>{fmt(d['tol_ratio'])}</td><td>atol={d['atol']:g} rtol={d['rtol']:g} "
+                             f"<code>{e(d['tol_source'])}</code></td></tr>")
+                h.append("</table>")
+        h.append("</section>")
+    h.append("<section><h2>Environment</h2><table>")
+    for name, fp in sorted(env.items()):
+        h.append(f"<tr><th>{e(name)}</th><td>{e(', '.join(f'{k}={v}' for k, v in fp.items()))}</td></tr>")
+    h.append("</table></section></body></html>\n")
+    return "\n".join(h)

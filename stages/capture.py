@@ -1,0 +1,70 @@
+"""capture@model-dtype-provider: run the model on one provider at one dtype, per layer, to Parquet.
+
+Writes, under --out: layers.parquet (every layer and the model output, per sample; empty when the
+cell did not run) and status.json (status, reason). Latency (median/p90 of the plain graph after
+warm-up) goes to --timing, apart from the values, because it is the one non-deterministic result:
+the diff stage does not read it, so timing noise never re-runs a diff. A failing cell is a result
+(status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE / UNSUPPORTED), not a failed stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from parity import config, store
+from parity.backends import CaptureJob, load_runner, run_capture
+from parity.backends.base import CaptureResult, latency_stats
+from parity.io import write_json
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.capture", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", required=True)
+    ap.add_argument("--provider", required=True)
+    ap.add_argument("--model-dir", required=True, help="export stage output (model.onnx, layers.onnx)")
+    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", required=True)
+    a = ap.parse_args(argv)
+    try:
+        p = config.load(a.params)
+    except config.ConfigError as e:
+        config.die(e)
+    from stages.inputs import load
+
+    cap = p.get("capture", {})
+    pc = p["providers"][a.provider]
+    job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype,
+                     dtype_cfg=p["dtypes"][a.dtype], provider=a.provider, provider_cfg=pc,
+                     model_dir=Path(a.model_dir), seed=p.get("seed", 0), threads=cap.get("threads", 0))
+    key = config.cell_key(a.model, a.dtype, a.provider)
+    t0 = time.perf_counter()
+    try:
+        cls = load_runner(pc["runner"])
+    except ValueError as e:
+        res = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>")
+    else:
+        res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0), cap.get("repeats", 1))
+    rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
+    out = Path(a.out)
+    store.write(out / "layers.parquet", rows if res.status == "OK" else [],
+                {"cell": key, "status": res.status})
+    n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
+    write_json(out / "status.json", {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
+                                     "status": res.status, "reason": res.reason, "layers": n_layers})
+    write_json(a.timing, {"cell": key, "status": res.status, "warmup": res.warmup,
+                          **latency_stats(res.latency_ms)})
+    lat = latency_stats(res.latency_ms)
+    extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
+    print(f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
+          f"{n_layers} layers{extra}, {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""env: fingerprint every backend component, cheaply (no torch import). always_changed in dvc.yaml.
+
+Writes, under --out:
+  <component>.json         versions / device identity of one component (parity.fingerprint.COMPONENTS)
+  provider-<name>.json     what one provider's cells depend on (its `uses:` components)
+  stage-<name>.json        what a shared stage depends on (parity.fingerprint.STAGE_USES)
+Identical machines give identical bytes, so downstream stages re-run only when something they use
+changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from parity import config, fingerprint
+from parity.io import write_json
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.env", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap.add_argument("--out", default="artifacts/env")
+    a = ap.parse_args(argv)
+    try:
+        p = config.load(a.params)
+    except config.ConfigError as e:
+        config.die(e)
+    out = Path(a.out)
+    comps = fingerprint.collect(config.COMPONENTS)
+    for name, fp in comps.items():
+        write_json(out / f"{name}.json", fp)
+    for prov, pc in sorted(p["providers"].items()):
+        write_json(out / f"provider-{prov}.json", {c: comps[c] for c in sorted(pc["uses"])})
+    for stage, uses in sorted(fingerprint.STAGE_USES.items()):
+        write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
+    for name, fp in comps.items():
+        desc = ", ".join(f"{k}={v}" for k, v in fp.items())
+        print(f"env: {name:12s} {desc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

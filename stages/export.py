@@ -1,0 +1,75 @@
+"""export@model: torch -> ONNX with every leaf-module call as a named output, checked, plus the
+plain graph and an op inventory.
+
+Writes, under --out: layers.onnx (per-layer graph), model.onnx (the same graph, model outputs only),
+layers.json (output names in execution order, module types), ops.json (op types and counts, opset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    from parity import config
+
+    ap = argparse.ArgumentParser(prog="python -m stages.export", description=__doc__)
+    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    try:
+        p = config.load(a.params)
+    except config.ConfigError as e:
+        config.die(e)
+
+    import onnx
+
+    from parity.export import export_layers, op_inventory, prune_outputs
+    from parity.io import atomic_path, write_json
+    from parity.models import build, example_inputs
+    from parity.models.layers import module_types
+    from parity.store import is_output
+    from stages.inputs import samples
+
+    m = p["models"][a.model]
+    exp = p.get("export", {})
+    exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    model = build(m["arch"], p.get("seed", 0))
+    example = example_inputs(m["input"], samples({**p, "inputs": {"samples": 1}}, a.model)[0])
+    input_names = [s["name"] for s in m["input"]]
+    with atomic_path(out / "layers.onnx") as tmp:
+        try:
+            names = export_layers(model, example, input_names, tmp, exporter, opset)
+        except Exception as e:
+            print(f"export@{a.model}: EXPORT_FAIL with exporter={exporter} opset={opset} "
+                  f"<export.exporter, export.opset>: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        full = onnx.load(str(tmp))
+        onnx.checker.check_model(full, full_check=True)
+    outputs = [n for n in names if is_output(n)]
+    plain = prune_outputs(full, outputs)
+    onnx.checker.check_model(plain, full_check=True)
+    with atomic_path(out / "model.onnx") as tmp:
+        onnx.save(plain, str(tmp))
+    types = module_types(model)
+    write_json(out / "layers.json", {
+        "model": a.model, "exporter": exporter, "opset": opset, "outputs": outputs,
+        "layers": [{"name": n, "module": types.get(n.split("#")[0].split(":")[0], "")}
+                   for n in names if n not in outputs],
+    }, sort_keys=False)
+    inv = op_inventory(plain)
+    write_json(out / "ops.json", inv)
+    print(f"export@{a.model}: {exporter} opset {opset}, {len(names) - len(outputs)} layer outputs, "
+          f"{inv['nodes']} nodes / {inv['op_types']} op types, {time.perf_counter() - t0:.1f}s -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

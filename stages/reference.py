@@ -1,0 +1,68 @@
+"""reference@model: torch CPU fp32 outputs, whole model and per layer, to Parquet (fp32.parquet);
+with `reference.fp64: true` also an fp64 golden run (fp64.parquet)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def run(p: dict, model_name: str, feeds: list, dtype: str):
+    import torch
+
+    from parity import store
+    from parity.models import build
+    from parity.models.layers import LayerRecorder
+
+    m = p["models"][model_name]
+    tdt = getattr(torch, dtype)
+    rec = LayerRecorder(build(m["arch"], p.get("seed", 0)).to(tdt)).eval()
+    rows = []
+    with torch.no_grad():
+        for k, f in enumerate(feeds):
+            xs = [torch.from_numpy(f[s["name"]].copy()) for s in m["input"]]
+            xs = [x.to(tdt) if x.is_floating_point() else x for x in xs]
+            outs = rec(*xs)
+            rows += store.rows_from(k, [(n, v.detach().numpy()) for n, v in zip(rec.names, outs)])
+    return rows
+
+
+def main(argv=None) -> int:
+    from parity import config
+
+    ap = argparse.ArgumentParser(prog="python -m stages.reference", description=__doc__)
+    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    try:
+        p = config.load(a.params)
+    except config.ConfigError as e:
+        config.die(e)
+
+    from parity import store
+    from stages.inputs import load
+
+    feeds = load(a.inputs)
+    out = Path(a.out)
+    rows = run(p, a.model, feeds, "float32")
+    outputs = [t for t in rows if store.is_output(t.name)]
+    zero = [t.name for t in outputs if not t.array.any()]
+    if zero:
+        print(f"reference@{a.model}: model output {zero} is all zeros: a diff against it proves "
+              f"nothing. Initialise the model's head (models.{a.model}.arch) or change its inputs.",
+              file=sys.stderr)
+        return 1
+    store.write(out / "fp32.parquet", rows, {"model": a.model, "dtype": "float32"})
+    msg = f"reference@{a.model}: {len(rows)} tensors ({len(feeds)} samples) fp32"
+    if p.get("reference", {}).get("fp64"):
+        store.write(out / "fp64.parquet", run(p, a.model, feeds, "float64"), {"model": a.model, "dtype": "float64"})
+        msg += " + fp64 golden"
+    print(msg + f" -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

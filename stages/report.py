@@ -1,0 +1,73 @@
+"""report: one summary across every configured cell (read from params, not globbed: dvc.lock keeps
+stages that left the matrix). Writes report.md, report.html (self-contained: inline SVG, no
+scripts, no network) and summary.json (DVC metrics). With `strict: true`, fails naming every cell
+that did not run (UNAVAILABLE, UNSUPPORTED, EXPORT_FAIL, INFER_FAIL)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from parity import config
+from parity import report as render
+from parity.io import read_json, write_json, write_text
+
+BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stages.report", description=__doc__)
+    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap.add_argument("--artifacts", default="artifacts")
+    ap.add_argument("--out", default="artifacts/report")
+    a = ap.parse_args(argv)
+    try:
+        p = config.load(a.params)
+    except config.ConfigError as e:
+        config.die(e)
+    art = Path(a.artifacts)
+    cells = []
+    for model, dtype, provider in config.cells(p):
+        key = config.cell_key(model, dtype, provider)
+        d = art / "diff" / key
+        metrics = read_json(d / "metrics.json") if (d / "metrics.json").exists() else {
+            "verdict": "MISSING", "reason": f"{d}/metrics.json not found (run dvc repro)"}
+        layers = read_json(d / "layers.json")["layers"] if (d / "layers.json").exists() else []
+        tp = art / "timing" / f"{key}.json"
+        lj = art / "models" / model / "layers.json"
+        modules = {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {}
+        cells.append({"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
+                      "layers": layers, "timing": read_json(tp) if tp.exists() else {}, "modules": modules})
+    base = {c["model"]: c["timing"].get("median_ms") for c in cells if (c["dtype"], c["provider"]) == BASELINE}
+    for c in cells:
+        b, t = base.get(c["model"]), c["timing"].get("median_ms")
+        c["latency_ratio"] = t / b if b and t else None
+    verdicts = [c["metrics"].get("verdict") for c in cells]
+    summary = {"cells": len(cells), "passed": verdicts.count("PASS"), "failed": verdicts.count("FAIL")}
+    summary["not_run"] = summary["cells"] - summary["passed"] - summary["failed"]
+    summary["per_cell"] = {c["key"]: {"verdict": c["metrics"].get("verdict"),
+                                      "drift_origin": c["metrics"].get("drift_origin"),
+                                      "latency_ratio": c["latency_ratio"]} for c in cells}
+    env = {f.stem: read_json(f) for f in sorted((art / "env").glob("*.json"))
+           if not f.stem.startswith(("provider-", "stage-"))}
+    title = "parity report"
+    out = Path(a.out)
+    write_text(out / "report.md", render.markdown(title, summary, cells, env))
+    write_text(out / "report.html", render.html_page(title, summary, cells, env))
+    write_json(out / "summary.json", summary)
+    print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
+          f"{summary['not_run']} not run -> {out}/report.html")
+    for c in cells:
+        m = c["metrics"]
+        print(f"  {c['key']:40s} {m.get('verdict', 'MISSING'):12s} drift_origin={m.get('drift_origin')}")
+    not_run = [c["key"] + f" ({c['metrics'].get('verdict')})" for c in cells
+               if c["metrics"].get("verdict") not in ("PASS", "FAIL")]
+    if p.get("strict") and not_run:
+        print("report: strict: true and these cells did not run: " + ", ".join(not_run), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
