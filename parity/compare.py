@@ -70,7 +70,8 @@ def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: 
     }
     # Non-finite values match only when both sides hold the same value (inf == inf); NaN never does.
     nonfinite_bad = ~both & ~((a == b) & ~np.isnan(a))
-    diff = np.where(both, np.abs(a - b), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(both, np.abs(a - b), 0.0)
     allowed = atol + rtol * np.abs(np.where(both, b, 0.0))
     outside = (diff > allowed) | nonfinite_bad
     n_out = int(outside.sum())

@@ -74,7 +74,8 @@ def _num(where: str, v, lo=None, hi=None, integer=False) -> None:
     if not ok or isinstance(v, bool):
         raise ConfigError(f"{where}: expected {'an integer' if integer else 'a number'}, got {v!r}")
     if lo is not None and v < lo or hi is not None and v > hi:
-        raise ConfigError(f"{where}: {v!r} is outside [{lo}, {hi}]")
+        rng = f"[{lo}, {hi}]" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
+        raise ConfigError(f"{where}: {v!r} is out of range (valid: {rng})")
 
 
 def _tol(where: str, t: dict) -> None:
@@ -173,7 +174,7 @@ def validate(p: dict) -> dict:
 def load(path: str | Path = PARAMS_FILE) -> dict:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: not found (run `dvc exp run` or `parity check` to compose it from conf/)")
+        raise ConfigError(f"{path}: not found (compose it from conf/ with `parity compose` or `dvc exp run`)")
     with open(path) as f:
         p = yaml.safe_load(f) or {}
     return validate(p)

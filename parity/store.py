@@ -3,8 +3,8 @@
 Columns: sample (int32), name (string), order (int32, execution order; the model output last),
 dtype (numpy dtype string), shape (list<int64>), data (large_binary).
 Written without compression or dictionary encoding (fastest measured here: see DESIGN.md) with a
-fixed schema and no timestamps, so identical tensors give byte-identical files. Reads memory-map the
-file and view each value buffer as a numpy array without copying.
+fixed schema and no timestamps, so identical tensors give byte-identical files. Reads decode the file once into
+Arrow's value buffer and hand out each tensor as a read-only numpy view of it (no per-tensor copy).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def read_metadata(path: str | Path) -> dict[str, str]:
 
 
 def read(path: str | Path) -> Iterator[Tensor]:
-    """Yield tensors in file order; each array is a read-only zero-copy view of the mapped file."""
+    """Yield tensors in file order; each array is a read-only view of the Arrow value buffer."""
     table = pq.read_table(path, memory_map=True)
     if table.num_rows == 0:
         return
@@ -80,6 +80,7 @@ def read(path: str | Path) -> Iterator[Tensor]:
         lo, hi = int(offsets[i]), int(offsets[i + 1])
         dt = np.dtype(dtypes[i])
         arr = np.frombuffer(values, dtype=dt, count=(hi - lo) // dt.itemsize, offset=lo)
+        arr.flags.writeable = False  # views share one buffer: never mutate in place
         yield Tensor(samples[i], names[i], orders[i], arr.reshape(shapes[i]))
 
 

@@ -1,0 +1,64 @@
+"""Comparison: atol and rtol together, NaN/Inf handling, drift origin and worst layer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from parity import compare
+
+
+def layer(name, order, actual, expected, atol=1e-5, rtol=1e-3, max_mismatch=0.0):
+    return compare.compare_layer(name, order, [(0, np.asarray(actual, np.float32), np.asarray(expected, np.float32))],
+                                 atol, rtol, "test", max_mismatch)
+
+
+def test_pass_needs_atol_plus_rtol_times_reference():
+    ref = np.array([1000.0, 1e-6, 0.0])
+    # 0.5 off at 1000 is within rtol 1e-3 (allowed 1.00001); an absolute-only check would flag it
+    assert layer("a", 0, ref + [0.5, 0, 0], ref).passed
+    d = layer("a", 0, ref + [2.0, 0, 0], ref)
+    assert not d.passed and d.n_outside == 1 and math.isclose(d.frac_outside, 1 / 3)
+    assert d.worst_index == [0] and d.tol_ratio > 1.9
+
+
+def test_metrics_values():
+    d = layer("a", 0, [1.0, 2.0, 2.0], [1.0, 2.0, 4.0])
+    assert d.max_abs == 2.0 and math.isclose(d.mean_abs, 2 / 3) and d.max_rel == 0.5
+    assert math.isclose(d.rel_l2, 2 / math.sqrt(21))
+    assert math.isclose(d.cosine, (1 + 4 + 8) / (3 * math.sqrt(21)))
+
+
+def test_max_mismatch_allows_a_fraction_of_elements():
+    ref = np.zeros(100)
+    act = ref.copy()
+    act[:2] = 1.0
+    assert not layer("a", 0, act, ref).passed
+    assert layer("a", 0, act, ref, max_mismatch=0.02).passed
+
+
+def test_nan_in_output_fails_and_is_counted():
+    d = layer("a", 0, [np.nan, 1.0], [0.0, 1.0])
+    assert not d.passed and d.nan_actual == 1 and d.tol_ratio == math.inf
+    # matching infinities are equal; NaN never matches (torch.testing's equal_nan=False)
+    assert layer("a", 0, [np.inf, 1.0], [np.inf, 1.0]).passed
+    assert not layer("a", 0, [np.nan], [np.nan]).passed
+
+
+def test_shape_mismatch_is_a_failure_with_a_reason():
+    d = compare.compare_layer("a", 0, [(0, np.zeros((2, 3)), np.zeros((3, 2)))], 1e-5, 1e-3, "t")
+    assert not d.passed and "shape mismatch" in d.problem
+
+
+def test_drift_origin_is_first_failing_layer_in_execution_order_and_worst_is_largest_ratio():
+    ok = np.ones(4)
+    layers = [layer("c", 2, ok * 3, ok), layer("a", 0, ok, ok), layer("b", 1, ok * 1.01, ok),
+              layer("output", 3, ok * 2, ok)]
+    s = compare.summarize(layers, {"output"})
+    assert s["drift_origin"] == "b" and s["worst_layer"] == "c"
+    assert s["layers"] == 3 and s["layers_failed"] == 2 and s["failed"] == ["b", "c", "output"]
+    only_output = compare.summarize([layer("a", 0, ok, ok), layer("output", 1, ok * 2, ok)], {"output"})
+    assert only_output["drift_origin"] == "output"
+    clean = compare.summarize([layer("a", 0, ok, ok)], {"output"})
+    assert clean["passed"] and clean["drift_origin"] is None

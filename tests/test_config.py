@@ -1,0 +1,122 @@
+"""Config: the real conf/ composes (every option of every group), the committed params.yaml is the
+composition of conf/, and bad values name the key and the valid choices."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+import hydra_plugins.parity_conf  # noqa: F401  (registers ${parity_validate:} as DVC's discovery does)
+from conftest import ROOT
+from parity import config
+
+CONF = ROOT / "conf"
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def composed(*overrides) -> dict:
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(CONF), version_base=None):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture(scope="module")
+def default() -> dict:
+    return composed()
+
+
+def test_every_option_of_every_group_composes_and_validates():
+    p = composed(*(f"{g}=[{','.join(options(g))}]" for g in ("models", "dtypes", "providers")))
+    assert sorted(p["models"]) == options("models") and len(p["models"]) == 7
+    assert sorted(p["dtypes"]) == ["bf16", "fp16", "fp32"]
+    assert sorted(p["providers"]) == ["ort_cpu", "torch_cpu"]
+    assert config.validate(p) is p
+    assert p["validated"] == "7 models x 3 dtypes x 2 providers = 42 cells"
+
+
+def test_committed_params_yaml_is_the_composition_of_conf(default):
+    committed = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert committed == default, "params.yaml is stale: run `parity compose` and commit it"
+
+
+def test_cpu_default_is_small(default):
+    assert list(default["models"]) == ["mlp", "resnet18"]
+    assert list(default["dtypes"]) == ["fp32", "fp16"]
+    assert list(default["providers"]) == ["torch_cpu", "ort_cpu"]
+
+
+def test_default_tolerances_start_from_torch_testing(default):
+    # torch.testing.assert_close: float16 (1e-3, 1e-5), bfloat16 (1.6e-2, 1e-5); fp32 rtol 1.3e-6
+    # (atol raised to 1e-4 for whole models: see conf/dtypes/fp32.yaml)
+    p = composed("dtypes=[fp32,fp16,bf16]")
+    assert p["dtypes"]["fp16"]["tol"] == {"atol": 1e-5, "rtol": 1e-3}
+    assert p["dtypes"]["bf16"]["tol"] == {"atol": 1e-5, "rtol": 1.6e-2}
+    assert p["dtypes"]["fp32"]["tol"]["rtol"] == 1.3e-6
+
+
+def test_sweep_override_of_a_multiselect_group_gives_one_option():
+    assert list(composed("dtypes=bf16")["dtypes"]) == ["bf16"]
+    assert list(composed("+models=resnet50")["models"]) == ["mlp", "resnet18", "resnet50"]
+
+
+def test_parity_zoo_matches_builders():
+    from parity.models import zoo
+
+    assert set(config.PARITY_ZOO) == set(zoo.BUILDERS)
+
+
+def test_tolerance_resolution_order(default):
+    p = copy.deepcopy(default)
+    p["models"]["resnet18"]["tolerances"] = [
+        {"dtype": "fp16", "atol": 1e-3, "rtol": 1e-3},
+        {"dtype": "fp16", "layer": "layer4.*", "atol": 5e-3, "rtol": 2e-3},
+    ]
+    config.validate(p)
+    assert config.tolerance_for(p, "resnet18", "fp32", "layer4.0.conv1") == (1e-4, 1.3e-6, "dtypes.fp32.tol")
+    assert config.tolerance_for(p, "resnet18", "fp16", "conv1") == (1e-3, 1e-3, "models.resnet18.tolerances[0]")
+    assert config.tolerance_for(p, "resnet18", "fp16", "layer4.0.conv1") == (
+        5e-3, 2e-3, "models.resnet18.tolerances[1]")
+
+
+def _bad(default, mutate):
+    p = copy.deepcopy(default)
+    mutate(p)
+    with pytest.raises(config.ConfigError) as e:
+        config.validate(p)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda p: p.update(bogus=1), ["unknown key 'bogus'", "models", "providers"]),
+    (lambda p: p["export"].update(exporter="torchscript"), ["export.exporter", "torchscript", "dynamo, legacy"]),
+    (lambda p: p["export"].update(opset=17), ["export.opset", "[18, 25]"]),
+    (lambda p: p["models"]["mlp"]["arch"].update(name="mlpp"), ["models.mlp.arch.name", "mlpp", "transformer_block"]),
+    (lambda p: p["models"]["mlp"]["arch"].update(source="hub"), ["models.mlp.arch.source", "torchvision"]),
+    (lambda p: p["models"]["mlp"].update(tolerances=[{"atol": 1e-3}]), ["tolerances[0]", "atol and rtol together"]),
+    (lambda p: p["models"]["mlp"].update(tolerances=[{"layr": "fc*", "atol": 1, "rtol": 1}]), ["unknown key 'layr'", "layer"]),
+    (lambda p: p["models"]["mlp"]["input"][0].update(init="gauss"), ["init", "gauss", "normal"]),
+    (lambda p: p["models"]["mlp"]["input"][0].update(shape=[8, -1]), ["shape"]),
+    (lambda p: p["dtypes"]["fp16"].update(torch="half"), ["dtypes.fp16.torch", "half", "bfloat16"]),
+    (lambda p: p["providers"]["ort_cpu"].update(uses=["onnxruntime", "rocm"]), ["rocm", "tensorrt"]),
+    (lambda p: p.update(models={}), ["models", "select at least one"]),
+    (lambda p: p.update(strict=True, dtypes={**p["dtypes"], "bf16": {"torch": "bfloat16", "tol": {"atol": 1e-5, "rtol": 1.6e-2}}}),
+     ["providers.ort_cpu", "bf16", "strict"]),
+])
+def test_bad_values_name_the_key_and_the_choices(default, mutate, expected):
+    msg = _bad(default, mutate)
+    for s in expected:
+        assert s in msg, (s, msg)
+
+
+def test_missing_params_file_says_how_to_make_it(tmp_path):
+    with pytest.raises(config.ConfigError, match="parity compose"):
+        config.load(Path(tmp_path) / "params.yaml")

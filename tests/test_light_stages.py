@@ -1,0 +1,39 @@
+"""Speed is a feature: the light stages (env probe, inputs, diff, report) never import torch, and
+the env probe writes byte-identical fingerprints on an unchanged machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, env
+
+
+@pytest.mark.parametrize("module", ["stages.env", "stages.inputs", "stages.diff", "stages.report",
+                                    "parity.backends.ort_cpu", "parity.cli"])
+def test_light_modules_do_not_import_torch(module):
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            "heavy = [m for m in ('torch', 'torchvision', 'onnxscript') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_env_probe_is_deterministic_and_per_provider(tmp_path):
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"env{k}"
+        p = subprocess.run([sys.executable, "-m", "stages.env", "--out", str(out)], cwd=ROOT, env=env(),
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        outs.append({f.name: f.read_bytes() for f in sorted(out.iterdir())})
+    assert outs[0] == outs[1]
+    names = set(outs[0])
+    assert {"provider-torch_cpu.json", "provider-ort_cpu.json", "stage-export.json", "cuda.json"} <= names
+    import json
+
+    torch_fp = json.loads(outs[0]["provider-torch_cpu.json"])
+    ort_fp = json.loads(outs[0]["provider-ort_cpu.json"])
+    assert set(torch_fp) == {"torch"} and set(ort_fp) == {"onnx", "onnxruntime"}  # a driver bump touches neither

@@ -1,0 +1,138 @@
+"""The user flows on real DVC: a first run, a no-op re-run, and what re-runs after each kind of
+change (tolerance, added dtype, opset), in a temporary git repo with a tiny model.
+
+Tests in this module share one repo and run in order, each building on the last, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_repo, tree_digest
+
+CELLS = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16") for p in ("torch_cpu", "ort_cpu")]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_repo(tmp_path_factory.mktemp("pipeline") / "repo")
+
+
+def test_first_repro_runs_every_stage_and_writes_results(repo):
+    ran = repo.repro()
+    expected = {"env", "inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp", "report"}
+    expected |= {f"capture@{c}" for c in CELLS} | {f"diff@{c}" for c in CELLS}
+    assert set(ran) == expected
+    art = repo.path / "artifacts"
+    for c in CELLS:
+        m = json.loads((art / "diff" / c / "metrics.json").read_text())
+        assert m["status"] == "OK" and m["layers"] == 3  # fc1, act, fc2
+    # fp32: both providers agree with the reference; torch_cpu fp32 *is* the reference computation
+    for c in ("tiny_mlp-fp32-torch_cpu", "tiny_mlp-fp32-ort_cpu"):
+        assert json.loads((art / "diff" / c / "metrics.json").read_text())["verdict"] == "PASS"
+    summary = json.loads((art / "report" / "summary.json").read_text())
+    assert summary["cells"] == 4 and set(summary["per_cell"]) == set(CELLS)
+    html = (art / "report" / "report.html").read_text()
+    assert "<svg" in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
+    ops = json.loads((art / "models" / "tiny_mlp" / "ops.json").read_text())
+    assert ops["opset"]["ai.onnx"] == 18 and ops["nodes"] > 0
+
+
+def test_second_repro_runs_only_the_env_probe(repo):
+    assert repo.repro() == ["env"]
+    # DVC lists an always_changed stage in `dvc status`; nothing else is stale
+    assert repo.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+
+
+def test_forced_rerun_is_byte_identical(repo):
+    """Same inputs, same bytes: re-running the heavy stages changes nothing downstream."""
+    art = repo.path / "artifacts"
+    before = tree_digest(art)
+    for stage in ["inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp",
+                  *(f"capture@{c}" for c in CELLS), *(f"diff@{c}" for c in CELLS)]:
+        repo.run(["dvc", "repro", "-f", "-s", stage])
+    after = tree_digest(art)
+    changed = {k for k in before if before[k] != after.get(k)}
+    # latency is the one measured (non-deterministic) value; it lives apart from the values
+    assert {k for k in changed if not k.startswith(("timing/", "report/"))} == set()
+    assert set(repo.repro()) <= {"env", "report"}  # report re-renders the new latency only
+
+
+def test_tolerance_change_in_conf_reruns_only_diff_and_report(repo):
+    repo.edit("conf/dtypes/fp16.yaml", "atol: 1.0e-5", "atol: 2.0e-5")
+    ran = repo.exp_run()
+    assert set(ran) - {"env"} == {"diff@tiny_mlp-fp16-torch_cpu", "diff@tiny_mlp-fp16-ort_cpu", "report"}
+    m = json.loads((repo.path / "artifacts/diff/tiny_mlp-fp16-ort_cpu/layers.json").read_text())
+    assert all(layer["atol"] == 2e-5 and layer["tol_source"] == "dtypes.fp16.tol" for layer in m["layers"])
+
+
+def test_per_model_layer_pattern_override_reruns_only_that_models_diffs(repo):
+    repo.edit("conf/models/tiny_mlp.yaml", "tolerances: []",
+              "tolerances:\n    - {dtype: fp16, layer: 'fc*', atol: 1.0, rtol: 1.0}")
+    ran = repo.exp_run()
+    assert set(ran) - {"env"} == {f"diff@{c}" for c in CELLS} | {"report"}
+    layers = json.loads((repo.path / "artifacts/diff/tiny_mlp-fp16-ort_cpu/layers.json").read_text())["layers"]
+    src = {d["name"]: d["tol_source"] for d in layers}
+    assert src["fc1"] == src["fc2"] == "models.tiny_mlp.tolerances[0]"
+    assert src["act"] == "dtypes.fp16.tol"
+
+
+def test_adding_a_dtype_runs_only_the_new_cells(repo):
+    repo.set_defaults(dtypes=["fp32", "fp16", "bf16"])
+    ran = repo.exp_run()
+    new = {"tiny_mlp-bf16-torch_cpu", "tiny_mlp-bf16-ort_cpu"}
+    assert set(ran) - {"env"} == {f"capture@{c}" for c in new} | {f"diff@{c}" for c in new} | {"report"}
+    art = repo.path / "artifacts"
+    # ort_cpu declares no bf16: the cell is a reported result, not a crash and not silently skipped
+    m = json.loads((art / "diff/tiny_mlp-bf16-ort_cpu/metrics.json").read_text())
+    assert m["verdict"] == "UNSUPPORTED" and "fp32" in m["reason"]
+    assert json.loads((art / "diff/tiny_mlp-bf16-torch_cpu/metrics.json").read_text())["status"] == "OK"
+    assert "tiny_mlp-bf16-ort_cpu" in (art / "report/report.md").read_text()
+
+
+def test_opset_change_reruns_export_and_everything_downstream(repo):
+    repo.edit("conf/config.yaml", "opset: 18", "opset: 20")
+    ran = set(repo.exp_run()) - {"env"}
+    cells = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16", "bf16") for p in ("torch_cpu", "ort_cpu")]
+    assert "export@tiny_mlp" in ran
+    assert not ran & {"inputs@tiny_mlp", "reference@tiny_mlp"}  # upstream of export / not from ONNX
+    # every capture depends on the export; diffs re-run where the captured bytes changed
+    assert {f"capture@{c}" for c in cells} <= ran
+    assert "report" in ran
+    ops = json.loads((repo.path / "artifacts/models/tiny_mlp/ops.json").read_text())
+    assert ops["opset"]["ai.onnx"] == 20
+
+
+@pytest.mark.parametrize("override, must_say", [
+    ("models=[zzz]", ["zzz", "Available options in 'models'", "tiny_mlp", "resnet18"]),
+    ("dtypes=[fp8]", ["fp8", "Available options in 'dtypes'", "bf16"]),
+    ("providers=[tpu]", ["tpu", "ort_cpu", "torch_cpu"]),
+    ("foo=1", ["foo"]),
+    ("dtypes.fp16.tol.atoll=1", ["atoll"]),
+    ("export.exporter=onnx2", ["onnx2", "dynamo", "legacy"]),
+])
+def test_bad_config_fails_clearly_and_writes_nothing(repo, override, must_say):
+    art, params = repo.path / "artifacts", (repo.path / "params.yaml").read_text()
+    before = tree_digest(art)
+    p = repo.run(["dvc", "exp", "run", "-S", override], check=False)
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    for s in must_say:
+        assert s in err, (s, err)
+    assert "Running stage" not in err
+    assert tree_digest(art) == before
+    assert (repo.path / "params.yaml").read_text() == params
+
+
+def test_hand_edited_bad_params_fail_parity_check(repo):
+    params = repo.path / "params.yaml"
+    good = params.read_text()
+    try:
+        params.write_text(good.replace("max_mismatch:", "max_mismatc:"))
+        p = repo.run(["parity", "check"], check=False)
+        assert p.returncode == 2
+        assert "unknown key 'max_mismatc'" in p.stderr and "max_mismatch" in p.stderr
+    finally:
+        params.write_text(good)
