@@ -211,11 +211,14 @@ def bench_cold(repo: Path, runs: int) -> dict:
 
 
 def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     v = {"python": platform.python_version(), "nproc": os.cpu_count(), "machine": platform.machine()}
-    for mod in ("numpy", "torch", "onnxruntime", "onnx", "pyarrow", "dvc"):
-        r = subprocess.run([sys.executable, "-c", f"import {mod}; print({mod}.__version__)"],
-                           capture_output=True, text=True, env=ENV)
-        v[mod] = r.stdout.strip() or "n/a"
+    for dist in ("numpy", "torch", "torchvision", "onnxruntime", "onnx", "pyarrow", "dvc"):
+        try:
+            v[dist] = version(dist)
+        except PackageNotFoundError:
+            v[dist] = "n/a"
     return v
 
 

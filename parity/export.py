@@ -35,6 +35,30 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
     return names
 
 
+PATH_METADATA = ("pkg.torch.onnx.stack_trace",)
+
+
+def strip_paths(m: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop node metadata that embeds absolute source paths (the dynamo exporter's stack traces), so
+    the same model exported from two checkouts gives the same bytes (and DVC cache hits across
+    clones). The path-free metadata (namespace, name_scopes: which torch module made each node) stays."""
+    def graphs(g):
+        yield g
+        for n in g.node:
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from graphs(sub)
+
+    nodes = [n for g in graphs(m.graph) for n in g.node] + [n for f in m.functions for n in f.node]
+    for n in nodes:
+        keep = [p for p in n.metadata_props if p.key not in PATH_METADATA]
+        if len(keep) != len(n.metadata_props):
+            del n.metadata_props[:]
+            n.metadata_props.extend(keep)
+        n.doc_string = ""
+    return m
+
+
 def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
     """Copy of `m` with only the `keep` graph outputs and the nodes they need."""
     out = onnx.ModelProto()

@@ -63,3 +63,13 @@ def write_json(path: str | Path, obj, sort_keys: bool = True) -> None:
 def read_json(path: str | Path):
     with open(path) as f:
         return json.load(f)
+
+
+def exit_now(code: int) -> None:
+    """End a stage process without interpreter teardown (after torch it costs ~0.75 s a process).
+    Call only when every output is written and closed (atomic_path has renamed it into place)."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

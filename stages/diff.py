@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     head = outputs[0] if outputs else None
     verdict = status["status"] if status["status"] != "OK" else ("PASS" if summary["passed"] else "FAIL")
     metrics = {
-        "cell": key, "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
+        "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
         "passed": summary["passed"],
         **{k: summary.get(k) for k in ("layers", "layers_failed", "drift_origin", "worst_layer",
                                        "worst_tol_ratio")},

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
 
     import onnx
 
-    from parity.export import export_layers, op_inventory, prune_outputs
+    from parity.export import export_layers, op_inventory, prune_outputs, strip_paths
     from parity.io import atomic_path, write_json
     from parity.models import build, example_inputs
     from parity.models.layers import module_types
@@ -51,8 +51,9 @@ def main(argv=None) -> int:
             print(f"export@{a.model}: EXPORT_FAIL with exporter={exporter} opset={opset} "
                   f"<export.exporter, export.opset>: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
-        full = onnx.load(str(tmp))
+        full = strip_paths(onnx.load(str(tmp)))
         onnx.checker.check_model(full, full_check=True)
+        onnx.save(full, str(tmp))
     outputs = [n for n in names if is_output(n)]
     plain = prune_outputs(full, outputs)
     onnx.checker.check_model(plain, full_check=True)
@@ -72,4 +73,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from parity.io import exit_now
+
+    exit_now(main())  # outputs are in place; skip torch's interpreter teardown

@@ -65,4 +65,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from parity.io import exit_now
+
+    exit_now(main())  # outputs are in place; skip torch's interpreter teardown

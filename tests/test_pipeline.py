@@ -7,6 +7,7 @@ Tests in this module share one repo and run in order, each building on the last,
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -136,3 +137,44 @@ def test_hand_edited_bad_params_fail_parity_check(repo):
         assert "unknown key 'max_mismatc'" in p.stderr and "max_mismatch" in p.stderr
     finally:
         params.write_text(good)
+
+
+def test_queued_precision_sweep_shares_export_and_reference(tmp_path):
+    """`dvc exp run --queue -S 'dtypes=fp32,fp16,bf16'` + `dvc queue start`: one experiment per
+    dtype; the shared stages run once and are restored from DVC's run-cache in the others."""
+    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    out = r.run(["dvc", "exp", "run", "--queue", "-S", "dtypes=fp32,fp16,bf16"]).stdout
+    assert out.count("Queued experiment") == 3
+    r.run(["dvc", "queue", "start", "-j", "1"])
+    import time
+
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        status = r.run(["dvc", "queue", "status"]).stdout
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(2)
+    assert status.count("Success") == 3, status
+    runs = {}
+    for line in status.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) > 2 and parts[-1] == "Success":
+            runs[parts[1]] = r.run(["dvc", "queue", "logs", parts[1]]).stdout
+    executed = [set(re.findall(r"Running stage '([^']+)'", log)) for log in runs.values()]
+    for shared in ("export@tiny_mlp", "reference@tiny_mlp", "inputs@tiny_mlp"):
+        assert sum(shared in e for e in executed) == 1, shared
+    exps = json.loads(r.run(["dvc", "exp", "show", "--json"]).stdout)
+    names = [e["name"] for rev in exps for e in (rev.get("experiments") or []) for e in e.get("revs", [])
+             if e.get("name")]
+    assert len(names) == 3
+
+
+def test_export_is_byte_identical_across_checkouts(tmp_path):
+    """A teammate's clone elsewhere on disk exports the same bytes, so DVC caches hit across clones
+    (the dynamo exporter's stack traces embed absolute paths: parity strips them)."""
+    digests = []
+    for where in ("a/repo", "b/some/other/place"):
+        r = make_repo(tmp_path / where, dtypes=("fp32",), providers=("ort_cpu",))
+        r.repro("export@tiny_mlp")
+        digests.append(tree_digest(r.path / "artifacts/models"))
+    assert digests[0] == digests[1] and len(digests[0]) == 4
