@@ -155,6 +155,8 @@ def summarize(layers: list[LayerDiff], output_names: set[str]) -> dict:
     if origin is None:
         origin = next((d.name for d in outs if not d.passed), None)
     worst = max(ordered, key=lambda d: (d.tol_ratio, -d.order), default=None)
+    if worst is not None and worst.tol_ratio == 0.0:
+        worst = None  # bit-identical everywhere: no layer is "worst"
     return {
         "layers": len(inner),
         "layers_failed": sum(1 for d in inner if not d.passed),

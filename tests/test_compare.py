@@ -61,4 +61,4 @@ def test_drift_origin_is_first_failing_layer_in_execution_order_and_worst_is_lar
     only_output = compare.summarize([layer("a", 0, ok, ok), layer("output", 1, ok * 2, ok)], {"output"})
     assert only_output["drift_origin"] == "output"
     clean = compare.summarize([layer("a", 0, ok, ok)], {"output"})
-    assert clean["passed"] and clean["drift_origin"] is None
+    assert clean["passed"] and clean["drift_origin"] is None and clean["worst_layer"] is None
