@@ -215,3 +215,25 @@ def tolerance_for(p: dict, model: str, dtype: str, layer: str) -> tuple[float, f
             continue
         atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"models.{model}.tolerances[{i}]"
     return atol, rtol, src
+
+
+def stage_parser(module: str, doc: str | None, cell: bool = False):
+    """The argument parser every stage starts from: --params, plus --model/--dtype/--provider for
+    per-cell stages."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", default=PARAMS_FILE, help="the composed config (default: %(default)s)")
+    if cell:
+        for k in ("model", "dtype", "provider"):
+            ap.add_argument(f"--{k}", required=True)
+    return ap
+
+
+def load_or_die(path: str | Path = PARAMS_FILE) -> dict:
+    """load(), or print the config error and exit 2 before the stage writes anything."""
+    try:
+        return load(path)
+    except ConfigError as e:
+        die(e)

@@ -9,7 +9,6 @@ the diff stage does not read it, so timing noise never re-runs a diff. A failing
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -20,21 +19,13 @@ from parity.io import write_json
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.capture", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--dtype", required=True)
-    ap.add_argument("--provider", required=True)
+    ap = config.stage_parser("stages.capture", __doc__, cell=True)
     ap.add_argument("--model-dir", required=True, help="export stage output (model.onnx, layers.onnx)")
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
     from stages.inputs import load
 
     cap = p.get("capture", {})

@@ -7,7 +7,6 @@ metrics), layers.json (every layer's metrics and the tolerance key that applied)
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 from pathlib import Path
@@ -64,19 +63,12 @@ def _vs_golden(gold, ref, act) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.diff", description=__doc__)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--dtype", required=True)
-    ap.add_argument("--provider", required=True)
+    ap = config.stage_parser("stages.diff", __doc__, cell=True)
     ap.add_argument("--capture", required=True)
     ap.add_argument("--reference", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
     key = config.cell_key(a.model, a.dtype, a.provider)
     status, layers, summary = diff_cell(p, a.model, a.dtype, Path(a.capture), Path(a.reference))
     out = Path(a.out)

@@ -10,7 +10,6 @@ changed.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from parity import config, fingerprint
@@ -18,15 +17,10 @@ from parity.io import write_json
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.env", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap = config.stage_parser("stages.env", __doc__)
     ap.add_argument("--out", default="artifacts/env")
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
     out = Path(a.out)
     comps = fingerprint.collect(config.COMPONENTS)
     for name, fp in comps.items():

@@ -7,7 +7,6 @@ layers.json (output names in execution order, module types), ops.json (op types 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -16,15 +15,11 @@ from pathlib import Path
 def main(argv=None) -> int:
     from parity import config
 
-    ap = argparse.ArgumentParser(prog="python -m stages.export", description=__doc__)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap = config.stage_parser("stages.export", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
 
     import onnx
 

@@ -6,7 +6,6 @@ so adding samples never changes the existing ones.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 
@@ -43,15 +42,11 @@ def load(path) -> list[dict[str, np.ndarray]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.inputs", description=__doc__)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap = config.stage_parser("stages.inputs", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
     specs = p["models"][a.model]["input"]
     rows = [store.Tensor(k, s["name"], i, arr[s["name"]])
             for k, arr in enumerate(samples(p, a.model)) for i, s in enumerate(specs)]

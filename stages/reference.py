@@ -3,7 +3,6 @@ with `reference.fp64: true` also an fp64 golden run (fp64.parquet)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,16 +30,12 @@ def run(p: dict, model_name: str, feeds: list, dtype: str):
 def main(argv=None) -> int:
     from parity import config
 
-    ap = argparse.ArgumentParser(prog="python -m stages.reference", description=__doc__)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap = config.stage_parser("stages.reference", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
 
     from parity import store
     from stages.inputs import load

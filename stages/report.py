@@ -5,7 +5,6 @@ that did not run (UNAVAILABLE, UNSUPPORTED, EXPORT_FAIL, INFER_FAIL)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -17,15 +16,11 @@ BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stages.report", description=__doc__)
-    ap.add_argument("--params", default=config.PARAMS_FILE)
+    ap = config.stage_parser("stages.report", __doc__)
     ap.add_argument("--artifacts", default="artifacts")
     ap.add_argument("--out", default="artifacts/report")
     a = ap.parse_args(argv)
-    try:
-        p = config.load(a.params)
-    except config.ConfigError as e:
-        config.die(e)
+    p = config.load_or_die(a.params)
     art = Path(a.artifacts)
     cells = []
     for model, dtype, provider in config.cells(p):
