@@ -136,7 +136,12 @@ def validate(p: dict) -> dict:
             raise ConfigError(f"{where}: model names must not contain '-' (it separates cell keys)")
         _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
         arch = m["arch"]
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs"}, required=("source", "name"))
+        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+        if "calibrate" in arch:
+            c = arch["calibrate"]
+            _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
+            if not isinstance(c["shape"], list) or not all(isinstance(s, int) and s > 0 for s in c["shape"]):
+                raise ConfigError(f"{where}.arch.calibrate.shape: expected a list of positive ints, got {c['shape']!r}")
         if arch["source"] not in ARCH_SOURCES:
             raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
         if arch["source"] == "parity" and arch["name"] not in PARITY_ZOO:

@@ -91,8 +91,17 @@ def read_dict(path: str | Path) -> dict[tuple[int, str], Tensor]:
 OUTPUT = "output"  # the model output's name (parity.models.layers uses the same); ":i" for tuples
 
 
+PLAIN = "plain:"  # the shipped graph's outputs, captured beside the instrumented graph's
+
+
 def is_output(name: str) -> bool:
+    name = name.removeprefix(PLAIN)
     return name == OUTPUT or name.startswith(OUTPUT + ":")
+
+
+def reference_name(name: str) -> str:
+    """The reference tensor a captured name is compared with (plain:output -> output)."""
+    return name.removeprefix(PLAIN)
 
 
 def rows_from(sample: int, named: list[tuple[str, np.ndarray]]) -> list[Tensor]:

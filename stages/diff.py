@@ -32,9 +32,18 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
         a = act.get((sample, name))
         if a is not None:
             by_layer[name].append((sample, a.array, t.array))
+    # the shipped graph's outputs (plain:output) are compared with the reference outputs too
+    last = max(orders.values(), default=-1)
+    for (sample, name), t in sorted(act.items()):
+        r = ref.get((sample, store.reference_name(name)))
+        if name.startswith(store.PLAIN) and r is not None:
+            if name not in by_layer:
+                last += 1
+                orders[name], by_layer[name] = last, []
+            by_layer[name].append((sample, t.array, r.array))
     layers = []
     for name, pairs in sorted(by_layer.items(), key=lambda kv: orders[kv[0]]):
-        atol, rtol, src = config.tolerance_for(p, model, dtype, name)
+        atol, rtol, src = config.tolerance_for(p, model, dtype, store.reference_name(name))
         if not pairs:
             d = compare.LayerDiff(name=name, order=orders[name], shape=[], numel=0, atol=atol, rtol=rtol,
                                   tol_source=src, passed=False, problem="not captured by this provider")
@@ -62,6 +71,10 @@ def _vs_golden(gold, ref, act) -> dict:
     return {"rmse_reference": r, "rmse_actual": a, "closer": closer}
 
 
+def _output_metrics(d) -> dict:
+    return {k: getattr(d, k) for k in compare.METRICS + ("nan_actual", "inf_actual", "passed")} if d else {}
+
+
 def main(argv=None) -> int:
     ap = config.stage_parser("stages.diff", __doc__, cell=True)
     ap.add_argument("--capture", required=True)
@@ -73,15 +86,17 @@ def main(argv=None) -> int:
     status, layers, summary = diff_cell(p, a.model, a.dtype, Path(a.capture), Path(a.reference))
     out = Path(a.out)
     outputs = [d for d in layers if store.is_output(d.name)]
-    head = outputs[0] if outputs else None
+    head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
+    plain = next((d for d in outputs if d.name.startswith(store.PLAIN)), None)
     verdict = status["status"] if status["status"] != "OK" else ("PASS" if summary["passed"] else "FAIL")
     metrics = {
         "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
         "passed": summary["passed"],
         **{k: summary.get(k) for k in ("layers", "layers_failed", "drift_origin", "worst_layer",
                                        "worst_tol_ratio")},
-        "output": ({k: getattr(head, k) for k in compare.METRICS + ("nan_actual", "inf_actual")}
-                   if head else {}),
+        "output": _output_metrics(head),
+        # the same output from the plain graph (model.onnx: what ships, no extra outputs)
+        "plain_output": _output_metrics(plain),
     }
     if "fp64" in summary:
         metrics["fp64"] = summary["fp64"]

@@ -55,15 +55,21 @@ def main(argv=None) -> int:
     with atomic_path(out / "model.onnx") as tmp:
         onnx.save(plain, str(tmp))
     types = module_types(model)
+    called = {n.split("#")[0].split(":")[0] for n in names}
+    # Leaf modules the forward never calls as modules (nn.MultiheadAttention.out_proj: MHA uses its
+    # weights through F.multi_head_attention_forward) have no layer output; list them, don't hide them.
+    uncalled = [n for n in types if n not in called]
     write_json(out / "layers.json", {
-        "model": a.model, "exporter": exporter, "opset": opset, "outputs": outputs,
+        "model": a.model, "exporter": exporter, "opset": opset, "outputs": outputs, "uncalled": uncalled,
         "layers": [{"name": n, "module": types.get(n.split("#")[0].split(":")[0], "")}
                    for n in names if n not in outputs],
     }, sort_keys=False)
     inv = op_inventory(plain)
     write_json(out / "ops.json", inv)
     print(f"export@{a.model}: {exporter} opset {opset}, {len(names) - len(outputs)} layer outputs, "
-          f"{inv['nodes']} nodes / {inv['op_types']} op types, {time.perf_counter() - t0:.1f}s -> {out}")
+          f"{inv['nodes']} nodes / {inv['op_types']} op types, {time.perf_counter() - t0:.1f}s -> {out}"
+          + (f" ({len(uncalled)} leaf modules never called, not captured: {', '.join(uncalled[:3])}"
+             f"{', ...' if len(uncalled) > 3 else ''})" if uncalled else ""))
     return 0
 
 

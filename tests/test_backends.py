@@ -59,10 +59,11 @@ def test_every_provider_meets_the_runner_contract(provider, exported, reference)
     assert len(res.samples) == len(FEEDS) and len(res.latency_ms) == 3
     for k, named in enumerate(res.samples):
         names = [n for n, _ in named]
-        assert names == ["output", "fc1", "act", "fc2"]  # outputs first, then layers in execution order
+        # outputs first, then layers in execution order, then the plain (shipped) graph's outputs
+        assert names == ["output", "fc1", "act", "fc2", "plain:output"]
         for n, v in named:
             assert v.dtype == np.float32
-            np.testing.assert_allclose(v, reference[(k, n)], rtol=1.3e-6, atol=1e-5)
+            np.testing.assert_allclose(v, reference[(k, n.removeprefix("plain:"))], rtol=1.3e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("provider", sorted(PROVIDERS))

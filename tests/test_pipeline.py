@@ -30,6 +30,7 @@ def test_first_repro_runs_every_stage_and_writes_results(repo):
     for c in CELLS:
         m = json.loads((art / "diff" / c / "metrics.json").read_text())
         assert m["status"] == "OK" and m["layers"] == 3  # fc1, act, fc2
+        assert m["plain_output"]["max_abs"] is not None  # the shipped graph is compared, not only timed
     # fp32: both providers agree with the reference; torch_cpu fp32 *is* the reference computation
     for c in ("tiny_mlp-fp32-torch_cpu", "tiny_mlp-fp32-ort_cpu"):
         assert json.loads((art / "diff" / c / "metrics.json").read_text())["verdict"] == "PASS"
@@ -104,6 +105,18 @@ def test_opset_change_reruns_export_and_everything_downstream(repo):
     assert "report" in ran
     ops = json.loads((repo.path / "artifacts/models/tiny_mlp/ops.json").read_text())
     assert ops["opset"]["ai.onnx"] == 20
+
+
+def test_fp64_golden_run_reruns_reference_and_diffs_and_says_which_side_is_closer(repo):
+    repo.edit("conf/config.yaml", "fp64: false", "fp64: true")
+    ran = set(repo.exp_run()) - {"env"}
+    assert "reference@tiny_mlp" in ran and not ran & {"export@tiny_mlp", "inputs@tiny_mlp"}
+    assert not any(s.startswith("capture@") for s in ran)
+    art = repo.path / "artifacts"
+    assert (art / "reference/tiny_mlp/fp64.parquet").exists()
+    m = json.loads((art / "diff/tiny_mlp-fp16-torch_cpu/metrics.json").read_text())
+    # the fp32 reference is closer to fp64 than an fp16 run is
+    assert m["fp64"]["closer"] == "reference" and m["fp64"]["rmse_actual"] > m["fp64"]["rmse_reference"]
 
 
 @pytest.mark.parametrize("override, must_say", [

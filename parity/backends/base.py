@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.store import PLAIN
+
 STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "INFER_FAIL")
 
 
@@ -40,7 +42,8 @@ class CaptureJob:
 class CaptureResult:
     status: str
     reason: str = ""
-    # per sample: list of (name, array) with the model outputs first, then layers in execution order
+    # per sample: (name, array) with the model outputs first, then layers in execution order, then
+    # the plain graph's outputs (plain:output)
     samples: list[list[tuple[str, np.ndarray]]] = field(default_factory=list)
     latency_ms: list[float] = field(default_factory=list)
     warmup: int = 0
@@ -65,8 +68,9 @@ class Runner:
         """Per-layer run: (name, value) for the model outputs then every captured layer."""
         raise NotImplementedError
 
-    def infer_plain(self, feeds: dict[str, np.ndarray]) -> None:
-        """The shipped model alone (no extra outputs), timed for latency."""
+    def infer_plain(self, feeds: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+        """The shipped model alone (no extra outputs): its outputs, as (name, value). Timed for
+        latency, and compared too, since extra outputs can change what a backend fuses."""
         raise NotImplementedError
 
     def deactivate(self) -> None:
@@ -102,6 +106,11 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
             samples = [[(n, np.asarray(v)) for n, v in runner.infer(f)] for f in feeds]
         except Exception as e:
             return CaptureResult("INFER_FAIL", _reason(e))
+        try:
+            for named, f in zip(samples, feeds):
+                named += [(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)]
+        except Exception as e:
+            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e), samples)
         lat = []
         try:
             for _ in range(warmup):

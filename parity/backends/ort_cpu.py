@@ -54,12 +54,13 @@ class OrtRunner(Runner):
         self.layers = self._session(self.job.model_dir / "layers.onnx")
         self.plain = self._session(self.job.model_dir / "model.onnx")
         self.names = [o.name for o in self.layers.get_outputs()]
+        self.plain_names = [o.name for o in self.plain.get_outputs()]
 
     def infer(self, feeds):
         return list(zip(self.names, self.layers.run(None, feeds)))
 
-    def infer_plain(self, feeds) -> None:
-        self.plain.run(None, feeds)
+    def infer_plain(self, feeds):
+        return list(zip(self.plain_names, self.plain.run(None, feeds)))
 
     def deactivate(self) -> None:
         self.layers = self.plain = None

@@ -45,10 +45,13 @@ class TorchRunner(Runner):
             v = v.float()
         return v.numpy()
 
-    def infer_plain(self, feeds) -> None:
+    def infer_plain(self, feeds):
+        from parity.models.layers import flatten, output_names
+
         with self.torch.no_grad():
             self.rec.recording = False
-            self.rec(*self._tensors(feeds))
+            out = self.rec(*self._tensors(feeds))
+        return [(n, self._np(v)) for n, v in zip(output_names(out), flatten(out))]
 
     def deactivate(self) -> None:
         self.rec = None

@@ -11,6 +11,11 @@ def build(arch: dict, seed: int):
 
     Linear/Conv weights that start all zero (vit_b_16's classification head under weights=None)
     are re-initialised from the same seed, so no output is trivially all zeros.
+
+    `arch.calibrate: {shape: [N, ...]}` sets every BatchNorm's running stats from one seeded N(0, 1)
+    batch (computed in float64, so the stats do not depend on thread count). Untrained convnets
+    otherwise run BatchNorm as the identity, and activations vanish (efficientnet_b0 output ~1e-14,
+    depthwise convs get kaiming fan_out = C*k*k) or grow with depth (resnet50 layer4 ~1e2).
     """
     import torch
 
@@ -42,7 +47,31 @@ def build(arch: dict, seed: int):
             if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d)) and w is not None \
                     and not torch.count_nonzero(w):
                 w.normal_(0.0, 0.02, generator=gen)
+    calib = arch.get("calibrate")
+    if calib:
+        _calibrate_bn(model, calib["shape"], seed)
     return model.eval()
+
+
+def _calibrate_bn(model, shape, seed: int) -> None:
+    import torch
+
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 2), dtype=torch.float64)
+    saved = [m.momentum for m in bns]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average: one batch gives exactly its own mean/var
+    model.double().eval()
+    for m in bns:
+        m.train()  # only BatchNorm: dropout / stochastic depth stay off
+    with torch.no_grad():
+        model(x)
+    for m, mom in zip(bns, saved):
+        m.momentum = mom
+    model.float().eval()
 
 
 def example_inputs(input_specs: list[dict], arrays: dict):
