@@ -3,6 +3,9 @@
   parity check [--params params.yaml]      validate params.yaml (what `dvc repro` will run)
   parity compose [-S override ...]         compose conf/ into params.yaml exactly as `dvc exp run`
                                             does (same DVC function, same Hydra plugin), then validate
+  parity compare REV_A [REV_B]             per-cell verdict/metric changes between revisions
+                                            (REV_B defaults to the workspace)
+  parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination, a compact table
 """
 
 from __future__ import annotations
@@ -50,6 +53,26 @@ def _compose(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from parity.history import compare
+
+    try:
+        return compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression)
+    except RuntimeError as e:
+        print(f"parity compare: {e}", file=sys.stderr)
+        return 2
+
+
+def _sweep(args) -> int:
+    from parity.sweep import sweep
+
+    try:
+        return sweep(args.override, jobs=args.jobs)
+    except (RuntimeError, ValueError) as e:
+        print(f"parity sweep: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -63,6 +86,17 @@ def main(argv=None) -> int:
     c.add_argument("--params", default="params.yaml")
     c.add_argument("--root", default=".")
     c.set_defaults(fn=_compose)
+    c = sub.add_parser("compare", help="what changed per cell between two revisions (dvc metrics diff)")
+    c.add_argument("rev_a", help="baseline revision, e.g. HEAD~1 or main")
+    c.add_argument("rev_b", nargs="?", help="revision to compare (default: the workspace)")
+    c.add_argument("--all", action="store_true", help="list unchanged cells too")
+    c.add_argument("--fail-on-regression", action="store_true",
+                   help="exit 1 if a cell passed in REV_A and does not in REV_B")
+    c.set_defaults(fn=_compare)
+    c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
+    c.add_argument("override", nargs="+", help="Hydra overrides; comma lists are swept, e.g. 'dtypes=fp32,fp16'")
+    c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")
+    c.set_defaults(fn=_sweep)
     args = ap.parse_args(argv)
     return args.fn(args)
 

@@ -152,6 +152,7 @@ def test_hand_edited_bad_params_fail_parity_check(repo):
         params.write_text(good)
 
 
+@pytest.mark.slow  # parity sweep (tests/test_history.py) covers the same path in the fast set
 def test_queued_precision_sweep_shares_export_and_reference(tmp_path):
     """`dvc exp run --queue -S 'dtypes=fp32,fp16,bf16'` + `dvc queue start`: one experiment per
     dtype; the shared stages run once and are restored from DVC's run-cache in the others."""

@@ -1,0 +1,71 @@
+"""History and sweeps on real DVC: `parity compare` between commits, `parity sweep` over dtypes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import make_repo
+
+
+@pytest.fixture(scope="module")
+def two_commits(tmp_path_factory):
+    """Commit 1: fp16 at a loose tolerance (every cell passes). Commit 2: fp16 at zero tolerance
+    (fp16 cannot match fp32 bit for bit: the fp16 cells regress)."""
+    r = make_repo(tmp_path_factory.mktemp("history") / "repo", providers=("ort_cpu",))
+    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0e-5, rtol: 1.0e-3}", "tol: {atol: 1.0, rtol: 1.0}")
+    r.exp_run()
+    r.commit("loose fp16")
+    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0, rtol: 1.0}", "tol: {atol: 0.0, rtol: 0.0}")
+    r.exp_run()
+    r.commit("exact fp16")
+    return r
+
+
+def test_compare_names_the_regressed_cell_and_gates_ci(two_commits):
+    p = two_commits.run(["parity", "compare", "HEAD~1", "HEAD", "--fail-on-regression"], check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("tiny_mlp-fp16-ort_cpu"))
+    assert "pass->fail REGRESSION" in line and "PASS -> FAIL" in line and "- -> fc1" in line
+    assert "tiny_mlp-fp32-ort_cpu" not in p.stdout.split("\n\n")[0]  # unchanged cells are not listed
+    assert "1 regressed" in p.stdout and "regression in tiny_mlp-fp16-ort_cpu" in p.stderr
+    # the same comparison without the gate reports but exits 0
+    assert two_commits.run(["parity", "compare", "HEAD~1", "HEAD"]).returncode == 0
+
+
+def test_compare_with_no_change_says_so(two_commits):
+    p = two_commits.run(["parity", "compare", "HEAD", "--fail-on-regression"])
+    assert "nothing changed (2 cells, identical metrics)" in p.stdout
+
+
+def test_compare_prints_fp32_sized_errors_with_enough_digits(two_commits):
+    p = two_commits.run(["parity", "compare", "HEAD~1", "HEAD", "--all"])
+    fp32 = next(ln for ln in p.stdout.splitlines() if ln.startswith("tiny_mlp-fp32-ort_cpu"))
+    assert re.search(r"\d\.\d{4}e-0\d", fp32), fp32  # e.g. 1.1921e-07, not 0.00000
+
+
+def test_compare_of_an_unknown_revision_is_a_clear_error(two_commits):
+    p = two_commits.run(["parity", "compare", "no-such-rev"], check=False)
+    assert p.returncode == 2 and "no-such-rev" in p.stderr
+
+
+def test_sweep_over_three_dtypes_runs_three_experiments_sharing_export(tmp_path):
+    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    p = r.run(["parity", "sweep", "dtypes=fp32,fp16,bf16"])
+    rows = [ln.split() for ln in p.stdout.splitlines()[2:]]
+    assert [row[1] for row in rows] == ["fp32", "fp16", "bf16"], p.stdout
+    assert p.stdout.splitlines()[0].split()[:4] == ["experiment", "dtypes", "passed", "failed"]
+    assert "3/3 done" in p.stderr
+    # fp32 passes; bf16 is not declared by ort_cpu: reported as not run, not crashed
+    by_dtype = {row[1]: row for row in rows}
+    assert by_dtype["fp32"][2:5] == ["1", "0", "0"] and by_dtype["bf16"][2:5] == ["0", "0", "1"]
+    logs = [r.run(["dvc", "queue", "logs", row[0]]).stdout for row in rows]
+    for shared in ("export@tiny_mlp", "reference@tiny_mlp", "inputs@tiny_mlp"):
+        assert sum(f"Running stage '{shared}'" in log for log in logs) == 1, shared
+
+
+def test_sweep_rejects_a_malformed_override(tmp_path):
+    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), compose=False)
+    p = r.run(["parity", "sweep", "dtypes"], check=False)
+    assert p.returncode == 2 and "not key=value" in p.stderr
