@@ -10,6 +10,10 @@ import tempfile
 from pathlib import Path
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path):
     """Yield a temp path beside `path`; rename it onto `path` only if the block succeeds."""
@@ -17,6 +21,7 @@ def atomic_path(path: str | Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts get the usual mode (shared caches)
     try:
         yield Path(tmp)
         os.replace(tmp, path)

@@ -112,10 +112,12 @@ def svg_curve(layers: list[dict], width: int = 760, height: int = 220) -> str:
                         for i, (_, d) in enumerate(pts))
         out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>')
     for i, (_, d) in enumerate(pts):
-        if not d["passed"]:
-            v = _num(d["tol_ratio"])
-            out.append(f'<circle cx="{x(i):.1f}" cy="{y(v if math.isfinite(v) else 10 ** hi):.1f}" r="2.5" '
-                       f'fill="#cf222e"><title>{html.escape(d["name"])}: tol_ratio {fmt(v)}</title></circle>')
+        v = _num(d["tol_ratio"])
+        tip = (f'{html.escape(d["name"])}: tol_ratio {fmt(v)}, max_abs {fmt(_num(d["max_abs"]))}, '
+               f'rel_l2 {fmt(_num(d["rel_l2"]))}{"" if d["passed"] else " (over tolerance)"}')
+        out.append(f'<circle cx="{x(i):.1f}" cy="{y(v if math.isfinite(v) else 10 ** hi):.1f}" '
+                   f'r="{2.5 if not d["passed"] else 1.8}" fill="{"#cf222e" if not d["passed"] else "#0969da"}">'
+                   f'<title>{tip}</title></circle>')
     origin = next((i for i, (_, d) in enumerate(pts) if not d["passed"]), None)
     if origin is not None:
         out.append(f'<line x1="{x(origin):.1f}" x2="{x(origin):.1f}" y1="{T}" y2="{height - B}" stroke="#9a6700"/>'
@@ -130,10 +132,48 @@ def svg_curve(layers: list[dict], width: int = 760, height: int = 220) -> str:
     return "".join(out)
 
 
+def matrix_html(cells: list[dict]) -> str:
+    """Models as rows, provider x dtype as columns; each cell coloured by verdict, with its drift
+    origin and latency ratio, linked to its section."""
+    e = html.escape
+    models = list(dict.fromkeys(c["model"] for c in cells))
+    providers = list(dict.fromkeys(c["provider"] for c in cells))
+    dtypes = list(dict.fromkeys(c["dtype"] for c in cells))
+    by = {(c["model"], c["provider"], c["dtype"]): c for c in cells}
+    h = ["<table id='matrix' class='matrix'><tr><th rowspan='2'>model</th>"]
+    h += [f"<th colspan='{len(dtypes)}'>{e(p)}</th>" for p in providers]
+    h.append("</tr><tr>" + "".join(f"<th>{e(d)}</th>" for _ in providers for d in dtypes) + "</tr>")
+    for m in models:
+        h.append(f"<tr><th>{e(m)}</th>")
+        for p in providers:
+            for d in dtypes:
+                c = by.get((m, p, d))
+                if c is None:
+                    h.append("<td></td>")
+                    continue
+                met = c["metrics"]
+                v = met.get("verdict", "MISSING")
+                lines = [f"<b>{e(v)}</b>"]
+                if met.get("drift_origin"):
+                    lines.append(f"from <code>{e(met['drift_origin'])}</code>")
+                if c.get("latency_ratio"):
+                    lines.append(f"{c['latency_ratio']:.2f}x latency")
+                tip = met.get("reason") or (f"{met.get('layers_failed')}/{met.get('layers')} layers over tolerance"
+                                            if met.get("layers") is not None else v)
+                h.append(f"<td class='m' data-verdict='{e(v)}' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}' "
+                         f"title='{e(c['key'])}: {e(str(tip))}'><a href='#{e(c['key'])}'>{'<br>'.join(lines)}</a></td>")
+        h.append("</tr>")
+    h.append("</table><p><small>Latency: median of the plain graph relative to torch_cpu fp32 of the same "
+             "model. Hover a cell for the reason or the failing-layer count.</small></p>")
+    return "".join(h)
+
+
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1f2328;max-width:1200px}
 table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
 th{background:#f6f8fa}.v{color:#fff;font-weight:600;border-radius:3px;padding:1px 6px}
-code{font-size:12px}section{margin:20px 0;border-top:1px solid #d0d7de}small{color:#59636e}"""
+code{font-size:12px}section{margin:20px 0;border-top:1px solid #d0d7de}small{color:#59636e}
+.matrix td.m{color:#fff;text-align:center;min-width:92px;font-size:12px}.matrix td.m a{color:#fff;text-decoration:none}
+.matrix td.m code{color:#fff}"""
 
 
 def html_page(title: str, summary: dict, cells: list[dict], env: dict) -> str:
@@ -141,7 +181,8 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict) -> str:
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
          f"<h1>{e(title)}</h1><p id='summary'>{summary['cells']} cells: <b>{summary['passed']} pass</b>, "
          f"<b>{summary['failed']} fail</b>, {summary['not_run']} not run.</p>",
-         "<table id='cells'><tr>" + "".join(f"<th>{e(x)}</th>" for x in HEADER) + "</tr>"]
+         matrix_html(cells),
+         "<h2>Cells</h2><table id='cells'><tr>" + "".join(f"<th>{e(x)}</th>" for x in HEADER) + "</tr>"]
     for c, r in zip(cells, cell_rows(cells)):
         v = r[3]
         r = [e(x) for x in r]
@@ -161,7 +202,10 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict) -> str:
                      f"<code>{e(fmt(m.get('drift_origin')))}</code>; worst <code>{e(fmt(m.get('worst_layer')))}</code>."
                      f" <small>Per-layer values come from the instrumented graph (every layer an output); "
                      f"latency from the plain graph.</small></p>")
-            h.append(svg_curve(c["layers"]))
+            if all(_num(d["max_abs"]) == 0.0 for d in c["layers"]):
+                h.append("<p class='exact'>Bit-identical: every layer matches the reference exactly.</p>")
+            else:
+                h.append(svg_curve(c["layers"]))
             bad = [d for d in c["layers"] if not d["passed"]]
             if bad:
                 h.append("<table><tr><th>#</th><th>layer</th><th>module</th><th>max_abs</th><th>max_rel</th>"

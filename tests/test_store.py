@@ -76,6 +76,15 @@ def test_interrupted_write_keeps_the_previous_file_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
 
 
+def test_files_get_the_usual_mode_not_mkstemps_0600(tmp_path):
+    import os
+
+    store.write(tmp_path / "t.parquet", tensors())
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "t.parquet").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_empty_file_reads_as_nothing(tmp_path):
     store.write(tmp_path / "e.parquet", [])
     assert list(store.read(tmp_path / "e.parquet")) == []
