@@ -19,13 +19,19 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
            capture, diff; includes DVC caching the outputs) vs the re-run after changing
            dtypes.fp32.tol.atol in params.yaml (`dvc repro diff@...` re-runs env + diff only).
            params.yaml is restored and the cell re-synced at the end.
+  parallel every cell of the default config (8: mlp + resnet18 x fp32, fp16 x torch_cpu, ort_cpu)
+           re-run by a sequential `dvc repro` vs `python -m parity.parallel -j 2` (what
+           `parity repro -j 2` runs). Each run first sets capture.warmup and diff.max_mismatch in
+           params.yaml to values never used before (so DVC's run-cache cannot restore them): every
+           capture and diff re-runs, plus env and the report; shared upstream stages do not.
+           params.yaml is restored and the pipeline re-synced at the end.
 
 The benchmarks run in a scratch clone (default /tmp/parity-bench, a `git clone` of this checkout's
 HEAD, reused if present) so this checkout's artifacts are never touched; if the clone has no
 artifacts yet, a full `dvc repro` runs there first. PATH starts with this interpreter's bin dir, so
 `python` in dvc.yaml commands is the same (virtualenv) python.
 
-    python benchmarks/bench.py [--repo PATH] [--runs 5] [--only dvc,capture,store,cold] [--json OUT]
+    python benchmarks/bench.py [--repo PATH] [--runs 5] [--only dvc,capture,store,cold,parallel] [--json OUT]
 """
 
 from __future__ import annotations
@@ -210,6 +216,39 @@ def bench_cold(repo: Path, runs: int) -> dict:
     return res
 
 
+def bench_parallel(repo: Path, runs: int) -> dict:
+    params = repo / "params.yaml"
+    original = params.read_text()
+    warm, mism = "  warmup: 3\n", "  max_mismatch: 0.0\n"
+    if original.count(warm) != 1 or original.count(mism) != 1:
+        print("\n5. skipped: cannot find capture.warmup / diff.max_mismatch in params.yaml")
+        return {}
+    n = [0]
+
+    def stale_cells():
+        # new values every run: the run-cache holds every earlier value, so it must never repeat
+        n[0] += 1
+        params.write_text(original.replace(warm, f"  warmup: {3 + n[0]}\n")
+                          .replace(mism, f"  max_mismatch: {n[0]}.0e-12\n"))
+
+    def seq():
+        stale_cells()
+        return {"dvc repro (sequential)": sh(["dvc", "repro"], repo)}
+
+    def par():
+        stale_cells()
+        return {"parity repro -j 2": sh(["python", "-m", "parity.parallel", "-j", "2"], repo)}
+
+    try:
+        res = paired(runs, {"seq": seq, "par": par}, "dvc repro (sequential)")
+    finally:
+        params.write_text(original)
+        sh(["dvc", "repro"], repo)
+    table("5. every cell re-run (8 captures + 8 diffs + env + report): sequential `dvc repro` vs "
+          "`parity repro -j 2` (s, whole processes; ratio = x sequential)", res, "s", "ratio")
+    return res
+
+
 def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -227,7 +266,7 @@ def main() -> int:
     ap.add_argument("--repo", type=Path, default=Path(tempfile.gettempdir()) / "parity-bench",
                     help="scratch clone to benchmark in (cloned from this checkout if missing)")
     ap.add_argument("--runs", type=int, default=5, help="measured runs per side, after one warm-up")
-    ap.add_argument("--only", default="dvc,capture,store,cold", help="comma-separated subset")
+    ap.add_argument("--only", default="dvc,capture,store,cold,parallel", help="comma-separated subset")
     ap.add_argument("--json", type=Path, help="also write all figures here")
     a = ap.parse_args()
     repo = a.repo.resolve()
@@ -237,7 +276,8 @@ def main() -> int:
     out = {"repo": str(repo), "runs": a.runs, "versions": versions()}
     print("bench: " + ", ".join(f"{k} {v}" for k, v in out["versions"].items()) + f"; repo {repo}; "
           f"{a.runs} runs per side after 1 warm-up, interleaved")
-    benches = {"dvc": bench_dvc, "capture": bench_capture, "store": bench_store, "cold": bench_cold}
+    benches = {"dvc": bench_dvc, "capture": bench_capture, "store": bench_store, "cold": bench_cold,
+               "parallel": bench_parallel}
     for name in a.only.split(","):
         out[name] = benches[name.strip()](repo, a.runs)
     if a.json:

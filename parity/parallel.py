@@ -1,0 +1,315 @@
+"""Parallel cells: `dvc repro` with N concurrent cells (DVC itself has no jobs flag).
+
+  1. shared upstream  one `dvc repro -k <targets>`: every stage the selected cells depend on that is
+                      not itself a stage of a selected cell (env, inputs@m, export@m, reference@m,
+                      engine@m-d, ...). Sequential, in one process, so DVC handles the cascade and the
+                      always_changed `env` probe runs exactly once, as in a plain `dvc repro`.
+  2. cells            `dvc status` picks the cells with a stale stage; each runs as
+                      `dvc --wait-for-lock repro -s <its stages, in order>` (capture@cell diff@cell),
+                      up to `jobs` at once. DVC drops its repo lock while a stage command runs, and
+                      with -s no process touches an upstream stage, so no stage runs twice.
+  3. downstream       `dvc repro -s report` (every stage that depends on a cell stage), only when the
+                      selection is every cell in params.yaml: a filtered run (a GPU box running its own
+                      cells) leaves the report to whoever has all cells.
+
+A cell is `model-dtype-provider`; its stages are the dvc.yaml stages named `<stage>@<cell>`. The DAG
+comes from DVC's own index (`dvc.repo.Repo(...).index.graph`), so new stage kinds (an engine build per
+model-dtype, another per-cell stage) need no change here. A failing cell is reported (which cell, which
+stage, the tail of its log) and the others keep running; the run then exits 1. Progress goes to
+stderr, one line per finished cell.
+
+    python -m parity.parallel -j 2 [--provider P ...] [--model M ...] [--dtype D ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, TextIO
+
+RUNNING = re.compile(r"^Running stage '([^']+)'", re.M)
+FAILED_STAGE = re.compile(r"failed to reproduce '([^']+)'")
+
+
+@dataclass
+class Plan:
+    cells: list[str]                      # selected cells, params order
+    all_cells: list[str]                  # every cell in params
+    upstream: list[str]                   # shared stages the selected cells need, topological order
+    cell_stages: dict[str, list[str]]     # cell -> its stages, topological order
+    downstream: list[str]                 # stages fed by cell stages (report), topological order
+    needs: dict[str, set[str]] = field(default_factory=dict)  # cell -> upstream stages it needs
+    stage_needs: dict[str, set[str]] = field(default_factory=dict)  # upstream stage -> its upstream
+
+    @property
+    def complete(self) -> bool:
+        return set(self.cells) == set(self.all_cells)
+
+
+@dataclass
+class Result:
+    returncode: int                       # 0 all ran; 1 a stage failed; 2 bad selection / no repo
+    ran: list[str] = field(default_factory=list)          # stages DVC executed ("Running stage")
+    failed: dict[str, str] = field(default_factory=dict)  # cell (or "upstream"/"report") -> reason
+    cells_run: list[str] = field(default_factory=list)    # cells that had something to run
+    report_skipped: bool = False
+    seconds: float = 0.0
+
+
+class SelectionError(ValueError):
+    pass
+
+
+def _env() -> dict:
+    """PATH starts with this interpreter's bin dir: `python` in dvc.yaml is this (virtualenv) python."""
+    e = dict(os.environ)
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
+    e.setdefault("DVC_NO_ANALYTICS", "1")
+    return e
+
+
+def _dvc(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _select(params: dict, kind: str, wanted: Sequence[str]) -> list[str]:
+    have = list(params[kind])
+    bad = [w for w in wanted if w not in have]
+    if bad:
+        raise SelectionError(f"unknown {kind[:-1]} {', '.join(map(repr, bad))}: params.yaml has "
+                             f"{', '.join(have)}")
+    return [h for h in have if not wanted or h in wanted]
+
+
+def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Sequence[str] = (),
+         dtypes: Sequence[str] = (), params: str = "params.yaml") -> Plan:
+    """Which stages run where, from params.yaml (cells) and DVC's stage graph (everything else)."""
+    import networkx as nx
+    import yaml
+    from dvc.repo import Repo
+
+    root = Path(root).resolve()
+    p = yaml.safe_load((root / params).read_text())
+    all_cells = ["-".join(c) for c in itertools.product(p["models"], p["dtypes"], p["providers"])]
+    cells = ["-".join(c) for c in itertools.product(_select(p, "models", models), _select(p, "dtypes", dtypes),
+                                                    _select(p, "providers", providers))]
+    with warnings.catch_warnings(), Repo(str(root)) as repo:
+        warnings.simplefilter("ignore", DeprecationWarning)  # dvc 3.67's trie lookups warn
+        g = repo.index.graph  # edge: stage -> a stage it depends on
+        # dvc.yaml stage names ("export@mlp"); addressing would be relative to the cwd
+        graph = nx.relabel_nodes(g, {s: getattr(s, "name", None) or s.addressing for s in g.nodes})
+    order = list(reversed(list(nx.topological_sort(graph))))  # dependencies first
+    pos = {s: i for i, s in enumerate(order)}
+    of_cell = {s: s.split("@", 1)[1] for s in graph if "@" in s and s.split("@", 1)[1] in all_cells}
+    cell_stages = {c: sorted((s for s, k in of_cell.items() if k == c), key=pos.__getitem__) for c in cells}
+    missing = [c for c, st in cell_stages.items() if not st]
+    if missing:
+        raise SelectionError(f"no stage in dvc.yaml for cell(s) {', '.join(missing)} (params.yaml and "
+                             "dvc.yaml disagree?)")
+    selected = {s for st in cell_stages.values() for s in st}
+    needs: dict[str, set[str]] = {}
+    for c, st in cell_stages.items():
+        deps = set().union(*(nx.descendants(graph, s) for s in st)) - set(st)
+        needs[c] = deps  # may include another cell's stage (a cross-cell dep): then it runs upstream
+    upstream = sorted(set().union(*needs.values()) if needs else set(), key=pos.__getitem__)
+    cell_any = set(of_cell)
+    downstream = sorted({s for s in graph if s not in cell_any
+                         and any(d in cell_any for d in nx.descendants(graph, s))}, key=pos.__getitem__)
+    return Plan(cells, all_cells, upstream, cell_stages, downstream, needs,
+                {s: set(nx.descendants(graph, s)) for s in upstream})
+
+
+class _Progress:
+    def __init__(self, total: int, out: TextIO):
+        self.total, self.done, self.failed, self.out = total, 0, 0, out
+        self.lock = threading.Lock()
+        self.t0 = time.perf_counter()
+
+    def line(self, msg: str) -> None:
+        with self.lock:
+            print(f"parity: {msg}", file=self.out, flush=True)
+
+    def cell(self, cell: str, ok: bool, secs: float, ran: list[str], why: str = "") -> None:
+        with self.lock:
+            self.done += 1
+            self.failed += not ok
+            width = 20
+            fill = round(width * self.done / max(self.total, 1))
+            bar = "#" * fill + "-" * (width - fill)
+            what = ", ".join(s.split("@")[0] for s in ran) or "up to date"
+            state = "ok" if ok else f"FAILED ({why})"
+            fails = f", {self.failed} failed" if self.failed else ""
+            print(f"parity: [{bar}] {self.done}/{self.total}{fails}  {cell}: {state} in {secs:.1f}s ({what})",
+                  file=self.out, flush=True)
+
+
+def _tail(text: str, n: int = 15) -> str:
+    return "\n".join("    | " + ln for ln in text.rstrip().splitlines()[-n:])
+
+
+def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str] = (),
+          dtypes: Sequence[str] = (), root: Path | str = ".", report: bool | None = None,
+          progress: TextIO | None = None) -> Result:
+    """Reproduce the pipeline with up to `jobs` cells at once; see the module docstring.
+
+    providers/models/dtypes: keep only cells with these values (empty = all); an unknown value is a
+    SelectionError-style failure (returncode 2, message on `progress`). report: run the downstream
+    stages (report): None = only when every cell is selected; True/False force it.
+    Returns a Result; its returncode is what `parity repro` should exit with.
+    """
+    out = progress if progress is not None else sys.stderr
+    root = Path(root).resolve()
+    t0 = time.perf_counter()
+    res = Result(0)
+    try:
+        pl = plan(root, providers=providers, models=models, dtypes=dtypes)
+    except (SelectionError, FileNotFoundError, KeyError) as e:
+        print(f"parity: repro: {e}", file=out)
+        return Result(2)
+    if not pl.cells:
+        print("parity: repro: the filters select no cell", file=out)
+        return Result(2)
+    jobs = max(1, int(jobs))
+    filt = "" if pl.complete else f" (of {len(pl.all_cells)}; filtered)"
+    print(f"parity: {len(pl.cells)} cells{filt}, {len(pl.upstream)} shared upstream stages, -j {jobs}",
+          file=out, flush=True)
+
+    # 1. shared upstream, sequential, one process
+    blocked: set[str] = set()
+    if pl.upstream:
+        t = time.perf_counter()
+        r = _dvc(["repro", "-k", *pl.upstream], root)
+        ran = RUNNING.findall(r.stdout)
+        res.ran += ran
+        if r.returncode:
+            bad = set(FAILED_STAGE.findall(r.stdout)) or set(pl.upstream)
+            res.failed["upstream"] = f"{', '.join(sorted(bad))} failed"
+            print(f"parity: upstream FAILED: {', '.join(sorted(bad))}\n{_tail(r.stdout)}", file=out, flush=True)
+            # -k skipped every stage downstream of a failed one: cells needing either cannot run
+            bad |= {s for s in pl.upstream if pl.stage_needs[s] & bad}
+            blocked = {c for c in pl.cells if pl.needs[c] & bad}
+        print(f"parity: upstream: {len(ran)} stage(s) ran in {time.perf_counter() - t:.1f}s "
+              f"({', '.join(ran) or 'none'})", file=out, flush=True)
+
+    # 2. cells: only those with a stale stage get a process
+    runnable = [c for c in pl.cells if c not in blocked]
+    stale = _stale(root, [s for c in runnable for s in pl.cell_stages[c]])
+    if stale is None:  # status failed: run them all, DVC skips what is up to date
+        todo = runnable
+    else:
+        todo = [c for c in runnable if any(s in stale for s in pl.cell_stages[c])]
+    prog = _Progress(len(pl.cells), out)
+    for c in pl.cells:
+        if c in blocked:
+            why = f"upstream {', '.join(sorted(pl.needs[c] & bad))} did not complete"
+            res.failed[c] = why
+            prog.cell(c, False, 0.0, [], why)
+        elif c not in todo:
+            prog.cell(c, True, 0.0, [])
+    res.cells_run = list(todo)
+
+    def one(cell: str) -> tuple[str, subprocess.CompletedProcess, float]:
+        t = time.perf_counter()
+        r = _dvc(["--wait-for-lock", "repro", "-s", *pl.cell_stages[cell]], root)
+        return cell, r, time.perf_counter() - t
+
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as ex:
+            futs = [ex.submit(one, c) for c in todo]
+            for f in as_completed(futs):
+                cell, r, secs = f.result()
+                ran = RUNNING.findall(r.stdout)
+                res.ran += ran
+                if r.returncode:
+                    stage = (FAILED_STAGE.findall(r.stdout) or [ran[-1] if ran else pl.cell_stages[cell][0]])[0]
+                    res.failed[cell] = f"{stage} exited {r.returncode}"
+                    prog.cell(cell, False, secs, ran, res.failed[cell])
+                    print(_tail(r.stdout), file=out, flush=True)
+                else:
+                    prog.cell(cell, True, secs, ran)
+
+    # 3. downstream (report)
+    run_down = pl.complete if report is None else report
+    cell_failed = [c for c in pl.cells if c in res.failed]
+    if pl.downstream and run_down and cell_failed:
+        res.report_skipped = True
+        print(f"parity: {', '.join(pl.downstream)} not run: {len(cell_failed)} cell(s) failed", file=out, flush=True)
+    elif pl.downstream and run_down:
+        t = time.perf_counter()
+        r = _dvc(["repro", "-s", *pl.downstream], root)
+        ran = RUNNING.findall(r.stdout)
+        res.ran += ran
+        if r.returncode:
+            res.failed["report"] = f"{', '.join(pl.downstream)} exited {r.returncode}"
+            print(f"parity: {', '.join(pl.downstream)} FAILED\n{_tail(r.stdout)}", file=out, flush=True)
+        else:
+            print(f"parity: {', '.join(pl.downstream)}: {'ran' if ran else 'up to date'} in "
+                  f"{time.perf_counter() - t:.1f}s", file=out, flush=True)
+    elif pl.downstream:
+        res.report_skipped = True
+        print(f"parity: {', '.join(pl.downstream)} not run: {len(pl.cells)} of {len(pl.all_cells)} cells "
+              "selected (run it where every cell is in: `dvc repro` after `dvc pull`)", file=out, flush=True)
+
+    res.seconds = time.perf_counter() - t0
+    res.returncode = 1 if res.failed else 0
+    if res.failed:
+        print(f"parity: {len(res.failed)} failed: {', '.join(res.failed)} ({res.seconds:.1f}s)", file=out, flush=True)
+    else:
+        print(f"parity: done: {len(todo)} of {len(pl.cells)} cells ran, {len(res.ran)} stages, "
+              f"{res.seconds:.1f}s", file=out, flush=True)
+    return res
+
+
+def _stale(root: Path, stages: list[str]) -> set[str] | None:
+    """Stages `dvc status` calls changed (deps/params/outs/never run), or None if status failed."""
+    if not stages:
+        return set()
+    r = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", *stages], cwd=root, env=_env(),
+                       capture_output=True, text=True)
+    if r.returncode:
+        return None
+    try:
+        return set(json.loads(r.stdout or "{}"))
+    except json.JSONDecodeError:
+        return None
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The `parity repro` options (for parity/cli.py to reuse)."""
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                    help="cells run at once (default: number of CPUs)")
+    ap.add_argument("--provider", action="append", default=[], metavar="P", help="only cells of provider P (repeatable)")
+    ap.add_argument("--model", action="append", default=[], metavar="M", help="only cells of model M (repeatable)")
+    ap.add_argument("--dtype", action="append", default=[], metavar="D", help="only cells of dtype D (repeatable)")
+    rep = ap.add_mutually_exclusive_group()
+    rep.add_argument("--report", dest="report", action="store_true", default=None,
+                     help="run the report even when filters select only some cells")
+    rep.add_argument("--no-report", dest="report", action="store_false", help="never run the report")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    return repro(args.jobs, providers=args.provider, models=args.model, dtypes=args.dtype,
+                 report=args.report).returncode
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity.parallel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run_from_args(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
