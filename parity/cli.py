@@ -6,6 +6,7 @@
   parity compare REV_A [REV_B]             per-cell verdict/metric changes between revisions
                                             (REV_B defaults to the workspace)
   parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination, a compact table
+  parity repro -j N [--provider P ...]     dvc repro with N cells at once (shared stages first)
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def main(argv=None) -> int:
     c.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 if a cell passed in REV_A and does not in REV_B")
     c.set_defaults(fn=_compare)
+    from parity import parallel
+
+    c = sub.add_parser("repro", help="dvc repro with N independent cells at once (DVC has no jobs flag)",
+                       description=parallel.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parallel.add_arguments(c)
+    c.set_defaults(fn=parallel.run_from_args)
     c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
     c.add_argument("override", nargs="+", help="Hydra overrides; comma lists are swept, e.g. 'dtypes=fp32,fp16'")
     c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")
