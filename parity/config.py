@@ -28,10 +28,12 @@ TOP_KEYS = {
     "diff": "comparison settings",
     "strict": "fail on UNAVAILABLE/UNSUPPORTED cells",
     "validated": "written by the Hydra plugin",
+    "capture_providers": "providers captured directly (resolved from `providers`; dvc.yaml capture matrix)",
+    "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
-    "inputs": {"samples"},
+    "inputs": {"samples", "calibration"},
     "reference": {"fp64"},
     "capture": {"warmup", "repeats", "threads"},
     "diff": {"max_mismatch"},
@@ -44,8 +46,18 @@ INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set()}
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
+# Precision modes (conf/dtypes/<d>.yaml `mode:`) and the `torch:` dtypes each allows. `torch:` is the
+# cast dtype (cast), the autocast dtype (autocast), or the graph I/O dtype (the others).
+DTYPE_MODES = {
+    "cast": TORCH_DTYPES,              # model and inputs cast to `torch:` (fp32, fp16, bf16)
+    "tf32": ("float32",),              # fp32 with TensorFloat-32 matmul/conv (CUDA)
+    "autocast": ("float16", "bfloat16"),  # fp32 model under torch.autocast(dtype=`torch:`) (AMP)
+    "int8_dynamic": ("float32",),      # int8 weights, activations quantized per call (ORT)
+    "int8_static": ("float32",),       # int8 weights and calibrated activations (ORT QDQ, TensorRT)
+    "fp8": ("float32",),               # TensorRT FP8 builder flag
+}
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
-PROVIDER_KEYS = {"runner", "dtypes", "uses", "options"}
+PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
 COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt")
 
@@ -103,6 +115,7 @@ def validate(p: dict) -> dict:
     lo, hi = EXPORTERS[exporter]
     _num("export.opset", exp.get("opset", lo), lo=lo, hi=hi, integer=True)
     _num("inputs.samples", p.get("inputs", {}).get("samples", 1), lo=1, integer=True)
+    _num("inputs.calibration", p.get("inputs", {}).get("calibration", 0), lo=0, integer=True)
     cap = p.get("capture", {})
     _num("capture.warmup", cap.get("warmup", 0), lo=0, integer=True)
     _num("capture.repeats", cap.get("repeats", 1), lo=1, integer=True)
@@ -110,9 +123,15 @@ def validate(p: dict) -> dict:
     _num("diff.max_mismatch", p.get("diff", {}).get("max_mismatch", 0.0), lo=0, hi=1)
 
     for name, d in p["dtypes"].items():
-        _check_keys(f"dtypes.{name}", d, {"torch", "tol"}, required=("torch", "tol"))
+        _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode"}, required=("torch", "tol", "mode"))
         if d["torch"] not in TORCH_DTYPES:
             raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")
+        if d["mode"] not in DTYPE_MODES:
+            raise ConfigError(f"dtypes.{name}.mode: unknown precision mode '{d['mode']}'. "
+                              f"Valid: {_choices(DTYPE_MODES)}")
+        if d["torch"] not in DTYPE_MODES[d["mode"]]:
+            raise ConfigError(f"dtypes.{name}: mode '{d['mode']}' takes torch dtype "
+                              f"{' or '.join(DTYPE_MODES[d['mode']])}, not '{d['torch']}'")
         _tol(f"dtypes.{name}.tol", d["tol"])
 
     for name, prov in p["providers"].items():
@@ -123,12 +142,23 @@ def validate(p: dict) -> dict:
         for u in prov["uses"]:
             if u not in COMPONENTS:
                 raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(COMPONENTS)}")
+        if not isinstance(prov.get("engine", False), bool):
+            raise ConfigError(f"{where}.engine: expected true or false, got {prov['engine']!r}")
         if p.get("strict"):
             for dt in p["dtypes"]:
                 if dt not in prov["dtypes"]:
                     raise ConfigError(
-                        f"{where}: does not support dtype '{dt}' (strict: true). "
-                        f"Supported: {_choices(prov['dtypes'])}")
+                        f"{where} does not support dtype '{dt}' (strict: true rejects unsupported "
+                        f"provider/dtype pairs; without it the cell is reported as UNSUPPORTED). "
+                        f"{name} supports: {_choices(prov['dtypes'])} (conf/providers/{name}.yaml `dtypes:`). "
+                        f"Drop '{dt}' or '{name}' from the selection, e.g. -S 'dtypes=[...]'")
+    for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p))):
+        got = p.get(key)
+        if isinstance(got, str) and got.startswith("${"):
+            continue  # unresolved at compose time (the Hydra plugin validates before resolving)
+        if key in p and list(got or []) != want:
+            raise ConfigError(f"{key}: {got!r} does not match the selected providers (expected {want}): "
+                              f"it is resolved from `providers`; compose params.yaml again (parity compose)")
 
     for name, m in p["models"].items():
         where = f"models.{name}"
@@ -174,6 +204,17 @@ def validate(p: dict) -> dict:
             if "dtype" in r and r["dtype"] not in p["dtypes"]:
                 pass  # a rule for a dtype not selected in this run is allowed (it just never matches)
     return p
+
+
+def engine_providers(p: dict) -> list[str]:
+    """Selected providers whose cells need an engine stage (`engine: true`, e.g. trt): dvc.yaml's
+    engine and capture_engine matrices iterate these (none selected: those stages do not exist)."""
+    return [n for n, pc in p["providers"].items() if isinstance(pc, dict) and pc.get("engine") is True]
+
+
+def capture_providers(p: dict) -> list[str]:
+    """The other selected providers: dvc.yaml's capture matrix iterates these."""
+    return [n for n, pc in p["providers"].items() if not (isinstance(pc, dict) and pc.get("engine") is True)]
 
 
 def load(path: str | Path = PARAMS_FILE) -> dict:

@@ -7,7 +7,7 @@ import html
 import math
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
-                   "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700",
+                   "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700", "COMPILE_FAIL": "#9a6700",
                    "MISSING": "#6e7781"}
 
 

@@ -22,6 +22,8 @@ def main(argv=None) -> int:
     ap = config.stage_parser("stages.capture", __doc__, cell=True)
     ap.add_argument("--model-dir", required=True, help="export stage output (model.onnx, layers.onnx)")
     ap.add_argument("--inputs", required=True)
+    ap.add_argument("--calibration", help="INT8 calibration samples (inputs stage), for int8_static")
+    ap.add_argument("--engine-dir", help="engine stage output, for providers with `engine: true` (trt)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
@@ -32,7 +34,9 @@ def main(argv=None) -> int:
     pc = p["providers"][a.provider]
     job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype,
                      dtype_cfg=p["dtypes"][a.dtype], provider=a.provider, provider_cfg=pc,
-                     model_dir=Path(a.model_dir), seed=p.get("seed", 0), threads=cap.get("threads", 0))
+                     model_dir=Path(a.model_dir), seed=p.get("seed", 0), threads=cap.get("threads", 0),
+                     calibration=Path(a.calibration) if a.calibration else None,
+                     engine_dir=Path(a.engine_dir) if a.engine_dir else None)
     key = config.cell_key(a.model, a.dtype, a.provider)
     t0 = time.perf_counter()
     try:
@@ -46,8 +50,16 @@ def main(argv=None) -> int:
     store.write(out / "layers.parquet", rows if res.status == "OK" else [],
                 {"cell": key, "status": res.status})
     n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
-    write_json(out / "status.json", {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
-                                     "status": res.status, "reason": res.reason, "layers": n_layers})
+    status = {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
+              "status": res.status, "reason": res.reason, "layers": n_layers}
+    if job.engine_dir is not None and (job.engine_dir / "build.json").exists():
+        # which engine each number comes from, and what fusion removed in the engine under test
+        from parity.io import read_json
+
+        b = read_json(job.engine_dir / "build.json")
+        status["engine"] = {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from",
+                                              "fused_away_in_plain", "precision") if k in b}
+    write_json(out / "status.json", status)
     write_json(a.timing, {"cell": key, "status": res.status, "warmup": res.warmup,
                           **latency_stats(res.latency_ms)})
     lat = latency_stats(res.latency_ms)

@@ -1,7 +1,9 @@
 """inputs@model: seeded, deterministic input samples (numpy only) to Parquet.
 
 Sample s of input i is drawn from numpy's default_rng([seed, s, i]) per the model's `input:` specs,
-so adding samples never changes the existing ones.
+so adding samples never changes the existing ones. With --calibration, the `inputs.calibration`
+INT8 calibration samples go to a second file, drawn from default_rng([seed, CALIBRATION, c, i]): a
+different seed sequence, so a model is never calibrated on the samples it is evaluated on.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import numpy as np
 
 from parity import config, store
 
+CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct from evaluated samples)
 
-def generate(spec: dict, seed: int, sample: int, index: int) -> np.ndarray:
-    rng = np.random.default_rng([seed, sample, index])
+
+def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool = False) -> np.ndarray:
+    rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
     shape, dtype, init = tuple(spec["shape"]), np.dtype(spec.get("dtype", "float32")), spec.get("init", "normal")
     if init == "normal":
         a = rng.normal(spec.get("mean", 0.0), spec.get("std", 1.0), size=shape)
@@ -34,6 +38,13 @@ def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     return [{s["name"]: generate(s, p.get("seed", 0), k, i) for i, s in enumerate(specs)} for k in range(n)]
 
 
+def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
+    specs = p["models"][model]["input"]
+    n = p.get("inputs", {}).get("calibration", 0)
+    return [{s["name"]: generate(s, p.get("seed", 0), k, i, calibration=True) for i, s in enumerate(specs)}
+            for k in range(n)]
+
+
 def load(path) -> list[dict[str, np.ndarray]]:
     by_sample: dict[int, dict[str, np.ndarray]] = {}
     for t in store.read(path):
@@ -45,6 +56,7 @@ def main(argv=None) -> int:
     ap = config.stage_parser("stages.inputs", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--calibration", help="also write the INT8 calibration samples (inputs.calibration) here")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     specs = p["models"][a.model]["input"]
@@ -52,6 +64,11 @@ def main(argv=None) -> int:
             for k, arr in enumerate(samples(p, a.model)) for i, s in enumerate(specs)]
     store.write(a.out, rows, {"model": a.model})
     print(f"inputs@{a.model}: {len(rows)} tensors ({p.get('inputs', {}).get('samples', 1)} samples) -> {a.out}")
+    if a.calibration:
+        cal = [store.Tensor(k, s["name"], i, arr[s["name"]])
+               for k, arr in enumerate(calibration_samples(p, a.model)) for i, s in enumerate(specs)]
+        store.write(a.calibration, cal, {"model": a.model, "purpose": "calibration"})
+        print(f"inputs@{a.model}: {len(cal)} calibration tensors -> {a.calibration}")
     return 0
 
 

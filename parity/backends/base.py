@@ -5,7 +5,10 @@ failing cell is a result, not a crashed pipeline:
   OK           ran; the per-layer values were captured
   UNSUPPORTED  the provider does not declare this dtype (conf/providers/<p>.yaml `dtypes:`)
   UNAVAILABLE  the backend cannot run on this machine (library or device missing)
-  EXPORT_FAIL  preparing the model for this backend failed (conversion, session or engine build)
+  EXPORT_FAIL  preparing the model for this backend failed (conversion, quantization, session or engine
+               build)
+  COMPILE_FAIL a compiler (torch.compile / Inductor) raised while compiling a model that runs eagerly:
+               a behaviour inconsistency, reported apart from numerical ones (those give verdict FAIL)
   INFER_FAIL   running it failed
 A subclass overrides only the hooks it needs.
 """
@@ -22,7 +25,17 @@ import numpy as np
 
 from parity.store import PLAIN
 
-STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "INFER_FAIL")
+STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "COMPILE_FAIL", "INFER_FAIL")
+
+
+class Unavailable(RuntimeError):
+    """Raised from activate() when the backend turns out not to run here after all (e.g. onnxruntime
+    lists CUDAExecutionProvider but the session fell back to CPU): status UNAVAILABLE, not a failure."""
+
+
+class CompileError(RuntimeError):
+    """Raised by a runner (from activate or infer) when its compiler, not the model, failed:
+    run_capture records COMPILE_FAIL with the compiler's exception as the reason."""
 
 
 @dataclass
@@ -36,6 +49,10 @@ class CaptureJob:
     model_dir: Path          # the export stage's output: model.onnx, layers.onnx, layers.json
     seed: int = 0
     threads: int = 0
+    # INT8 calibration samples (inputs stage, --calibration; separate from the evaluated samples)
+    calibration: Path | None = None
+    # a prebuilt engine (engine stage output) for providers with `engine: true`
+    engine_dir: Path | None = None
 
 
 @dataclass
@@ -83,6 +100,12 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}{where}".strip()
 
 
+def _cause(e: CompileError) -> str:
+    """The compiler's own exception (the CompileError's __cause__) when there is one."""
+    inner = e.__cause__
+    return f"{e}: {_reason(inner)}" if inner is not None else _reason(e)
+
+
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
                 warmup: int, repeats: int) -> CaptureResult:
     supported = job.provider_cfg.get("dtypes", [])
@@ -99,16 +122,24 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     try:
         runner.activate()
         runner.is_active = True
+    except Unavailable as e:
+        return CaptureResult("UNAVAILABLE", str(e))
+    except CompileError as e:
+        return CaptureResult("COMPILE_FAIL", _cause(e))
     except Exception as e:
         return CaptureResult("EXPORT_FAIL", _reason(e))
     try:
         try:
             samples = [[(n, np.asarray(v)) for n, v in runner.infer(f)] for f in feeds]
+        except CompileError as e:
+            return CaptureResult("COMPILE_FAIL", _cause(e))
         except Exception as e:
             return CaptureResult("INFER_FAIL", _reason(e))
         try:
             for named, f in zip(samples, feeds):
                 named += [(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)]
+        except CompileError as e:
+            return CaptureResult("COMPILE_FAIL", "plain-graph compile failed: " + _cause(e), samples)
         except Exception as e:
             return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e), samples)
         lat = []

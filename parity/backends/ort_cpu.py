@@ -1,10 +1,17 @@
 """ONNX Runtime CPUExecutionProvider. fp32 runs the exported graphs as they are; fp16 converts them
 with onnxruntime.transformers.float16 (weights and compute in fp16, graph inputs/outputs kept fp32
-through Cast nodes). Never imports torch."""
+through Cast nodes). Never imports torch.
+
+Options (conf/providers/<p>.yaml `options:`), shared by every ORT provider:
+  graph_optimization_level  disabled | basic | extended | all (ort_cpu_noopt: disabled)
+  provider_options          the execution provider's options (e.g. device_id, trt_fp16_enable)
+  fallback                  further execution providers, in order (default: none, so a node the EP
+                            cannot take fails the session instead of silently running elsewhere)
+"""
 
 from __future__ import annotations
 
-from parity.backends.base import Runner
+from parity.backends.base import Runner, Unavailable
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -48,7 +55,21 @@ class OrtRunner(Runner):
         so.log_severity_level = 3
         if self.job.threads:
             so.intra_op_num_threads = self.job.threads
-        return ort.InferenceSession(self._convert(path), sess_options=so, providers=[self.ep])
+        sess = ort.InferenceSession(self._convert(path), sess_options=so, providers=self._providers())
+        if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
+            raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
+                              f"{sess.get_providers()}): the EP's libraries or device are missing")
+        return sess
+
+    def provider_options(self) -> dict:
+        """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
+        po = (self.job.provider_cfg.get("options") or {}).get("provider_options") or {}
+        return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in po.items()}
+
+    def _providers(self) -> list:
+        fallback = (self.job.provider_cfg.get("options") or {}).get("fallback") or []
+        po = self.provider_options()
+        return [(self.ep, po) if po else self.ep, *fallback]
 
     def activate(self) -> None:
         self.layers = self._session(self.job.model_dir / "layers.onnx")

@@ -1,15 +1,41 @@
-"""PyTorch eager on CPU at fp32 / fp16 / bf16: the model is cast with `.to(dtype)`, floating inputs
-too; captured values are upcast to float32 (exact) for storage."""
+"""PyTorch eager (CPU here; torch_cuda reuses it on a GPU). Precision modes (conf/dtypes `mode:`):
+  cast      the model and floating inputs are cast with `.to(dtypes.<d>.torch)` (fp32, fp16, bf16)
+  tf32      fp32 with TensorFloat-32 matmul/conv allowed (CUDA only; `fp32` keeps TF32 off)
+  autocast  the model stays fp32 and runs under torch.autocast(dtype=dtypes.<d>.torch) (AMP)
+Captured values are upcast to float32 (exact) for storage."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 
 from parity.backends.base import Runner
 
+TORCH_MODES = ("cast", "tf32", "autocast")
+
+
+def set_tf32(torch, on: bool) -> None:
+    """TF32 for matmul and cuDNN convolutions, on or off, through whichever API this torch has
+    (torch >= 2.9: fp32_precision "tf32"/"ieee"; older: allow_tf32 flags). cuDNN's default is on,
+    so fp32 cells must switch it off explicitly."""
+    prec = "tf32" if on else "ieee"
+    try:
+        torch.backends.cuda.matmul.fp32_precision = prec
+        torch.backends.cudnn.conv.fp32_precision = prec
+    except (AttributeError, RuntimeError):
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+
 
 class TorchRunner(Runner):
     device = "cpu"
+
+    def _device(self) -> str:
+        return (self.job.provider_cfg.get("options") or {}).get("device", self.device)
+
+    def mode(self) -> str:
+        return self.job.dtype_cfg.get("mode", "cast")
 
     def activate(self) -> None:
         import torch
@@ -20,24 +46,51 @@ class TorchRunner(Runner):
         if self.job.threads:
             torch.set_num_threads(self.job.threads)
         self.torch = torch
-        self.dtype = getattr(torch, self.job.dtype_cfg["torch"])
-        model = build(self.job.model_cfg["arch"], self.job.seed).to(device=self.device, dtype=self.dtype)
+        self.dev = self._device()
+        mode = self.mode()
+        if mode not in TORCH_MODES:
+            raise ValueError(f"{type(self).__name__} has no precision mode '{mode}' "
+                             f"(dtypes.{self.job.dtype}.mode). Valid: {', '.join(TORCH_MODES)}")
+        if mode == "tf32" and not self.dev.startswith("cuda"):
+            raise ValueError("mode tf32 needs a CUDA device (TF32 is an Ampere+ tensor-core format)")
+        if self.dev.startswith("cuda"):
+            set_tf32(torch, mode == "tf32")
+            torch.backends.cudnn.benchmark = False
+            torch.backends.cudnn.deterministic = True
+        # autocast: weights and inputs stay fp32; the autocast context picks per-op precision
+        self.amp = getattr(torch, self.job.dtype_cfg["torch"]) if mode == "autocast" else None
+        self.dtype = torch.float32 if mode in ("autocast", "tf32") else getattr(torch, self.job.dtype_cfg["torch"])
+        model = build(self.job.model_cfg["arch"], self.job.seed).to(device=self.dev, dtype=self.dtype)
         self.rec = LayerRecorder(model).eval()
         self.input_names = [s["name"] for s in self.job.model_cfg["input"]]
+
+    def _ctx(self):
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return self.torch.autocast(device_type=self.dev.split(":")[0], dtype=self.amp)
 
     def _tensors(self, feeds):
         t = self.torch
         out = []
         for n in self.input_names:
-            x = t.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device)
+            x = t.from_numpy(np.ascontiguousarray(feeds[n])).to(self.dev)
             out.append(x.to(self.dtype) if x.is_floating_point() else x)
         return out
 
+    def _record(self, feeds):
+        """(names, tensors) of one per-layer run. torch_compile overrides the callable."""
+        self.rec.recording = True
+        outs = self.rec(*self._tensors(feeds))
+        return self.rec.names, outs
+
+    def _plain(self, feeds):
+        self.rec.recording = False
+        return self.rec(*self._tensors(feeds))
+
     def infer(self, feeds):
-        with self.torch.no_grad():
-            self.rec.recording = True
-            outs = self.rec(*self._tensors(feeds))
-        return [(n, self._np(v)) for n, v in zip(self.rec.names, outs)]
+        with self.torch.no_grad(), self._ctx():
+            names, outs = self._record(feeds)
+        return [(n, self._np(v)) for n, v in zip(names, outs)]
 
     def _np(self, v):
         v = v.detach().to("cpu")
@@ -48,9 +101,8 @@ class TorchRunner(Runner):
     def infer_plain(self, feeds):
         from parity.models.layers import flatten, output_names
 
-        with self.torch.no_grad():
-            self.rec.recording = False
-            out = self.rec(*self._tensors(feeds))
+        with self.torch.no_grad(), self._ctx():
+            out = self._plain(feeds)
         return [(n, self._np(v)) for n, v in zip(output_names(out), flatten(out))]
 
     def deactivate(self) -> None:

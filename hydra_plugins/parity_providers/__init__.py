@@ -1,0 +1,28 @@
+"""Hydra resolvers that split the selected providers by how their cells are produced, for dvc.yaml's
+matrices (conf/config.yaml):
+
+  capture_providers: ${parity_providers:capture}   # captured directly (capture@cell)
+  engine_providers: ${parity_providers:engine}     # `engine: true`: engine@cell builds, capture_engine@cell runs
+
+An empty list gives an empty DVC matrix, so no engine stage exists unless e.g. trt is selected.
+The split itself is parity.config.capture_providers / engine_providers. Hydra imports every module
+under hydra_plugins when it composes (dvc exp run, parity compose, tests), which registers these.
+"""
+
+from omegaconf import OmegaConf
+
+
+def _providers(kind: str, *, _root_) -> list:
+    from parity import config
+
+    p = {"providers": OmegaConf.to_container(_root_.providers, resolve=True)}
+    split = {"engine": config.engine_providers, "capture": config.capture_providers}
+    if kind not in split:
+        raise ValueError(f"parity_providers: unknown kind '{kind}' (valid: capture, engine)")
+    # a ListConfig, not a list: OmegaConf.resolve (what DVC's compose_and_dump calls) can put a
+    # container in place of the interpolation, but not a plain list into a value node
+    return OmegaConf.create(split[kind](p))
+
+
+if not OmegaConf.has_resolver("parity_providers"):
+    OmegaConf.register_new_resolver("parity_providers", _providers)

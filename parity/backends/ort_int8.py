@@ -1,0 +1,113 @@
+"""ONNX Runtime CPU on INT8-quantized graphs (onnxruntime.quantization), two precision modes
+(conf/dtypes `mode:`):
+  int8_dynamic  quantize_dynamic: int8 weights, activations quantized per call from their runtime
+                range (MatMul/Gemm -> MatMulInteger/DynamicQuantizeLinear; convolutions -> ConvInteger)
+  int8_static   quantize_static, QDQ format: int8 weights and activation scales fixed by
+                calibration on the inputs stage's calibration samples (`inputs.calibration`, drawn
+                with seeds distinct from the evaluated samples, so the model is never calibrated on
+                what it is judged on)
+Graph inputs and outputs stay float32 (the quantizer puts DequantizeLinear before each graph output,
+which keeps its name), so every layer compares against the fp32 reference by the same name.
+The per-layer graph (layers.onnx) and the plain graph (model.onnx) are quantized separately with the
+same settings and calibration data; the plain graph's output is compared as `plain:output` too.
+Options: per_channel, reduce_range, weight_type / activation_type (QInt8 | QUInt8),
+calibrate_method (MinMax | Entropy | Percentile), plus the ORT options of ort_cpu. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from parity.backends.ort_cpu import OrtRunner
+
+INT8_MODES = ("int8_dynamic", "int8_static")
+
+
+def calibration_feeds(path) -> list[dict]:
+    """The calibration samples written by the inputs stage: [{input name: array}, ...]."""
+    from parity import store
+
+    by_sample: dict[int, dict] = {}
+    for t in store.read(path):
+        by_sample.setdefault(t.sample, {})[t.name] = t.array
+    return [by_sample[k] for k in sorted(by_sample)]
+
+
+class _Reader:
+    """onnxruntime.quantization.CalibrationDataReader over a list of feeds."""
+
+    def __init__(self, feeds):
+        self._it = iter(feeds)
+
+    def get_next(self):
+        return next(self._it, None)
+
+    def rewind(self):  # pragma: no cover - not used by the MinMax path
+        pass
+
+
+class OrtInt8Runner(OrtRunner):
+    ep = "CPUExecutionProvider"
+
+    def _opts(self) -> dict:
+        return self.job.provider_cfg.get("options") or {}
+
+    def activate(self) -> None:
+        mode = self.job.dtype_cfg.get("mode", "cast")
+        if mode not in INT8_MODES:
+            raise ValueError(f"{type(self).__name__} runs precision modes {INT8_MODES}, not '{mode}' "
+                             f"(dtypes.{self.job.dtype}.mode)")
+        if mode == "int8_static":
+            if self.job.calibration is None or not Path(self.job.calibration).exists():
+                raise ValueError("int8_static needs calibration samples (capture --calibration, written "
+                                 "by the inputs stage: inputs.calibration)")
+            self.calib = calibration_feeds(self.job.calibration)
+            if not self.calib:
+                raise ValueError("int8_static: the calibration file has no samples (set inputs.calibration >= 1)")
+        self.mode_ = mode
+        super().activate()
+
+    def _convert(self, path):
+        import onnx
+        from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
+                                              quantize_static)
+        from onnxruntime.quantization.calibrate import CalibrationDataReader
+
+        o = self._opts()
+        common = {"per_channel": bool(o.get("per_channel", False)),
+                  "reduce_range": bool(o.get("reduce_range", False)),
+                  "weight_type": getattr(QuantType, o.get("weight_type", "QInt8"))}
+        with tempfile.TemporaryDirectory(prefix="parity-int8-") as d:
+            # The dynamo exporter records value_info for initializers; the quantizer rewrites some
+            # weights (e.g. transposes Gemm's B) and strict shape inference then fails on the stale
+            # entries. Drop value_info: the quantizer infers shapes again.
+            src = onnx.load(str(path))
+            del src.graph.value_info[:]
+            inp, out = Path(d) / "in.onnx", Path(d) / "q.onnx"
+            onnx.save(src, str(inp))
+            if self.mode_ == "int8_dynamic":
+                quantize_dynamic(str(inp), str(out), **common)
+            else:
+                reader = type("Reader", (_Reader, CalibrationDataReader), {})(self.calib)
+                quantize_static(str(inp), str(out), reader, quant_format=QuantFormat.QDQ,
+                                activation_type=getattr(QuantType, o.get("activation_type", "QInt8")),
+                                calibrate_method=getattr(CalibrationMethod, o.get("calibrate_method", "MinMax")),
+                                **common)
+            m = onnx.load(str(out))
+        self._check_io(path, m)
+        return m.SerializeToString()
+
+    @staticmethod
+    def _check_io(path, q) -> None:
+        """The quantized graph must keep the fp32 graph's output names and float32 outputs."""
+        import onnx
+
+        src = onnx.load(str(path), load_external_data=False)
+        want = [(o.name, o.type.tensor_type.elem_type) for o in src.graph.output]
+        got = [(o.name, o.type.tensor_type.elem_type) for o in q.graph.output]
+        if got != want:
+            missing = sorted({n for n, _ in want} - {n for n, _ in got})
+            retyped = [n for (n, t), (n2, t2) in zip(want, got) if n == n2 and t != t2]
+            raise ValueError(f"quantizing {Path(path).name} changed its outputs (missing {missing[:5]}, "
+                             f"retyped {retyped[:5]})")

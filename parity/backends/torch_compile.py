@@ -1,0 +1,76 @@
+"""torch.compile (TorchInductor by default) on CPU or CUDA (`options.device`), per layer and plain.
+
+Per-layer values come from the LayerRecorder wrapper compiled as a whole (its forward hooks and
+clones are traced by Dynamo), so the layer outputs are what the compiled graph computes; the plain
+run compiles the bare model (what ships). Two kinds of inconsistency with eager are kept apart:
+- behaviour: compiling raises (Dynamo/Inductor/backend error) -> status COMPILE_FAIL with the
+  compiler's exception; the compiled code raising at run time -> INFER_FAIL (the eager reference of
+  the same model ran, so either one is a compiler inconsistency, not a model bug);
+- numerical: the diff's verdict (FAIL/PASS) per layer; with `reference.fp64: true` the diff also
+  says which side (eager fp32 reference or compiled) is closer to the fp64 golden run (RMSE, as
+  torch._dynamo.utils.same does).
+Compilation happens on the first call (and on recompiles), so a compile failure surfaces from infer().
+"""
+
+from __future__ import annotations
+
+from parity.backends.base import CompileError
+from parity.backends.torch_cpu import TorchRunner
+
+# modules whose exceptions mean "the compiler failed", not "the model failed"
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch.fx", "torch._subclasses")
+
+
+def _is_compiler_error(e: BaseException) -> bool:
+    for x in (e, e.__cause__, e.__context__):
+        if x is not None and type(x).__module__.startswith(COMPILER_MODULES):
+            return True
+    return False
+
+
+class TorchCompileRunner(TorchRunner):
+    device = "cpu"
+
+    @classmethod
+    def availability(cls, job):
+        dev = (job.provider_cfg.get("options") or {}).get("device", cls.device)
+        if dev.startswith("cuda"):
+            from parity.backends.torch_cuda import cuda_availability
+
+            return cuda_availability(dev)
+        return None
+
+    def activate(self) -> None:
+        super().activate()
+        o = self.job.provider_cfg.get("options") or {}
+        kw = {"backend": o.get("backend", "inductor"), "fullgraph": bool(o.get("fullgraph", False)),
+              "dynamic": bool(o.get("dynamic", False))}
+        if o.get("mode"):
+            kw["mode"] = o["mode"]
+        torch = self.torch
+        torch._dynamo.reset()  # no cached graphs from another cell in this process
+        try:
+            self.compiled_rec = torch.compile(self.rec, **kw)
+            self.compiled_plain = torch.compile(self.rec.model, **kw)
+        except Exception as e:  # bad options fail here; tracing happens at the first call
+            raise CompileError(f"torch.compile({', '.join(f'{k}={v!r}' for k, v in kw.items())})") from e
+
+    def _call(self, which: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # a (re)compilation error is COMPILE_FAIL; anything else INFER_FAIL
+            if _is_compiler_error(e):
+                raise CompileError(f"compiling the {which} graph failed") from e
+            raise
+
+    def _record(self, feeds):
+        self.rec.recording = True
+        outs = self._call("per-layer", self.compiled_rec, *self._tensors(feeds))
+        return self.rec.names, outs
+
+    def _plain(self, feeds):
+        return self._call("plain", self.compiled_plain, *self._tensors(feeds))
+
+    def deactivate(self) -> None:
+        self.compiled_rec = self.compiled_plain = None
+        super().deactivate()

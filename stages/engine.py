@@ -1,0 +1,69 @@
+"""engine@model-dtype-provider: build the serialized TensorRT engines of one cell (providers with
+`engine: true`; dvc.yaml's matrix iterates engine_providers, empty unless trt is selected).
+
+Writes, under --out: plain.plan (from model.onnx: the engine under test), layers.plan (from
+layers.onnx: every layer an output, for per-layer values) and build.json (precision, flags, the
+engine's layers and which layer outputs fusion removed in plain.plan). --timing-cache is read before
+and written after the build (a DVC `persist` out, so a rebuild reuses the tactic timings). When the
+cell cannot be built here, build.json records the status (UNSUPPORTED / UNAVAILABLE / EXPORT_FAIL)
+and the reason, and capture_engine@cell reports it: a result, not a failed pipeline. Never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from parity import config
+from parity.backends import load_runner
+from parity.io import write_json
+
+
+def main(argv=None) -> int:
+    ap = config.stage_parser("stages.engine", __doc__, cell=True)
+    ap.add_argument("--model-dir", required=True, help="export stage output (model.onnx, layers.onnx, layers.json)")
+    ap.add_argument("--calibration", required=True, help="INT8 calibration samples (inputs stage)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timing-cache", required=True)
+    a = ap.parse_args(argv)
+    p = config.load_or_die(a.params)
+    key = config.cell_key(a.model, a.dtype, a.provider)
+    pc, dc = p["providers"][a.provider], p["dtypes"][a.dtype]
+    out, tc = Path(a.out), Path(a.timing_cache)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    info: dict
+    if a.dtype not in pc["dtypes"]:
+        info = {"status": "UNSUPPORTED", "reason": f"provider {a.provider} supports dtypes {pc['dtypes']}, "
+                                                   f"not {a.dtype} (conf/providers/{a.provider}.yaml)"}
+    else:
+        mod = load_runner(pc["runner"]).__module__
+        import importlib
+
+        backend = importlib.import_module(mod)
+        why = backend.availability()
+        if why:
+            info = {"status": "UNAVAILABLE", "reason": why}
+        else:
+            from parity.backends.ort_int8 import calibration_feeds
+            from parity.io import read_json
+
+            names = [x["name"] for x in read_json(Path(a.model_dir) / "layers.json")["layers"]]
+            calib = calibration_feeds(a.calibration) if backend.precision(dc) == "int8" else None
+            try:
+                info = backend.build(Path(a.model_dir), dc, pc.get("options") or {}, calib, out, tc, names)
+            except Exception as e:  # a failed build is a result (EXPORT_FAIL), like a failed conversion
+                from parity.backends.base import _reason
+
+                info = {"status": "EXPORT_FAIL", "reason": "engine build failed: " + _reason(e)}
+    if not tc.exists():  # the persisted timing cache is a declared out: it must exist
+        tc.parent.mkdir(parents=True, exist_ok=True)
+        tc.write_bytes(b"")
+    write_json(out / "build.json", {"cell": key, **info})
+    print(f"engine@{key}: {info['status']}{' (' + info['reason'] + ')' if info.get('reason') else ''}, "
+          f"{time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
