@@ -28,6 +28,8 @@ TOP_KEYS = {
     "diff": "comparison settings",
     "strict": "fail on UNAVAILABLE/UNSUPPORTED cells",
     "validated": "written by the Hydra plugin",
+    "suites": "op/module suites, one per conf/suites/*.yaml option (parity/suites)",
+    "suites_run": "suite execution settings (workers, timeouts, gradient checks)",
     "capture_providers": "providers captured directly (resolved from `providers`; dvc.yaml capture matrix)",
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
 }
@@ -37,6 +39,7 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"warmup", "repeats", "threads"},
     "diff": {"max_mismatch"},
+    "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
@@ -203,6 +206,10 @@ def validate(p: dict) -> dict:
             _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
             if "dtype" in r and r["dtype"] not in p["dtypes"]:
                 pass  # a rule for a dtype not selected in this run is allowed (it just never matches)
+    if p.get("suites"):
+        from parity.suites import spec as suite_spec  # light (yaml); expands every selected suite
+
+        suite_spec.validate_params(p)
     return p
 
 

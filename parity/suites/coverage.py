@@ -1,0 +1,123 @@
+"""The coverage matrix of a suite: op x (provider/dtype) -> status, with support rates per provider,
+an ONNX-export column, max_abs histograms and latency relative to the reference. Light: json/csv
+only (no numpy, no torch), so the report stage can import it.
+
+An op's status in a cell is the worst over its cases (an op with a template has several); the
+reason is the first case with that status. `supported` counts cases the provider ran (OK, MISMATCH,
+NAN_*); INVALID cases (they fail on the reference too) are left out of the rates.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+
+# worst first: what an op's cell shows when its cases disagree
+SEVERITY = ("CRASH", "TIMEOUT", "INFER_FAIL", "EXPORT_FAIL", "COMPILE_FAIL", "NAN_IN_OUTPUT", "MISMATCH",
+            "NAN_IN_REFERENCE", "UNAVAILABLE", "UNSUPPORTED", "INVALID", "OK")
+RAN = ("OK", "MISMATCH", "NAN_IN_OUTPUT", "NAN_IN_REFERENCE")
+BUCKETS = (("0", 0.0), ("<1e-6", 1e-6), ("<1e-4", 1e-4), ("<1e-2", 1e-2), ("<1", 1.0), (">=1", math.inf))
+
+
+def bucket(x) -> str | None:
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return None
+    if x == 0:
+        return "0"
+    for name, hi in BUCKETS[1:]:
+        if x < hi:
+            return name
+    return ">=1"
+
+
+def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: Path | None = None,
+          onnx_opset: int | None = None) -> dict:
+    """cells: (dtype, provider) in matrix order; reads diff_dir/<dtype>-<provider>/results.json and
+    timing_dir/<dtype>-<provider>.json (when present)."""
+    cols, per_col, lat = [], {}, {}
+    for dtype, prov in cells:
+        col = f"{prov}/{dtype}"
+        cols.append(col)
+        f = Path(diff_dir) / f"{dtype}-{prov}" / "results.json"
+        per_col[col] = json.loads(f.read_text())["cases"] if f.exists() else None
+        t = Path(timing_dir) / f"{dtype}-{prov}.json" if timing_dir else None
+        lat[col] = json.loads(t.read_text())["cases"] if t and t.exists() else {}
+    ops: dict[str, dict] = {}
+    for col in cols:
+        for r in per_col[col] or []:
+            op = ops.setdefault(r["label"], {"op": r["label"], "case_ids": [], "onnx": set(), "onnx_fail": False,
+                                             "cells": {}})
+            if r["id"] not in op["case_ids"]:
+                op["case_ids"].append(r["id"])
+            if r.get("onnx_ops"):
+                op["onnx"].update(r["onnx_ops"])
+            if col.startswith("ort") and r["status"] == "EXPORT_FAIL":
+                op["onnx_fail"] = True
+            cell = op["cells"].setdefault(col, {"statuses": [], "max_abs": [], "ratios": []})
+            cell["statuses"].append((r["status"], r["reason"], r["id"]))
+            if r.get("max_abs") is not None:
+                cell["max_abs"].append(r["max_abs"])
+            t = lat[col].get(r["id"])
+            if t and t.get("ref_latency_ms"):
+                cell["ratios"].append(t["latency_ms"] / t["ref_latency_ms"])
+    rows = []
+    for op in ops.values():
+        out = {"op": op["op"], "cases": len(op["case_ids"]),
+               "onnx": ("EXPORT_FAIL" if op["onnx_fail"] and not op["onnx"] else " ".join(sorted(op["onnx"]))),
+               "cells": {}}
+        for col in cols:
+            c = op["cells"].get(col)
+            if c is None:
+                out["cells"][col] = {"status": "NOT_RUN", "reason": "no result (stage not run)", "n": 0, "n_ok": 0}
+                continue
+            worst = min(c["statuses"], key=lambda s: SEVERITY.index(s[0]) if s[0] in SEVERITY else 0)
+            n_ok = sum(1 for s in c["statuses"] if s[0] == "OK")
+            reason = worst[1] if worst[0] == "OK" else f"{worst[2]}: {worst[1]}"
+            if len(c["statuses"]) > 1:
+                reason = f"{n_ok}/{len(c['statuses'])} cases OK. " + reason
+            out["cells"][col] = {"status": worst[0], "reason": reason, "n": len(c["statuses"]), "n_ok": n_ok,
+                                 "max_abs": max(c["max_abs"]) if c["max_abs"] else None,
+                                 "latency_ratio": statistics.median(c["ratios"]) if c["ratios"] else None}
+        rows.append(out)
+    counts, support, hist, pass_rate = {}, {}, {}, {}
+    by_prov: dict[str, list[int]] = {}
+    for col in cols:
+        rs = per_col[col] or []
+        cnt: dict[str, int] = {}
+        for r in rs:
+            cnt[r["status"]] = cnt.get(r["status"], 0) + 1
+        counts[col] = dict(sorted(cnt.items(), key=lambda kv: SEVERITY.index(kv[0]) if kv[0] in SEVERITY else 0))
+        valid = [r for r in rs if r["status"] != "INVALID"]
+        ran = sum(1 for r in valid if r["status"] in RAN)
+        support[col] = ran / len(valid) if valid else None
+        pass_rate[col] = sum(1 for r in valid if r["status"] == "OK") / len(valid) if valid else None
+        h = {name: 0 for name, _ in BUCKETS}
+        for r in rs:
+            b = bucket(r.get("max_abs"))
+            if b:
+                h[b] += 1
+        hist[col] = h
+        prov = col.split("/")[0]
+        acc = by_prov.setdefault(prov, [0, 0])
+        acc[0] += ran
+        acc[1] += len(valid)
+    return {"suite": suite, "columns": cols, "reference": "torch_cpu/fp32 eager on the dtype-rounded inputs",
+            "onnx_opset": onnx_opset, "rows": rows, "counts": counts, "support": support, "pass_rate": pass_rate,
+            "support_by_provider": {p: (a / b if b else None) for p, (a, b) in by_prov.items()},
+            "histogram": hist, "buckets": [n for n, _ in BUCKETS]}
+
+
+def to_csv(cov: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    cols = cov["columns"]
+    w.writerow(["op", "cases", f"onnx_ops(opset {cov.get('onnx_opset')})", *cols])
+    for r in cov["rows"]:
+        w.writerow([r["op"], r["cases"], r["onnx"], *(r["cells"][c]["status"] for c in cols)])
+    w.writerow(["(support rate)", "", "", *("" if cov["support"][c] is None else f"{cov['support'][c]:.3f}" for c in cols)])
+    w.writerow(["(pass rate)", "", "", *("" if cov["pass_rate"][c] is None else f"{cov['pass_rate'][c]:.3f}" for c in cols)])
+    return buf.getvalue()

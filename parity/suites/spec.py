@@ -1,0 +1,475 @@
+"""Suite files: parse, expand and validate. Light (yaml only, never torch).
+
+A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
+
+    critical:
+      tolerances:            # read by the diff stages only: changing them re-runs only diffs
+        - {dtype: bf16, kind: grad, atol: 1.0e-2, rtol: 5.0e-2}     # kind: out | grad; case: fnmatch
+      spec:                  # read by the run stages
+        include: [other]     # cases of conf/suites/other.yaml (its own dims/presets)
+        timeout_s: 30        # per case (default suites_run.timeout_s)
+        grad: true           # default for cases: also compare backward (input and parameter grads)
+        dims: {B: 4, K: 64}
+        presets:
+          x: {shape: [B, K]}                                    # dtype: float (default) | int | bool
+          idx: {shape: [B], dtype: int, init: {randint: [0, 10]}}
+          # init: normal | {normal: [mean, std]} | {uniform: [lo, hi]} | {randint: [lo, hi]}
+          #       | {fixed: [values...]} | {fill: value}
+        cases:
+          - {id: relu, op: aten::relu, inputs: [x]}               # op: aten::name[.overload] or a
+          - {id: gelu, op: torch.nn.functional.gelu, inputs: [x]}  #  callable path (pkg.mod.attr)
+          - {id: isel, op: aten::index_select, args: [$x, 0, $idx]}  # $name = a preset tensor
+          - {id: "sm_d{d}", op: aten::softmax, inputs: [x], args: ["{d}"],   # template: cartesian
+             vars: {d: [0, 1]}, skip: [{d: 0}]}                             # product, only/skip
+          - {id: lin, module: torch.nn.Linear, args: [K, 8], inputs: [x]}   # args: constructor
+          - {id: gelu_pair, pair: {a: {op: aten::gelu}, b: {op: aten::gelu, kwargs: {approximate: tanh}}},
+             inputs: [x]}                                                   # A vs B, same backend
+          - {id: fd, gradcheck: pkg.mod:MyFunction, inputs: [x]}           # float64 gradcheck
+          - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
+
+Expansion gives plain JSON-able dicts (one per case). Errors are SuiteError naming the file, the
+case id and the key.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import fnmatch
+import itertools
+import operator
+import re
+from pathlib import Path
+
+import yaml
+
+SUITE_KEYS = {"tolerances", "spec"}
+SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases"}
+KINDS = ("op", "module", "pair", "gradcheck", "opinfo")
+CASE_KEYS = {"id", *KINDS, "inputs", "args", "kwargs", "vars", "only", "skip", "grad", "loss", "train",
+             "timeout_s"}
+PAIR_SIDE_KEYS = {"op", "module", "args", "kwargs"}
+PRESET_KEYS = {"shape", "dtype", "init"}
+PRESET_DTYPES = ("float", "int", "bool")
+INITS = {"normal": 2, "uniform": 2, "randint": 2, "fixed": None, "fill": 1}
+LOSSES = ("sum", "mse")
+TOL_RULE_KEYS = {"dtype", "case", "kind", "atol", "rtol"}
+TOL_KINDS = ("out", "grad")
+_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+class SuiteError(ValueError):
+    """A bad suite. str() is 'FILE: case ID: key KEY: message'."""
+
+    def __init__(self, file: str, case: str | None, key: str | None, msg: str):
+        self.file, self.case, self.key, self.msg = file, case, key, msg
+        where = file + (f": case '{case}'" if case else "") + (f": key '{key}'" if key else "")
+        super().__init__(f"{where}: {msg}")
+
+
+def suites_dir() -> Path:
+    """conf/suites of the repository we run in (DVC runs stages at the repo root), else this
+    checkout's."""
+    here = Path("conf/suites")
+    return here if here.is_dir() else Path(__file__).resolve().parents[2] / "conf" / "suites"
+
+
+def suite_file(name: str, root: Path | None = None) -> Path:
+    return (root or suites_dir()) / f"{name}.yaml"
+
+
+def load_section(name: str, root: Path | None = None) -> tuple[dict, str]:
+    """(section, file) of conf/suites/<name>.yaml."""
+    f = suite_file(name, root)
+    if not f.exists():
+        avail = sorted(p.stem for p in f.parent.glob("*.yaml"))
+        raise SuiteError(str(f), None, None, f"no such suite '{name}'. Available: {', '.join(avail)}")
+    with open(f) as fh:
+        doc = yaml.safe_load(fh) or {}
+    if not isinstance(doc, dict) or name not in doc:
+        raise SuiteError(str(f), None, None, f"the file must hold one mapping keyed by its own name '{name}'")
+    return doc[name], _rel(f)
+
+
+def _rel(f: Path) -> str:
+    try:
+        return str(f.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(f)
+
+
+# --------------------------------------------------------------------------------------------- dims
+def _eval_dim(expr, dims: dict, err):
+    """int, a dim name, or an expression of dims with + - * // (e.g. "3*D")."""
+    if isinstance(expr, bool):
+        err(f"expected an int or a dim name, got {expr!r}")
+    if isinstance(expr, int):
+        return expr
+    if not isinstance(expr, str):
+        err(f"expected an int or a dim name, got {expr!r}")
+    try:
+        tree = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        err(f"bad dim expression {expr!r}")
+
+    def ev(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.Name):
+            if n.id not in dims:
+                err(f"unknown dim '{n.id}'. Dims: {', '.join(sorted(dims)) or '(none)'}")
+            return dims[n.id]
+        if isinstance(n, ast.BinOp) and type(n.op) in _OPS:
+            return _OPS[type(n.op)](ev(n.left), ev(n.right))
+        err(f"bad dim expression {expr!r} (ints, dim names, + - * // only)")
+
+    return ev(tree)
+
+
+def _check_preset(p: dict, dims: dict, err) -> dict:
+    if not isinstance(p, dict):
+        err(f"a tensor preset is a mapping with {sorted(PRESET_KEYS)}, got {p!r}")
+    for k in p:
+        if k not in PRESET_KEYS:
+            err(f"unknown preset key '{k}'. Valid: {', '.join(sorted(PRESET_KEYS))}")
+    if "shape" not in p or not isinstance(p["shape"], list):
+        err("a preset needs shape: [dims...]")
+    shape = [_eval_dim(s, dims, err) for s in p["shape"]]
+    if any(s < 0 for s in shape):
+        err(f"negative size in shape {shape}")
+    dt = p.get("dtype", "float")
+    if dt not in PRESET_DTYPES:
+        err(f"unknown dtype kind '{dt}'. Valid: {', '.join(PRESET_DTYPES)}")
+    init = p.get("init", "normal" if dt == "float" else ("randint" if dt == "int" else "randint"))
+    if isinstance(init, str):
+        init = {init: None}
+    if not isinstance(init, dict) or len(init) != 1:
+        err(f"init: expected one of {', '.join(INITS)} or {{name: [params]}}, got {init!r}")
+    (iname, params), = init.items()
+    if iname not in INITS:
+        err(f"unknown init '{iname}'. Valid: {', '.join(INITS)}")
+    defaults = {"normal": [0.0, 1.0], "uniform": [0.0, 1.0], "randint": [0, 2] if dt == "bool" else [0, 10]}
+    if params is None:
+        if iname not in defaults:
+            err(f"init '{iname}' needs parameters")
+        params = defaults[iname]
+    if iname == "fill" and not isinstance(params, list):
+        params = [params]
+    if not isinstance(params, list):
+        err(f"init {iname}: expected a list of parameters, got {params!r}")
+    n = INITS[iname]
+    if n is not None and len(params) != n:
+        err(f"init {iname}: expected {n} parameters, got {params!r}")
+    if iname == "randint" and dt == "float":
+        err("init randint needs dtype: int or bool")
+    if iname in ("normal", "uniform") and dt != "float":
+        err(f"init {iname} needs dtype: float")
+    if iname == "fixed":
+        numel = 1
+        for s in shape:
+            numel *= s
+        if len(params) != numel:
+            err(f"init fixed: {len(params)} values for shape {shape} ({numel} elements)")
+    return {"shape": shape, "dtype": dt, "init": {iname: params}}
+
+
+# ------------------------------------------------------------------------------------------ templates
+def _subst(obj, env: dict, err):
+    """Replace {var} in strings; a string that is exactly "{var}" becomes the value itself."""
+    if isinstance(obj, str):
+        m = _VAR.fullmatch(obj)
+        if m:
+            if m.group(1) not in env:
+                err(f"unknown template variable '{{{m.group(1)}}}'. Vars: {', '.join(sorted(env)) or '(none)'}")
+            return env[m.group(1)]
+
+        def rep(mm):
+            if mm.group(1) not in env:
+                err(f"unknown template variable '{{{mm.group(1)}}}'. Vars: {', '.join(sorted(env)) or '(none)'}")
+            return str(env[mm.group(1)])
+
+        return _VAR.sub(rep, obj)
+    if isinstance(obj, list):
+        return [_subst(v, env, err) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _subst(v, env, err) for k, v in obj.items()}
+    return obj
+
+
+def _combos(case: dict, err) -> list[dict]:
+    if "vars" not in case:
+        return [{}]
+    vs = case["vars"]
+    if not isinstance(vs, dict) or not vs or not all(isinstance(v, list) and v for v in vs.values()):
+        err("vars: expected a mapping of variable -> non-empty list of values", "vars")
+    names = list(vs)
+    allc = [dict(zip(names, vals)) for vals in itertools.product(*(vs[n] for n in names))]
+    for key in ("only", "skip"):
+        for c in case.get(key) or []:
+            if not isinstance(c, dict):
+                err(f"{key}: expected a list of {{var: value}} mappings, got {c!r}", key)
+            for k in c:
+                if k not in vs:
+                    err(f"{key}: unknown template variable '{k}'. Vars: {', '.join(names)}", key)
+    match = lambda combo, c: all(combo[k] == v for k, v in c.items())  # noqa: E731
+    if case.get("only"):
+        allc = [x for x in allc if any(match(x, c) for c in case["only"])]
+    if case.get("skip"):
+        allc = [x for x in allc if not any(match(x, c) for c in case["skip"])]
+    return allc
+
+
+# ---------------------------------------------------------------------------------------------- cases
+def _is_path(s) -> bool:
+    return isinstance(s, str) and (s.startswith("aten::") and len(s) > 6
+                                   or re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*(:[A-Za-z_][\w.]*)?", s) is not None
+                                   and ("." in s or ":" in s))
+
+
+def _value(v, dims, presets, err, key):
+    """A call/constructor argument: $preset -> tensor spec, dim name -> int, lists/dicts recursively."""
+    if isinstance(v, str) and v.startswith("$"):
+        name = v[1:]
+        if name not in presets:
+            err(f"unknown preset '{name}'. Presets: {', '.join(sorted(presets)) or '(none)'}", key)
+        return {"tensor": dict(presets[name], name=name)}
+    if isinstance(v, dict) and set(v) <= PRESET_KEYS and "shape" in v:  # inline preset
+        return {"tensor": dict(_check_preset(v, dims, lambda m: err(m, key)), name="inline")}
+    if isinstance(v, str) and v in dims:
+        return dims[v]
+    if isinstance(v, list):
+        return [_value(x, dims, presets, err, key) for x in v]
+    if isinstance(v, dict):
+        return {k: _value(x, dims, presets, err, key) for k, x in v.items()}
+    return v
+
+
+def _inputs(case, dims, presets, err):
+    ins = case.get("inputs", [])
+    if not isinstance(ins, list):
+        err("inputs: expected a list of preset names", "inputs")
+    out = []
+    for x in ins:
+        if isinstance(x, str):
+            out.append(_value("$" + x.lstrip("$"), dims, presets, err, "inputs"))
+        else:
+            out.append(_value(x, dims, presets, err, "inputs"))
+    return out
+
+
+def _callable(side: dict, err, key: str) -> dict:
+    kinds = [k for k in ("op", "module") if k in side]
+    if len(kinds) != 1:
+        err("give exactly one of op / module", key)
+    k = kinds[0]
+    if not _is_path(side[k]):
+        err(f"unknown {k} {side[k]!r}: expected aten::name[.overload] or a dotted import path", k)
+    return {"kind": k, "target": side[k]}
+
+
+def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
+    rid = raw.get("id") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(rid, str) or not rid:
+        raise SuiteError(file, str(rid) if rid else None, "id", f"every case needs a string id, got {raw!r}")
+
+    def err(msg, key=None, cid=rid):
+        raise SuiteError(file, cid, key, msg)
+
+    for k in raw:
+        if k not in CASE_KEYS:
+            err(f"unknown case key. Valid: {', '.join(sorted(CASE_KEYS))}", k)
+    kinds = [k for k in KINDS if k in raw]
+    if len(kinds) != 1:
+        err(f"give exactly one of {', '.join(KINDS)} (got {kinds or 'none'})")
+    kind = kinds[0]
+    combos = _combos(raw, err)
+    body = {k: v for k, v in raw.items() if k not in ("vars", "only", "skip")}
+    if "vars" in raw:
+        used = set(_VAR.findall(yaml.safe_dump(body)))
+        for v in raw["vars"]:
+            if v not in used:
+                err(f"template variable '{v}' is never used", "vars")
+        if not set(raw["vars"]) <= set(_VAR.findall(rid)):
+            err("a template id must name every variable (e.g. 'softmax_d{dim}') so case ids are unique", "id")
+    out = []
+    for env in combos:
+        cid = _subst(rid, env, lambda m: err(m, "id"))
+
+        def cerr(msg, key=None, cid=cid):
+            raise SuiteError(file, cid, key, msg)
+
+        c = {}
+        for k, v in body.items():
+            c[k] = _subst(v, env, lambda m, k=k: cerr(m, k))
+        dims, presets = ctx["dims"], ctx["presets"]
+        case = {"id": cid, "kind": kind, "file": file,
+                "grad": bool(c.get("grad", ctx["grad"])), "loss": c.get("loss", ctx["loss"]),
+                "train": bool(c.get("train", False)),
+                "timeout_s": float(c.get("timeout_s", ctx["timeout_s"] or 0) or 0)}
+        if case["loss"] not in LOSSES:
+            cerr(f"unknown loss '{case['loss']}'. Valid: {', '.join(LOSSES)}", "loss")
+        if kind == "opinfo":
+            oi = c["opinfo"]
+            if not isinstance(oi, dict) or "name" not in oi:
+                cerr("opinfo: expected {name, variant, sample}", "opinfo")
+            case["opinfo"] = {"name": oi["name"], "variant": oi.get("variant", ""), "sample": int(oi.get("sample", 0))}
+            case["label"] = "opinfo:" + oi["name"] + (f".{oi['variant']}" if oi.get("variant") else "")
+            case["grad"] = bool(c.get("grad", False))
+        else:
+            ins = _inputs(c, dims, presets, cerr)
+            args = c.get("args", [])
+            kwargs = c.get("kwargs", {})
+            if not isinstance(args, list):
+                cerr("args: expected a list", "args")
+            if not isinstance(kwargs, dict):
+                cerr("kwargs: expected a mapping", "kwargs")
+            args = _value(args, dims, presets, cerr, "args")
+            kwargs = _value(kwargs, dims, presets, cerr, "kwargs")
+            if kind == "module":
+                if not _is_path(c["module"]) or c["module"].startswith("aten::"):
+                    cerr(f"unknown module {c['module']!r}: expected a class import path", "module")
+                case.update(target=c["module"], ctor_args=args, ctor_kwargs=kwargs, call_args=ins, call_kwargs={})
+                case["label"] = c["module"]
+            elif kind in ("op", "gradcheck"):
+                if not _is_path(c[kind]):
+                    cerr(f"unknown {kind} {c[kind]!r}: expected aten::name[.overload] or a dotted import path", kind)
+                case.update(target=c[kind], call_args=ins + args, call_kwargs=kwargs)
+                case["label"] = c[kind]
+            else:  # pair
+                pr = c["pair"]
+                if not isinstance(pr, dict) or set(pr) != {"a", "b"}:
+                    cerr("pair: expected {a: {...}, b: {...}}", "pair")
+                sides = {}
+                for s in ("a", "b"):
+                    side = pr[s]
+                    if not isinstance(side, dict):
+                        cerr(f"pair.{s}: expected a mapping", f"pair.{s}")
+                    for k in side:
+                        if k not in PAIR_SIDE_KEYS:
+                            cerr(f"unknown key. Valid: {', '.join(sorted(PAIR_SIDE_KEYS))}", f"pair.{s}.{k}")
+                    d = _callable(side, cerr, f"pair.{s}")
+                    d["args"] = _value(side.get("args", []), dims, presets, cerr, f"pair.{s}.args")
+                    d["kwargs"] = _value(side.get("kwargs", {}), dims, presets, cerr, f"pair.{s}.kwargs")
+                    sides[s] = d
+                case.update(pair=sides, call_args=ins, call_kwargs={})
+                case["label"] = f"{sides['a']['target']} vs {sides['b']['target']}"
+        if cid in seen:
+            cerr(f"duplicate case id (also in {seen[cid]})", "id")
+        seen[cid] = file
+        out.append(case)
+    return out
+
+
+def expand_section(name: str, section: dict, file: str, root: Path | None = None, default_timeout=None,
+                   _stack: tuple = (), _seen: dict | None = None) -> list[dict]:
+    """Every case of a suite section (its includes first), validated structurally."""
+    seen = {} if _seen is None else _seen
+    if not isinstance(section, dict):
+        raise SuiteError(file, None, None, f"suite '{name}': expected a mapping with {sorted(SUITE_KEYS)}")
+    for k in section:
+        if k not in SUITE_KEYS:
+            raise SuiteError(file, None, k, f"unknown suite key. Valid: {', '.join(sorted(SUITE_KEYS))}")
+    check_tolerances(section.get("tolerances") or [], file)
+    spec = section.get("spec")
+    if not isinstance(spec, dict):
+        raise SuiteError(file, None, "spec", "missing spec: {dims, presets, cases, ...}")
+    for k in spec:
+        if k not in SPEC_KEYS:
+            raise SuiteError(file, None, f"spec.{k}", f"unknown key. Valid: {', '.join(sorted(SPEC_KEYS))}")
+    dims = spec.get("dims") or {}
+    if not isinstance(dims, dict):
+        raise SuiteError(file, None, "spec.dims", "expected a mapping of name -> int")
+    rdims = {}
+    for k, v in dims.items():
+        rdims[k] = _eval_dim(v, rdims, lambda m, k=k: (_ for _ in ()).throw(SuiteError(file, None, f"spec.dims.{k}", m)))
+    presets = {}
+    for k, v in (spec.get("presets") or {}).items():
+        def perr(m, k=k):
+            raise SuiteError(file, None, f"spec.presets.{k}", m)
+        presets[k] = _check_preset(v, rdims, perr)
+    ctx = {"dims": rdims, "presets": presets, "grad": bool(spec.get("grad", False)),
+           "loss": spec.get("loss", "sum"), "timeout_s": spec.get("timeout_s", default_timeout)}
+    if ctx["timeout_s"] is not None and (not isinstance(ctx["timeout_s"], (int, float)) or ctx["timeout_s"] <= 0):
+        raise SuiteError(file, None, "spec.timeout_s", f"expected a positive number, got {ctx['timeout_s']!r}")
+    cases = []
+    inc = spec.get("include") or []
+    if not isinstance(inc, list):
+        raise SuiteError(file, None, "spec.include", "expected a list of suite names")
+    for other in inc:
+        if other in _stack + (name,):
+            raise SuiteError(file, None, "spec.include", f"include cycle: {' -> '.join(_stack + (name, other))}")
+        try:
+            sec, f = load_section(other, root)
+        except SuiteError as e:
+            raise SuiteError(file, None, "spec.include", str(e)) from None
+        cases += expand_section(other, sec, f, root, default_timeout, _stack + (name,), seen)
+    raw = spec.get("cases") or []
+    if not isinstance(raw, list):
+        raise SuiteError(file, None, "spec.cases", "expected a list of cases")
+    for rc in raw:
+        cases += _expand_case(rc, ctx, file, seen)
+    return cases
+
+
+def check_tolerances(rules, file: str) -> None:
+    if not isinstance(rules, list):
+        raise SuiteError(file, None, "tolerances", "expected a list of rules {dtype, case, kind, atol, rtol}")
+    for i, r in enumerate(rules):
+        key = f"tolerances[{i}]"
+        if not isinstance(r, dict):
+            raise SuiteError(file, None, key, "expected a mapping")
+        for k in r:
+            if k not in TOL_RULE_KEYS:
+                raise SuiteError(file, None, f"{key}.{k}", f"unknown key. Valid: {', '.join(sorted(TOL_RULE_KEYS))}")
+        if "atol" not in r or "rtol" not in r:
+            raise SuiteError(file, None, key, "give atol and rtol together (torch.testing convention)")
+        for k in ("atol", "rtol"):
+            if not isinstance(r[k], (int, float)) or isinstance(r[k], bool) or r[k] < 0:
+                raise SuiteError(file, None, f"{key}.{k}", f"expected a number >= 0, got {r[k]!r}")
+        if r.get("kind", "out") not in TOL_KINDS:
+            raise SuiteError(file, None, f"{key}.kind", f"unknown kind '{r['kind']}'. Valid: {', '.join(TOL_KINDS)}")
+
+
+def expand(name: str, section: dict | None = None, root: Path | None = None, default_timeout=None) -> list[dict]:
+    """Cases of suite `name`: from `section` (params.yaml's suites.<name>) or conf/suites/<name>.yaml."""
+    if section is None:
+        section, file = load_section(name, root)
+    else:
+        file = _rel(suite_file(name, root))
+    return expand_section(name, section, file, root, default_timeout)
+
+
+def tolerance_for(p: dict, suite: str, dtype: str, case_id: str, kind: str) -> tuple[float, float, str]:
+    """(atol, rtol, source key): dtypes.<d>.tol, grads x suites_run.grad_tol_scale, then the suite's
+    rules in order (last match wins)."""
+    t = p["dtypes"][dtype]["tol"]
+    atol, rtol, src = float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol"
+    if kind == "grad":
+        s = float((p.get("suites_run") or {}).get("grad_tol_scale", 1.0))
+        atol, rtol, src = atol * s, rtol * s, src + " x suites_run.grad_tol_scale"
+    for i, r in enumerate(p["suites"][suite].get("tolerances") or []):
+        if "dtype" in r and r["dtype"] != dtype:
+            continue
+        if r.get("kind", "out") != kind:
+            continue
+        if "case" in r and not fnmatch.fnmatchcase(case_id, r["case"]):
+            continue
+        atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"suites.{suite}.tolerances[{i}]"
+    return atol, rtol, src
+
+
+def validate_params(p: dict) -> None:
+    """Called from parity.config.validate: every selected suite expands (structure only)."""
+    from parity.config import ConfigError
+
+    suites = p.get("suites") or {}
+    if not isinstance(suites, dict):
+        raise ConfigError(f"suites: expected a mapping (a multi-select group), got {suites!r}")
+    for name, sec in suites.items():
+        if "-" in name or "/" in name:
+            raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
+        try:
+            expand(name, copy.deepcopy(sec))
+        except SuiteError as e:
+            raise ConfigError(f"suites.{name}: {e}") from None

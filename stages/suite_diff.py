@@ -1,0 +1,49 @@
+"""suite_diff@suite-dtype-provider: per-case verdicts of a suite cell against its fp32 reference
+(parity.suites.diff). Reads the run stage's outputs and the suite's tolerances only, so a tolerance
+change re-runs only this suite's diffs. Writes results.json (per case) and metrics.json (counts).
+numpy only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from parity import config, store
+from parity.io import read_json, write_json
+from parity.suites import diff
+
+
+def diff_cell(p: dict, suite: str, dtype: str, run_dir: Path) -> list[dict]:
+    run = read_json(run_dir / "results.json")
+    outs: dict[str, dict] = {}
+    refs: dict[str, dict] = {}
+    for src, dst in ((run_dir / "outputs.parquet", outs), (run_dir / "reference.parquet", refs)):
+        for t in store.read(src):
+            cid, _, name = t.name.partition("/")
+            dst.setdefault(cid, {})[name] = t.array
+    mm = float((p.get("diff") or {}).get("max_mismatch", 0.0))
+    return [diff.diff_case(p, suite, dtype, row, outs.get(row["id"], {}), refs.get(row["id"], {}), mm)
+            for row in run["cases"]]
+
+
+def main(argv=None) -> int:
+    ap = config.stage_parser("stages.suite_diff", __doc__)
+    for k in ("suite", "dtype", "provider", "run", "out"):
+        ap.add_argument(f"--{k}", required=True)
+    a = ap.parse_args(argv)
+    p = config.load_or_die(a.params)
+    rows = diff_cell(p, a.suite, a.dtype, Path(a.run))
+    out = Path(a.out)
+    summary = diff.summarize(rows)
+    write_json(out / "results.json", {"suite": a.suite, "dtype": a.dtype, "provider": a.provider, "cases": rows},
+               sort_keys=False)
+    write_json(out / "metrics.json", summary)
+    c = Counter(r["status"] for r in rows)
+    print(f"suite_diff@{a.suite}-{a.dtype}-{a.provider}: {len(rows)} cases: "
+          + ", ".join(f"{s}={c[s]}" for s in diff.STATUS_ORDER if c[s]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
