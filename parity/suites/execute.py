@@ -419,8 +419,10 @@ def run_case(case: dict, cell: dict) -> dict:
         else:
             main = sides["main"]
             rcell = dict(cell, torch_dtype="float32")
+            # the reference's parameters are the provider's, rounded to dt and back: like the inputs
+            rside = side_at(side_at(main, dt), torch.float32)
             try:
-                ref, rms, _ = _run_torch(main, r_args, r_kwargs, rcell, gcase)
+                ref, rms, _ = _run_torch(rside, r_args, r_kwargs, rcell, gcase)
             except Exception as e:
                 return {"status": "INVALID", "reason": "fails on the fp32 reference too: " + reason_of(e)}
         try:

@@ -161,6 +161,8 @@ def _check_preset(p: dict, dims: dict, err) -> dict:
     n = INITS[iname]
     if n is not None and len(params) != n:
         err(f"init {iname}: expected {n} parameters, got {params!r}")
+    if iname in ("normal", "uniform", "randint"):
+        params = [_eval_dim(v, dims, err) if isinstance(v, str) else v for v in params]
     if iname == "randint" and dt == "float":
         err("init randint needs dtype: int or bool")
     if iname in ("normal", "uniform") and dt != "float":

@@ -1,0 +1,94 @@
+"""`parity suite list|validate SUITE...`: expand suites and print case ids, or the exact error
+(file, case id, key), without running anything.
+
+    python -m parity.suites.cli list critical
+    python -m parity.suites.cli validate critical --file my_suite.yaml
+
+`list` is light (yaml only). `validate` also resolves every op / module / gradcheck target
+(aten::name must exist in torch.ops.aten, import paths must import) and every OpInfo name, which
+imports torch (and op_db for opinfo cases), but never runs a case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from parity.suites import spec
+
+
+def _load(name_or_file: str, root: Path | None) -> tuple[str, dict, str, Path | None]:
+    """A suite name (conf/suites/<name>.yaml) or a path to a suite file."""
+    p = Path(name_or_file)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        sec, f = spec.load_section(p.stem, p.parent)
+        return p.stem, sec, f, p.parent
+    sec, f = spec.load_section(name_or_file, root)
+    return name_or_file, sec, f, root
+
+
+def list_cases(suite: str, root: str | Path | None = None) -> list[dict]:
+    """Expanded cases of a suite (name or .yaml path), structure-checked; raises SuiteError."""
+    name, sec, _, r = _load(suite, Path(root) if root else None)
+    return spec.expand(name, sec, r)
+
+
+def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -> list[dict]:
+    """list_cases() plus target resolution (imports torch when resolve=True); raises SuiteError
+    naming the file, case id and key of the first problem."""
+    cases = list_cases(suite, root)
+    if not resolve:
+        return cases
+    from parity.suites import execute
+
+    for c in cases:
+        if c["kind"] == "opinfo":
+            oi = c["opinfo"]
+            if (oi["name"], oi["variant"]) not in execute.opinfo_db():
+                raise spec.SuiteError(c["file"], c["id"], "opinfo.name",
+                                      f"unknown OpInfo {oi['name']!r} (variant {oi['variant']!r}) in this torch")
+            continue
+        targets = ([(f"pair.{s}.{c['pair'][s]['kind']}", c["pair"][s]["target"]) for s in ("a", "b")]
+                   if c["kind"] == "pair" else [(c["kind"], c["target"])])
+        for key, t in targets:
+            try:
+                obj = execute.resolve(t)
+            except (ImportError, AttributeError, ValueError) as e:
+                what = "op" if t.startswith("aten::") else "import path"
+                raise spec.SuiteError(c["file"], c["id"], key, f"unknown {what} {t!r}: {type(e).__name__}: {e}") from None
+            if not callable(obj):
+                raise spec.SuiteError(c["file"], c["id"], key, f"{t!r} is not callable")
+    return cases
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m parity.suites.cli", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for cmd, hlp in (("list", "print the case ids of each suite"),
+                     ("validate", "expand and resolve every target; print the first error (file, case, key)")):
+        sp = sub.add_parser(cmd, help=hlp)
+        sp.add_argument("suites", nargs="+", help="suite names (conf/suites/<name>.yaml) or suite file paths")
+        sp.add_argument("--root", default=None, help="suites folder (default: conf/suites)")
+        if cmd == "list":
+            sp.add_argument("--long", action="store_true", help="also print kind and op label")
+    a = ap.parse_args(argv)
+    rc = 0
+    for s in a.suites:
+        try:
+            cases = list_cases(s, a.root) if a.cmd == "list" else validate(s, a.root)
+        except spec.SuiteError as e:
+            print(f"parity suite {a.cmd}: error: {e}", file=sys.stderr)
+            rc = 2
+            continue
+        if a.cmd == "list":
+            for c in cases:
+                print(f"{c['id']}\t{c['kind']}\t{c['label']}" if a.long else c["id"])
+        else:
+            print(f"{s}: OK, {len(cases)} cases ({len({c['label'] for c in cases})} ops/modules)")
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
