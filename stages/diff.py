@@ -24,33 +24,24 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
     if status["status"] != "OK":
         return status, [], {"passed": None}
     act = store.read_dict(capture_dir / "layers.parquet")
-    by_layer: dict[str, list] = {}
-    orders: dict[str, int] = {}
-    for (sample, name), t in sorted(ref.items(), key=lambda kv: (kv[1].order, kv[0][0])):
-        orders[name] = t.order
-        by_layer.setdefault(name, [])
-        a = act.get((sample, name))
-        if a is not None:
-            by_layer[name].append((sample, a.array, t.array))
-    # the shipped graph's outputs (plain:output) are compared with the reference outputs too
-    last = max(orders.values(), default=-1)
-    for (sample, name), t in sorted(act.items()):
-        r = ref.get((sample, store.reference_name(name)))
-        if name.startswith(store.PLAIN) and r is not None:
-            if name not in by_layer:
-                last += 1
-                orders[name], by_layer[name] = last, []
-            by_layer[name].append((sample, t.array, r.array))
+    ref_order = {name: t.order for (_, name), t in ref.items()}
+    # reference layers in execution order, then the shipped graph's outputs (plain:output), which
+    # are compared with the reference outputs too
+    names = sorted(ref_order, key=ref_order.get)
+    names += sorted({n for _, n in act if n.startswith(store.PLAIN) and store.reference_name(n) in ref_order})
+    samples = sorted({s for s, _ in ref})
     layers = []
-    for name, pairs in sorted(by_layer.items(), key=lambda kv: orders[kv[0]]):
-        atol, rtol, src = config.tolerance_for(p, model, dtype, store.reference_name(name))
+    for order, name in enumerate(names):
+        rname = store.reference_name(name)
+        pairs = [(s, act[s, name].array, ref[s, rname].array) for s in samples if (s, name) in act and (s, rname) in ref]
+        atol, rtol, src = config.tolerance_for(p, model, dtype, rname)
         if not pairs:
-            d = compare.LayerDiff(name=name, order=orders[name], shape=[], numel=0, atol=atol, rtol=rtol,
+            d = compare.LayerDiff(name=name, order=order, shape=[], numel=0, atol=atol, rtol=rtol,
                                   tol_source=src, passed=False, problem="not captured by this provider")
         else:
-            d = compare.compare_layer(name, orders[name], pairs, atol, rtol, src, max_mismatch)
+            d = compare.compare_layer(name, order, pairs, atol, rtol, src, max_mismatch)
         layers.append(d)
-    summary = compare.summarize(layers, {n for n in by_layer if store.is_output(n)})
+    summary = compare.summarize(layers, {n for n in names if store.is_output(n)})
     golden = reference_dir / "fp64.parquet"
     if golden.exists():
         summary["fp64"] = _vs_golden(store.read_dict(golden), ref, act)
