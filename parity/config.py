@@ -28,6 +28,7 @@ TOP_KEYS = {
     "diff": "comparison settings",
     "strict": "fail on UNAVAILABLE/UNSUPPORTED cells",
     "validated": "written by the Hydra plugin",
+    "report": "report inputs (coverage_dep: resolved by the Hydra plugin)",
     "suites": "op/module suites, one per conf/suites/*.yaml option (parity/suites)",
     "suites_run": "suite execution settings (workers, timeouts, gradient checks)",
     "capture_providers": "providers captured directly (resolved from `providers`; dvc.yaml capture matrix)",
@@ -39,6 +40,7 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"warmup", "repeats", "threads"},
     "diff": {"max_mismatch"},
+    "report": {"coverage_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
@@ -126,15 +128,16 @@ def validate(p: dict) -> dict:
     _num("diff.max_mismatch", p.get("diff", {}).get("max_mismatch", 0.0), lo=0, hi=1)
 
     for name, d in p["dtypes"].items():
-        _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode"}, required=("torch", "tol", "mode"))
+        _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode"}, required=("torch", "tol"))
+        mode = d.get("mode", "cast")  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
         if d["torch"] not in TORCH_DTYPES:
             raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")
-        if d["mode"] not in DTYPE_MODES:
-            raise ConfigError(f"dtypes.{name}.mode: unknown precision mode '{d['mode']}'. "
+        if mode not in DTYPE_MODES:
+            raise ConfigError(f"dtypes.{name}.mode: unknown precision mode '{mode}'. "
                               f"Valid: {_choices(DTYPE_MODES)}")
-        if d["torch"] not in DTYPE_MODES[d["mode"]]:
-            raise ConfigError(f"dtypes.{name}: mode '{d['mode']}' takes torch dtype "
-                              f"{' or '.join(DTYPE_MODES[d['mode']])}, not '{d['torch']}'")
+        if d["torch"] not in DTYPE_MODES[mode]:
+            raise ConfigError(f"dtypes.{name}: mode '{mode}' takes torch dtype "
+                              f"{' or '.join(DTYPE_MODES[mode])}, not '{d['torch']}'")
         _tol(f"dtypes.{name}.tol", d["tol"])
 
     for name, prov in p["providers"].items():

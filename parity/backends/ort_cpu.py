@@ -27,7 +27,8 @@ class OrtRunner(Runner):
         except ImportError as e:
             return f"onnxruntime is not installed ({e})"
         if cls.ep not in ort.get_available_providers():
-            return f"{cls.ep} is not among onnxruntime's providers {ort.get_available_providers()}"
+            hint = "" if cls.ep == "CPUExecutionProvider" else " (it needs onnxruntime-gpu and an NVIDIA GPU)"
+            return f"{cls.ep} is not among onnxruntime's providers {ort.get_available_providers()}{hint}"
         return None
 
     def _convert(self, path):
