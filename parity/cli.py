@@ -7,6 +7,7 @@
                                             (REV_B defaults to the workspace)
   parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination, a compact table
   parity repro -j N [--provider P ...]     dvc repro with N cells at once (shared stages first)
+  parity suite list|validate SUITE ...     expand an op/module suite (conf/suites) without running it
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ def _sweep(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["suite"]:  # its own parser (parity.suites.cli): list / validate
+        from parity.suites.cli import main as suite_main
+
+        return suite_main(argv[1:])
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -100,6 +106,7 @@ def main(argv=None) -> int:
                        description=parallel.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parallel.add_arguments(c)
     c.set_defaults(fn=parallel.run_from_args)
+    sub.add_parser("suite", help="list|validate SUITE ...: expand an op/module suite without running it")
     c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
     c.add_argument("override", nargs="+", help="Hydra overrides; comma lists are swept, e.g. 'dtypes=fp32,fp16'")
     c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")

@@ -49,7 +49,23 @@ HEADER = ["model", "dtype", "provider", "verdict", "failed/layers", "drift_origi
           "output max_abs", "output rel_l2", "output cosine", "latency ms (vs torch_cpu fp32)"]
 
 
-def markdown(title: str, summary: dict, cells: list[dict], env: dict) -> str:
+def coverage_markdown(coverage: dict) -> list[str]:
+    lines = []
+    for suite, cov in coverage.items():
+        lines += [f"## Op coverage: suite `{suite}`", ""]
+        if cov is None:
+            lines += ["(no coverage file: run `dvc repro`)", ""]
+            continue
+        lines += ["| provider/dtype | " + " | ".join(cov["columns"]) + " |",
+                  "|---|" + "---|" * len(cov["columns"]),
+                  "| supported | " + " | ".join(f"{cov['support'][c]:.0%}" for c in cov["columns"]) + " |",
+                  "| passing | " + " | ".join(f"{cov['pass_rate'][c]:.0%}" for c in cov["columns"]) + " |",
+                  "| statuses | " + " | ".join(", ".join(f"{k} {v}" for k, v in sorted(cov["counts"][c].items()))
+                                              for c in cov["columns"]) + " |", ""]
+    return lines
+
+
+def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None) -> str:
     lines = [f"# {title}", "",
              f"{summary['cells']} cells: **{summary['passed']} pass**, **{summary['failed']} fail**, "
              f"{summary['not_run']} not run (unavailable/unsupported/failed to export or infer).", ""]
@@ -74,6 +90,7 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict) -> str:
                          f"{fmt(d['max_rel'])} | {fmt(d['rel_l2'])} | {fmt(d['frac_outside'])} | "
                          f"{fmt(d['tol_ratio'])} | atol={d['atol']:g} rtol={d['rtol']:g} `{d['tol_source']}` |")
         lines.append("")
+    lines += coverage_markdown(coverage or {})
     lines += ["## Environment", ""]
     for name, fp in sorted(env.items()):
         lines.append(f"- **{name}**: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
@@ -176,7 +193,7 @@ code{font-size:12px}section{margin:20px 0;border-top:1px solid #d0d7de}small{col
 .matrix td.m code{color:#fff}"""
 
 
-def html_page(title: str, summary: dict, cells: list[dict], env: dict) -> str:
+def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None) -> str:
     e = html.escape
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
          f"<h1>{e(title)}</h1><p id='summary'>{summary['cells']} cells: <b>{summary['passed']} pass</b>, "
@@ -217,6 +234,15 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict) -> str:
                              f"<td>{fmt(d['tol_ratio'])}</td><td>atol={d['atol']:g} rtol={d['rtol']:g} "
                              f"<code>{e(d['tol_source'])}</code></td></tr>")
                 h.append("</table>")
+        h.append("</section>")
+    for suite, cov in (coverage or {}).items():
+        h.append(f"<section id='coverage-{e(suite)}' class='coverage'><h2>Op coverage: suite {e(suite)}</h2>")
+        if cov is None:
+            h.append("<p>No coverage file: run <code>dvc repro</code>.</p>")
+        else:
+            from parity.suites.render import render_coverage_html
+
+            h.append(render_coverage_html(cov))
         h.append("</section>")
     h.append("<section><h2>Environment</h2><table>")
     for name, fp in sorted(env.items()):

@@ -46,10 +46,14 @@ def main(argv=None) -> int:
                                       "latency_ratio": c["latency_ratio"]} for c in cells}
     env = {f.stem: read_json(f) for f in sorted((art / "env").glob("*.json"))
            if not f.stem.startswith(("provider-", "stage-"))}
+    coverage = {}
+    for suite in p.get("suites") or {}:
+        f = art / "suites" / "coverage" / f"{suite}.json"
+        coverage[suite] = read_json(f) if f.exists() else None
     title = "parity report"
     out = Path(a.out)
-    write_text(out / "report.md", render.markdown(title, summary, cells, env))
-    write_text(out / "report.html", render.html_page(title, summary, cells, env))
+    write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage))
+    write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage))
     write_json(out / "summary.json", summary)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
           f"{summary['not_run']} not run -> {out}/report.html")

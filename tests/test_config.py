@@ -34,18 +34,27 @@ def default() -> dict:
     return composed()
 
 
+GROUPS = ("models", "dtypes", "providers", "suites")
+
+
 def test_every_option_of_every_group_composes_and_validates():
-    p = composed(*(f"{g}=[{','.join(options(g))}]" for g in ("models", "dtypes", "providers")))
-    assert sorted(p["models"]) == options("models") and len(p["models"]) == 7
-    assert sorted(p["dtypes"]) == ["bf16", "fp16", "fp32"]
-    assert sorted(p["providers"]) == ["ort_cpu", "torch_cpu"]
+    p = composed(*(f"{g}=[{','.join(options(g))}]" for g in GROUPS))
+    for g in GROUPS:
+        assert sorted(p[g]) == options(g), g
+    assert len(p["models"]) == 7 and {"fp32", "fp16", "bf16"} <= set(p["dtypes"])
     assert config.validate(p) is p
-    assert p["validated"] == "7 models x 3 dtypes x 2 providers = 42 cells"
+    n = [len(p[g]) for g in ("models", "dtypes", "providers")]
+    assert p["validated"] == f"{n[0]} models x {n[1]} dtypes x {n[2]} providers = {n[0] * n[1] * n[2]} cells"
+    assert p["report"]["coverage_dep"] == "artifacts/suites/coverage"
 
 
 def test_committed_params_yaml_is_the_composition_of_conf(default):
     committed = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert committed == default, "params.yaml is stale: run `parity compose` and commit it"
+
+
+def test_report_depends_on_conf_suites_when_no_suite_is_selected(default):
+    assert default["suites"] == {} and default["report"]["coverage_dep"] == "conf/suites"
 
 
 def test_cpu_default_is_small(default):

@@ -84,3 +84,28 @@ def test_report_renders_offline_with_matrix_and_curves(report, browser, tmp_path
     assert "Environment" in browser.find_element(By.TAG_NAME, "body").text
     png = tmp_path / "report.png"
     assert browser.save_screenshot(str(png)) and png.stat().st_size > 10_000
+
+
+@pytest.fixture(scope="module")
+def suite_report(tmp_path_factory):
+    r = make_repo(tmp_path_factory.mktemp("suite-report") / "repo", dtypes=("fp16",), providers=("ort_cpu",))
+    ran = r.exp_run("suites=[critical]")
+    return r, ran
+
+
+def test_report_shows_the_op_coverage_matrix_when_suites_ran(suite_report, browser):
+    from selenium.webdriver.common.by import By
+
+    r, ran = suite_report
+    # the report depends on the suites' coverage (report.coverage_dep), so it runs after it
+    assert ran.index("suite_coverage@critical") < ran.index("report")
+    params = r.path / "params.yaml"
+    assert "coverage_dep: artifacts/suites/coverage" in params.read_text()
+    page = r.path / "artifacts/report/report.html"
+    fetched, failed = load(browser, page.as_uri())
+    assert fetched == [page.as_uri()] and failed == []
+    section = browser.find_element(By.ID, "coverage-critical")
+    text = section.text
+    assert "aten::matmul" in text and "ort_cpu/fp16" in text
+    md = (r.path / "artifacts/report/report.md").read_text()
+    assert "## Op coverage: suite `critical`" in md and "| supported |" in md

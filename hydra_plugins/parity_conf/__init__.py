@@ -7,7 +7,10 @@ namespace package, so importing this one:
 1. registers the `${parity_validate:}` resolver used by conf/config.yaml. It runs
    parity.config.validate on the whole composed config, so an unknown key or bad value fails the
    compose, before DVC writes params.yaml or runs any stage;
-2. makes Hydra's error for an unknown option of a multi-select group (`-S 'models=[zzz]'`) list the
+2. registers `${parity_coverage_dep:}`: the report stage's dependency for the op-coverage matrix
+   (artifacts/suites/coverage when suites are selected, else conf/suites, a path that always
+   exists: DVC rejects a missing dependency, and the coverage folder exists only with suites);
+3. makes Hydra's error for an unknown option of a multi-select group (`-S 'models=[zzz]'`) list the
    valid options. Hydra 1.3 lists them only for single-select groups ("Could not load 'models/zzz'"
    otherwise). This wraps hydra._internal.defaults_list.config_not_found_error (pinned
    hydra-core==1.3.8); if that private function moves, the wrap is skipped and Hydra's own message
@@ -37,8 +40,16 @@ def _validate(*, _root_) -> str:
     return config.summary_line(p)
 
 
+def _coverage_dep(*, _root_) -> str:
+    """The report's coverage input: the suites' coverage folder when suites are selected, else
+    conf/suites (DVC needs every dependency to exist; that folder always does)."""
+    return "artifacts/suites/coverage" if _root_.get("suites") else "conf/suites"
+
+
 if not OmegaConf.has_resolver("parity_validate"):
     OmegaConf.register_new_resolver("parity_validate", _validate)
+if not OmegaConf.has_resolver("parity_coverage_dep"):
+    OmegaConf.register_new_resolver("parity_coverage_dep", _coverage_dep)
 
 
 def _wrap_missing_option_error() -> None:
