@@ -22,8 +22,8 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
   parallel every cell of the default config (8: mlp + resnet18 x fp32, fp16 x torch_cpu, ort_cpu)
            re-run by a sequential `dvc repro` vs `python -m parity.parallel -j 2` (what
            `parity repro -j 2` runs). Each run first sets capture.warmup and diff.max_mismatch in
-           params.yaml to values never used before (so DVC's run-cache cannot restore them): every
-           capture and diff re-runs, plus env and the report; shared upstream stages do not.
+           params.yaml to new values and empties DVC's run-cache (.dvc/cache/runs, so nothing is
+           restored): every capture and diff re-runs, plus env and the report; upstream does not.
            params.yaml is restored and the pipeline re-synced at the end.
 
 The benchmarks run in a scratch clone (default /tmp/parity-bench, a `git clone` of this checkout's
@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -226,7 +227,8 @@ def bench_parallel(repo: Path, runs: int) -> dict:
     n = [0]
 
     def stale_cells():
-        # new values every run: the run-cache holds every earlier value, so it must never repeat
+        # new values every run, and no run-cache: it would restore outputs of earlier runs
+        shutil.rmtree(repo / ".dvc" / "cache" / "runs", ignore_errors=True)
         n[0] += 1
         params.write_text(original.replace(warm, f"  warmup: {3 + n[0]}\n")
                           .replace(mism, f"  max_mismatch: {n[0]}.0e-12\n"))

@@ -6,8 +6,10 @@
                       always_changed `env` probe runs exactly once, as in a plain `dvc repro`.
   2. cells            `dvc status` picks the cells with a stale stage; each runs as
                       `dvc --wait-for-lock repro -s <its stages, in order>` (capture@cell diff@cell),
-                      up to `jobs` at once. DVC drops its repo lock while a stage command runs, and
-                      with -s no process touches an upstream stage, so no stage runs twice.
+                      up to `jobs` at once, slowest (by last measured latency) first, each with its
+                      share of the cores as OMP_NUM_THREADS. DVC drops its repo lock while a stage
+                      command runs, and with -s no process touches an upstream stage, so no stage
+                      runs twice.
   3. downstream       `dvc repro -s report` (every stage that depends on a cell stage), only when the
                       selection is every cell in params.yaml: a filtered run (a GPU box running its own
                       cells) leaves the report to whoever has all cells.
@@ -216,6 +218,7 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
         elif c not in todo:
             prog.cell(c, True, 0.0, [])
     res.cells_run = list(todo)
+    todo = _longest_first(root, todo)
 
     # N torch processes with one OpenMP thread per core each oversubscribe the CPU (spinning threads
     # wait on descheduled ones: -j 2 on 2 cores measured 1.6x slower than sequential); give each cell
@@ -273,6 +276,22 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
         print(f"parity: done: {len(todo)} of {len(pl.cells)} cells ran, {len(res.ran)} stages, "
               f"{res.seconds:.1f}s", file=out, flush=True)
     return res
+
+
+def _longest_first(root: Path, cells: list[str]) -> list[str]:
+    """Start the slowest cells first (a long cell started last is the tail of the whole run).
+    Estimate: the cell's last measured latency x (warmup + repeats) (artifacts/timing/<cell>.json),
+    else its model's ONNX size; ties keep params order. Only the order changes, never the results."""
+    def cost(cell: str) -> tuple[float, int]:
+        try:
+            t = json.loads((root / "artifacts" / "timing" / f"{cell}.json").read_text())
+            ms = float(t["median_ms"]) * (int(t.get("warmup", 0)) + int(t.get("repeats", 1)))
+        except (OSError, ValueError, KeyError, TypeError):
+            ms = 0.0
+        onnx = root / "artifacts" / "models" / cell.split("-")[0] / "model.onnx"
+        return ms, onnx.stat().st_size if onnx.exists() else 0
+
+    return sorted(cells, key=cost, reverse=True)
 
 
 def _stale(root: Path, stages: list[str]) -> set[str] | None:
