@@ -61,7 +61,13 @@ def coverage_markdown(coverage: dict) -> list[str]:
                   "| supported | " + " | ".join(f"{cov['support'][c]:.0%}" for c in cov["columns"]) + " |",
                   "| passing | " + " | ".join(f"{cov['pass_rate'][c]:.0%}" for c in cov["columns"]) + " |",
                   "| statuses | " + " | ".join(", ".join(f"{k} {v}" for k, v in sorted(cov["counts"][c].items()))
-                                              for c in cov["columns"]) + " |", ""]
+                                              for c in cov["columns"]) + " |"]
+        g = cov.get("gradients") or {}
+        if any(x.get("checked") for x in g.values()):
+            lines.append("| gradient checks (ok/checked, worst tol_ratio) | " + " | ".join(
+                (f"{g[c]['ok']}/{g[c]['checked']}, {g[c]['worst_tol_ratio']:.3g}" if g.get(c, {}).get("checked") else "-")
+                for c in cov["columns"]) + " |")
+        lines.append("")
     return lines
 
 

@@ -88,7 +88,8 @@ def test_report_renders_offline_with_matrix_and_curves(report, browser, tmp_path
 
 @pytest.fixture(scope="module")
 def suite_report(tmp_path_factory):
-    r = make_repo(tmp_path_factory.mktemp("suite-report") / "repo", dtypes=("fp16",), providers=("ort_cpu",))
+    r = make_repo(tmp_path_factory.mktemp("suite-report") / "repo", dtypes=("fp16",),
+                  providers=("torch_cpu", "ort_cpu"))
     ran = r.exp_run("suites=[critical]")
     return r, ran
 
@@ -109,3 +110,6 @@ def test_report_shows_the_op_coverage_matrix_when_suites_ran(suite_report, brows
     assert "aten::matmul" in text and "ort_cpu/fp16" in text
     md = (r.path / "artifacts/report/report.md").read_text()
     assert "## Op coverage: suite `critical`" in md and "| supported |" in md
+    grads = next(ln for ln in md.splitlines() if ln.startswith("| gradient checks"))
+    assert "25/25" in grads  # torch_cpu fp16 backward vs the fp32 reference, every differentiable case
+    assert "gradient checks" in section.text

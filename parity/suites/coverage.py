@@ -83,7 +83,7 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
                                  "max_abs": max(c["max_abs"]) if c["max_abs"] else None,
                                  "latency_ratio": statistics.median(c["ratios"]) if c["ratios"] else None}
         rows.append(out)
-    counts, support, hist, pass_rate = {}, {}, {}, {}
+    counts, support, hist, pass_rate, grads = {}, {}, {}, {}, {}
     by_prov: dict[str, list[int]] = {}
     for col in cols:
         rs = per_col[col] or []
@@ -101,6 +101,11 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
             if b:
                 h[b] += 1
         hist[col] = h
+        g = [r for r in rs if r.get("grad_tol_ratio") is not None]
+        worst_g = max(g, key=lambda r: r["grad_tol_ratio"], default=None)
+        grads[col] = {"checked": len(g), "ok": sum(1 for r in g if r["status"] == "OK"),
+                      "worst_tol_ratio": worst_g["grad_tol_ratio"] if worst_g else None,
+                      "worst_case": worst_g["id"] if worst_g else None}
         prov = col.split("/")[0]
         acc = by_prov.setdefault(prov, [0, 0])
         acc[0] += ran
@@ -108,7 +113,9 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
     return {"suite": suite, "columns": cols, "reference": "torch_cpu/fp32 eager on the dtype-rounded inputs",
             "onnx_opset": onnx_opset, "rows": rows, "counts": counts, "support": support, "pass_rate": pass_rate,
             "support_by_provider": {p: (a / b if b else None) for p, (a, b) in by_prov.items()},
-            "histogram": hist, "buckets": [n for n, _ in BUCKETS]}
+            "histogram": hist, "buckets": [n for n, _ in BUCKETS],
+            # backward checks vs the fp32 reference's gradients (input and parameter grads)
+            "gradients": grads}
 
 
 def to_csv(cov: dict) -> str:

@@ -81,6 +81,13 @@ def render_coverage_html(coverage: dict) -> str:
     out.append("<tr><th>status counts</th><td></td><td></td>" + "".join(
         "<td>" + "<br>".join(f"{escape(s)} {n}" for s, n in coverage["counts"].get(c, {}).items()) + "</td>"
         for c in cols) + "</tr>")
+    grads = coverage.get("gradients") or {}
+    if any(g.get("checked") for g in grads.values()):
+        out.append("<tr class='grads'><th>gradient checks<br><small>passing / checked; worst grad tol_ratio</small></th>"
+                   "<td></td><td></td>" + "".join(
+                       "<td>" + (f"{g['ok']}/{g['checked']}<br>{_fmt(g['worst_tol_ratio'], '.3g')} "
+                                 f"({escape(str(g['worst_case']))})" if g.get("checked") else "-") + "</td>"
+                       for g in (grads.get(c, {}) for c in cols)) + "</tr>")
     out.append("<tr><th>max_abs histogram<br><small>" + escape(" | ".join(coverage["buckets"])) + "</small></th>"
                "<td></td><td></td>" + "".join(
                    f"<td>{_hist_svg(coverage['histogram'].get(c, {}), coverage['buckets'])}</td>" for c in cols)
