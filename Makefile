@@ -1,22 +1,45 @@
 # The two commands (README): `make run` sets everything up and runs the CPU default pipeline;
 # `make test` runs the fast test suite (`make test-all` adds the slow model tests).
+# Sharing (docs/sharing.md): `make setup` also gives DVC a default remote if it has none: a directory
+# on this machine, outside the repo, set in .dvc/config.local (git-ignored, so nothing
+# machine-specific is committed). `make run` ends by pushing outputs + run-cache there (PUSH=0 skips).
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
+PARITY_REMOTE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/parity/dvc-remote
+PUSH ?= 1
 
-.PHONY: setup run test test-all bench clean
+.PHONY: setup remote push run test test-all bench clean
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed remote
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+# idempotent: keeps any default remote already configured (repo, global or local config)
+remote: $(VENV)/.installed
+	@if $(BIN)/dvc remote default >/dev/null 2>&1; then \
+	  echo "parity: DVC default remote: $$($(BIN)/dvc remote default)"; \
+	else \
+	  mkdir -p "$(PARITY_REMOTE)" && \
+	  $(BIN)/dvc remote add --local -f -d local "$(PARITY_REMOTE)" && \
+	  echo "parity: DVC default remote 'local' -> $(PARITY_REMOTE) (in .dvc/config.local)"; \
+	fi
+
+# outputs of the workspace + the run-cache to the default remote (`dvc push -A --run-cache` for
+# every commit's outputs)
+push: setup
+	$(BIN)/dvc push --run-cache
+
 run: setup
 	$(BIN)/parity check
 	$(BIN)/dvc repro
+ifeq ($(PUSH),1)
+	$(BIN)/dvc push --run-cache
+endif
 	@echo "parity: report at artifacts/report/report.html (Markdown: artifacts/report/report.md)"
 
 test: setup
