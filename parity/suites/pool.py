@@ -155,6 +155,8 @@ class Pool:
                     pass  # the read side sees EOF and reports CRASH
 
         while done < n:
+            for w in self.workers:  # warm idle workers send nothing: hand them work now, not on an event
+                dispatch(w)
             busy = [w for w in self.workers if w.job is not None]
             now = time.monotonic()
             wait = min([w.deadline - now for w in busy], default=1.0)
