@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import numbers
 from pathlib import Path
-from typing import Any
 
 import yaml
 

@@ -32,6 +32,26 @@ tiny_mlp:
 """
 
 
+CONF = ROOT / "conf"
+
+
+def options(group: str) -> list[str]:
+    """Every option of a conf/ group (one yaml file each)."""
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def composed(*overrides) -> dict:
+    """Compose the real conf/ with Hydra, resolved, as DVC's compose does (plugins registered)."""
+    import hydra_plugins.parity_conf  # noqa: F401  (${parity_validate:}, ${parity_coverage_dep:})
+    import hydra_plugins.parity_providers  # noqa: F401  (${parity_providers:})
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(CONF), version_base=None):
+        cfg = compose("config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
 def env() -> dict:
     e = dict(os.environ)
     e["PATH"] = BIN + os.pathsep + e.get("PATH", "")

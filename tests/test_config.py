@@ -8,25 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
 
-import hydra_plugins.parity_conf  # noqa: F401  (registers ${parity_validate:} as DVC's discovery does)
-from conftest import ROOT
+from conftest import ROOT, composed, options
 from parity import config
-
-CONF = ROOT / "conf"
-
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-def composed(*overrides) -> dict:
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(str(CONF), version_base=None):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 @pytest.fixture(scope="module")

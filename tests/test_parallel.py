@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from conftest import make_repo, ran_stages, tree_digest
+from conftest import make_repo, tree_digest
 
 CELLS = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16") for p in ("torch_cpu", "ort_cpu")]
 MEASURED = ("artifacts/timing", "artifacts/report")  # latency: measured, differs run to run

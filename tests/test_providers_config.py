@@ -9,25 +9,8 @@ import json
 
 import pytest
 
-import hydra_plugins.parity_conf  # noqa: F401  (registers ${parity_validate:})
-import hydra_plugins.parity_providers  # noqa: F401  (registers ${parity_providers:})
-from conftest import ROOT, make_repo
+from conftest import CONF, composed, make_repo, options
 from parity import config
-
-CONF = ROOT / "conf"
-
-
-def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
-
-
-def composed(*overrides) -> dict:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(str(CONF), version_base=None):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def test_every_provider_and_precision_mode_composes_and_validates():

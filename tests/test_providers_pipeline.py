@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, env, make_repo, ran_stages
+from conftest import env, make_repo, ran_stages
 
 # ort_cpu (level all) is covered by test_pipeline.py; ort_cuda behaves as torch_cuda here (UNAVAILABLE)
 PROVIDERS = ("torch_cpu", "ort_cpu_noopt", "ort_int8", "torch_cuda", "trt")

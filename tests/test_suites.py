@@ -7,13 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from conftest import ROOT, env
-from parity.suites import coverage, diff, pool, render, spec
+from parity.suites import coverage, diff, render, spec
 
 BAD = {
     "unknown_preset": ("""\
@@ -53,7 +52,6 @@ def test_validate_names_file_case_and_key_and_runs_nothing(tmp_path, name):
     text, expected = BAD[name]
     f = tmp_path / "bad.yaml"
     f.write_text(text)
-    t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "parity.suites.cli", "validate", str(f)], cwd=tmp_path, env=env(),
                        capture_output=True, text=True)
     assert p.returncode == 2, p.stdout + p.stderr
