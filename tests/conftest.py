@@ -52,6 +52,19 @@ def composed(*overrides) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def config_error(params: dict, mutate) -> str:
+    """The ConfigError message parity.config.validate gives for a mutated copy of `params`."""
+    import copy
+
+    from parity import config
+
+    p = copy.deepcopy(params)
+    mutate(p)
+    with pytest.raises(config.ConfigError) as e:
+        config.validate(p)
+    return str(e.value)
+
+
 def env() -> dict:
     e = dict(os.environ)
     e["PATH"] = BIN + os.pathsep + e.get("PATH", "")

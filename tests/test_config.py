@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, composed, options
+from conftest import ROOT, composed, config_error, options
 from parity import config
 
 
@@ -80,14 +80,6 @@ def test_tolerance_resolution_order(default):
         5e-3, 2e-3, "models.resnet18.tolerances[1]")
 
 
-def _bad(default, mutate):
-    p = copy.deepcopy(default)
-    mutate(p)
-    with pytest.raises(config.ConfigError) as e:
-        config.validate(p)
-    return str(e.value)
-
-
 @pytest.mark.parametrize("mutate, expected", [
     (lambda p: p.update(bogus=1), ["unknown key 'bogus'", "models", "providers"]),
     (lambda p: p["export"].update(exporter="torchscript"), ["export.exporter", "torchscript", "dynamo, legacy"]),
@@ -105,7 +97,7 @@ def _bad(default, mutate):
      ["providers.ort_cpu", "bf16", "strict"]),
 ])
 def test_bad_values_name_the_key_and_the_choices(default, mutate, expected):
-    msg = _bad(default, mutate)
+    msg = config_error(default, mutate)
     for s in expected:
         assert s in msg, (s, msg)
 

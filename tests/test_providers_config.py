@@ -4,12 +4,11 @@ when an engine provider (trt) is selected."""
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
 
-from conftest import CONF, composed, make_repo, options
+from conftest import CONF, composed, config_error, make_repo, options
 from parity import config
 
 
@@ -61,14 +60,6 @@ def default():
     return composed()
 
 
-def _bad(default, mutate):
-    p = copy.deepcopy(default)
-    mutate(p)
-    with pytest.raises(config.ConfigError) as e:
-        config.validate(p)
-    return str(e.value)
-
-
 AMP = {"torch": "float32", "mode": "autocast", "tol": {"atol": 1e-5, "rtol": 1e-3}}
 
 
@@ -82,7 +73,7 @@ AMP = {"torch": "float32", "mode": "autocast", "tol": {"atol": 1e-5, "rtol": 1e-
     (lambda p: p.update(capture_providers=["torch_cpu"]), ["capture_providers", "ort_cpu"]),
 ])
 def test_bad_new_keys_name_the_key_and_the_choices(default, mutate, expected):
-    msg = _bad(default, mutate)
+    msg = config_error(default, mutate)
     for s in expected:
         assert s in msg, (s, msg)
 
