@@ -42,8 +42,10 @@ class LayerDiff:
     inf_expected: int = 0
     worst_index: list[int] = field(default_factory=list)
     worst_sample: int = 0
-    passed: bool = True
+    passed: bool = True            # by the cell's verdict mode (diff.verdict)
     problem: str = ""  # set when the layer could not be compared (missing, shape mismatch)
+    passed_tolerance: bool = True  # the assert_close-style check, whatever the mode
+    oracle: dict | None = None     # fp64 oracle metrics (parity.analysis.oracle.judge), when judged
 
     def as_dict(self) -> dict:
         return asdict(self)

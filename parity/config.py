@@ -38,7 +38,7 @@ SECTION_KEYS = {
     "inputs": {"samples", "calibration"},
     "reference": {"fp64"},
     "capture": {"warmup", "repeats", "threads"},
-    "diff": {"max_mismatch"},
+    "diff": {"max_mismatch", "verdict"},
     "report": {"coverage_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
 }
@@ -60,6 +60,7 @@ DTYPE_MODES = {
     "int8_static": ("float32",),       # int8 weights and calibrated activations (ORT QDQ, TensorRT)
     "fp8": ("float32",),               # TensorRT FP8 builder flag
 }
+VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcell)
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
@@ -125,9 +126,14 @@ def validate(p: dict) -> dict:
     _num("capture.repeats", cap.get("repeats", 1), lo=1, integer=True)
     _num("capture.threads", cap.get("threads", 0), lo=0, integer=True)
     _num("diff.max_mismatch", p.get("diff", {}).get("max_mismatch", 0.0), lo=0, hi=1)
+    verdict = p.get("diff", {}).get("verdict", "oracle")
+    if verdict not in VERDICT_MODES:
+        raise ConfigError(f"diff.verdict: unknown verdict mode {verdict!r}. Valid: {_choices(VERDICT_MODES)}")
 
     for name, d in p["dtypes"].items():
-        _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode"}, required=("torch", "tol"))
+        _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode", "oracle"}, required=("torch", "tol", "oracle"))
+        _check_keys(f"dtypes.{name}.oracle", d["oracle"], {"k"}, required=("k",))
+        _num(f"dtypes.{name}.oracle.k", d["oracle"]["k"], lo=1)
         mode = d.get("mode", "cast")  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
         if d["torch"] not in TORCH_DTYPES:
             raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")

@@ -1,8 +1,10 @@
-"""diff@model-dtype-provider: per-layer comparison of a capture against the torch fp32 reference.
+"""diff@model-dtype-provider: per-layer comparison of a capture against the torch fp32 reference
+(tolerance metrics) and against the fp64 run relative to the trusted baseline at the cell's dtype
+(the oracle verdict, the default: parity.analysis.diffcell). numpy only.
 
-Writes, under --out: metrics.json (DVC metrics: verdict, drift_origin, worst layer, output-level
-metrics), layers.json (every layer's metrics and the tolerance key that applied) and layers.csv
-(DVC plot data: per-layer error in execution order). numpy only.
+Writes, under --out: metrics.json (DVC metrics: verdict and its mode, drift_origin with its cause,
+worst layer, output-level metrics), layers.json (every layer's metrics, the tolerance key that
+applied, the oracle's excess/bits_lost, each layer's own error) and layers.csv (DVC plot data).
 """
 
 from __future__ import annotations
@@ -12,103 +14,105 @@ import io
 from pathlib import Path
 
 from parity import compare, config, store
+from parity.analysis import diffcell
 from parity.io import read_json, write_json, write_text
 
-PLOT_FIELDS = ("order", "layer", "max_abs", "rel_l2", "tol_ratio", "frac_outside", "passed")
-
-
-def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path):
-    status = read_json(capture_dir / "status.json")
-    ref = store.read_dict(reference_dir / "fp32.parquet")
-    max_mismatch = float(p.get("diff", {}).get("max_mismatch", 0.0))
-    if status["status"] != "OK":
-        return status, [], {"passed": None}
-    act = store.read_dict(capture_dir / "layers.parquet")
-    ref_order = {name: t.order for (_, name), t in ref.items()}
-    # reference layers in execution order, then the shipped graph's outputs (plain:output), which
-    # are compared with the reference outputs too
-    names = sorted(ref_order, key=ref_order.get)
-    names += sorted({n for _, n in act if n.startswith(store.PLAIN) and store.reference_name(n) in ref_order})
-    samples = sorted({s for s, _ in ref})
-    layers = []
-    for order, name in enumerate(names):
-        rname = store.reference_name(name)
-        pairs = [(s, act[s, name].array, ref[s, rname].array) for s in samples if (s, name) in act and (s, rname) in ref]
-        atol, rtol, src = config.tolerance_for(p, model, dtype, rname)
-        if not pairs:
-            d = compare.LayerDiff(name=name, order=order, shape=[], numel=0, atol=atol, rtol=rtol,
-                                  tol_source=src, passed=False, problem="not captured by this provider")
-        else:
-            d = compare.compare_layer(name, order, pairs, atol, rtol, src, max_mismatch)
-        layers.append(d)
-    summary = compare.summarize(layers, {n for n in names if store.is_output(n)})
-    golden = reference_dir / "fp64.parquet"
-    if golden.exists():
-        summary["fp64"] = _vs_golden(store.read_dict(golden), ref, act)
-    return status, layers, summary
-
-
-def _vs_golden(gold, ref, act) -> dict:
-    """RMSE of the model output vs the fp64 golden run for both sides (torch._dynamo.utils.same)."""
-    import numpy as np
-
-    def rmse(side):
-        errs = [np.mean((side[k].array.astype(np.float64) - g.array) ** 2) for k, g in gold.items()
-                if store.is_output(k[1]) and k in side]
-        return float(np.sqrt(np.mean(errs))) if errs else None
-
-    r, a = rmse(ref), rmse(act)
-    closer = None if r is None or a is None else ("reference" if r < a else "actual" if a < r else "tie")
-    return {"rmse_reference": r, "rmse_actual": a, "closer": closer}
+PLOT_FIELDS = ("order", "layer", "max_abs", "rel_l2", "tol_ratio", "excess", "bits_lost", "own_excess", "passed")
 
 
 def _output_metrics(d) -> dict:
-    return {k: getattr(d, k) for k in compare.METRICS + ("nan_actual", "inf_actual", "passed")} if d else {}
+    if not d:
+        return {}
+    m = {k: getattr(d, k) for k in compare.METRICS + ("nan_actual", "inf_actual", "passed")}
+    if d.oracle:
+        m.update(excess=d.oracle["excess"], bits_lost=d.oracle["bits_lost"])
+    return m
+
+
+def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict) -> dict:
+    status, summary = cd.status, cd.summary
+    outputs = [d for d in cd.layers if store.is_output(d.name)]
+    head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
+    plain = next((d for d in outputs if d.name.startswith(store.PLAIN)), None)
+    verdict = status["status"] if status["status"] != "OK" else ("PASS" if summary["passed"] else "FAIL")
+    m = {
+        "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
+        "verdict_mode": cd.mode, "passed": summary["passed"],
+        **{k: summary.get(k) for k in ("layers", "layers_failed", "drift_origin", "worst_layer",
+                                       "worst_tol_ratio", "worst_excess")},
+        "output": _output_metrics(head),
+        "plain_output": _output_metrics(plain),  # the shipped graph (model.onnx), no extra outputs
+    }
+    if cd.mode != "oracle" and status["status"] == "OK":
+        m["verdict_mode_reason"] = cd.mode_reason
+    origin = summary.get("drift_origin")
+    if origin:
+        m["drift_origin_where"] = where(origin, layers_json)
+    return m
+
+
+def where(name: str, layers_json: dict) -> str:
+    """A readable place: 'Softmax, MatMul between qkv and out' for the ops between leaves."""
+    if not name.startswith(diffcell.BETWEEN):
+        return name
+    leaf = name[len(diffcell.BETWEEN):]
+    reg = (layers_json.get("regions") or {}).get(leaf) or {}
+    ops = [o for o in reg.get("ops", []) if o not in ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity",
+                                                      "Constant", "Shape", "Gather", "Concat", "Slice", "Split")]
+    ops = ops or reg.get("ops", [])
+    after = ", ".join(reg.get("after", [])) or "the inputs"
+    return f"{', '.join(dict.fromkeys(ops)) or 'ops'} between {after} and {leaf}"
+
+
+def _num(v) -> str:
+    return "" if v is None else repr(v)
+
+
+def plot_csv(cd: diffcell.CellDiff) -> str:
+    own = {r["layer"]: r["excess"] for r in cd.own if r["kind"] == "leaf"}
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(PLOT_FIELDS)
+    for d in cd.layers:
+        o = d.oracle or {}
+        w.writerow([d.order, d.name, _num(d.max_abs), _num(d.rel_l2), _num(d.tol_ratio), _num(o.get("excess")),
+                    _num(o.get("bits_lost")), _num(own.get(d.name)), int(d.passed)])
+    return buf.getvalue()
 
 
 def main(argv=None) -> int:
     ap = config.stage_parser("stages.diff", __doc__, cell=True)
     ap.add_argument("--capture", required=True)
     ap.add_argument("--reference", required=True)
+    ap.add_argument("--baseline", help="baseline@model-dtype output (the oracle's trusted backend)")
+    ap.add_argument("--model-dir", help="export output: layers.json names the ops between leaves")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     key = config.cell_key(a.model, a.dtype, a.provider)
-    status, layers, summary = diff_cell(p, a.model, a.dtype, Path(a.capture), Path(a.reference))
+    cd = diffcell.diff_cell(p, a.model, a.dtype, Path(a.capture), Path(a.reference),
+                            Path(a.baseline) if a.baseline else None)
+    lj = Path(a.model_dir) / "layers.json" if a.model_dir else None
+    layers_json = read_json(lj) if lj and lj.exists() else {}
+    metrics = metrics_of(key, cd, layers_json)
     out = Path(a.out)
-    outputs = [d for d in layers if store.is_output(d.name)]
-    head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
-    plain = next((d for d in outputs if d.name.startswith(store.PLAIN)), None)
-    verdict = status["status"] if status["status"] != "OK" else ("PASS" if summary["passed"] else "FAIL")
-    metrics = {
-        "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
-        "passed": summary["passed"],
-        **{k: summary.get(k) for k in ("layers", "layers_failed", "drift_origin", "worst_layer",
-                                       "worst_tol_ratio")},
-        "output": _output_metrics(head),
-        # the same output from the plain graph (model.onnx: what ships, no extra outputs)
-        "plain_output": _output_metrics(plain),
-    }
-    if "fp64" in summary:
-        metrics["fp64"] = summary["fp64"]
     write_json(out / "metrics.json", metrics)
-    write_json(out / "layers.json", {"cell": key, "layers": [d.as_dict() for d in layers]}, sort_keys=False)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(PLOT_FIELDS)
-    for d in layers:
-        w.writerow([d.order, d.name, repr(d.max_abs), repr(d.rel_l2), repr(d.tol_ratio),
-                    repr(d.frac_outside), int(d.passed)])
-    write_text(out / "layers.csv", buf.getvalue())
-    extra = ""
-    if verdict in ("PASS", "FAIL"):
-        extra = (f": {metrics['layers']} layers compared, {metrics['layers_failed']} over tolerance, "
-                 f"drift_origin={metrics['drift_origin']}, worst={metrics['worst_layer']} "
-                 f"(tol_ratio {metrics['worst_tol_ratio']:.3g}), output max_abs={head.max_abs:.3e}")
-    elif status.get("reason"):
-        extra = f": {status['reason']}"
-    print(f"diff@{key}: {verdict}{extra}")
+    write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
+                                     "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
+    write_text(out / "layers.csv", plot_csv(cd))
+    print(f"diff@{key}: {summary_line(metrics, cd)}")
     return 0
+
+
+def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
+    if m["verdict"] not in ("PASS", "FAIL"):
+        return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "")
+    worst = (f"worst={m['worst_layer']} (excess {m['worst_excess']:.3g})" if cd.mode == "oracle" and m.get("worst_excess")
+             is not None else f"worst={m['worst_layer']} (tol_ratio {m['worst_tol_ratio']:.3g})")
+    origin = m.get("drift_origin_where") or m.get("drift_origin")
+    return (f"{m['verdict']} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
+            f"drift_origin={origin}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
+            + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else ""))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""The fp64 oracle (after torch._dynamo.utils.same), per layer. numpy only.
+
+A backend at a reduced precision cannot match the fp32 reference to a fixed tolerance; the question
+is whether it is as good as that precision can be. So every value is measured against an fp64 run
+of the same model on the same inputs:
+
+  err       = rmse(cell, fp64)                     what the backend under test gets wrong
+  floor     = rmse(baseline, fp64)                 what the trusted backend (torch CPU eager) gets
+                                                   wrong at the cell's precision, same inputs
+  excess    = err / max(floor, u * rms(fp64))      how many times worse than the trusted backend;
+                                                   u * rms is the rounding of the value itself, so a
+                                                   layer the baseline computes exactly (a copy, a
+                                                   ReLU) is not held to zero error
+  bits_lost = log2(rel_l2(cell, fp64) / u)          about how many low bits of the dtype are noise
+
+A layer passes when excess <= k (`dtypes.<d>.oracle.k`, default 4: two bits worse than the trusted
+backend) and it has no NaN/Inf the fp64 run lacks. u is the dtype's unit roundoff.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+DEFAULT_K = 4.0
+# precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
+BASELINE_MODES = ("cast", "autocast")
+
+
+def unit_roundoff(dtype_cfg: dict) -> float:
+    """u of the precision a cell computes in: the cast/autocast dtype, 2**-11 for tf32 (10-bit
+    mantissa), the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
+    mode = dtype_cfg.get("mode", "cast")
+    if mode == "tf32":
+        return 2.0 ** -11
+    return UNIT_ROUNDOFF.get(dtype_cfg.get("torch", "float32"), 2.0 ** -24)
+
+
+def has_baseline(dtype_cfg: dict) -> bool:
+    return dtype_cfg.get("mode", "cast") in BASELINE_MODES
+
+
+@dataclass
+class Sq:
+    """Sums over every sample of one layer: squared error, squared fp64 value, element count."""
+    err: float = 0.0
+    ref: float = 0.0
+    n: int = 0
+    nonfinite: int = 0  # NaN/Inf in the actual where fp64 is finite
+
+    def add(self, actual: np.ndarray, gold: np.ndarray, ref_sq: float | None = None) -> "Sq":
+        g = np.asarray(gold, dtype=np.float64).ravel()
+        d = np.asarray(actual, dtype=np.float64).ravel() - g
+        fin = np.isfinite(d)
+        if not fin.all():
+            self.nonfinite += int((~fin & np.isfinite(g)).sum())
+            d = np.where(fin, d, 0.0)
+        self.err += float(np.dot(d, d))
+        self.ref += float(np.dot(g, g)) if ref_sq is None else ref_sq
+        self.n += g.size
+        return self
+
+    @property
+    def rmse(self) -> float:
+        return math.sqrt(self.err / self.n) if self.n else 0.0
+
+    @property
+    def rms_ref(self) -> float:
+        return math.sqrt(self.ref / self.n) if self.n else 0.0
+
+
+def excess(err: Sq, floor: Sq | None, u: float) -> float:
+    noise = u * err.rms_ref
+    denom = max(floor.rmse if floor is not None else 0.0, noise, 1e-300)
+    return err.rmse / denom
+
+
+def bits_lost(err: Sq, u: float) -> float | None:
+    """log2(rel_l2 / u), None when the values are exact (no bit lost)."""
+    if err.err == 0.0 or err.ref == 0.0:
+        return None if err.err == 0.0 else math.inf
+    return math.log2(math.sqrt(err.err / err.ref) / u)
+
+
+def judge(err: Sq, floor: Sq | None, u: float, k: float) -> dict:
+    """The oracle metrics of one layer (or one own-error value) and whether it passes."""
+    x = excess(err, floor, u)
+    return {"err_rmse": err.rmse, "floor_rmse": floor.rmse if floor is not None else None,
+            "ref_rms": err.rms_ref, "excess": x, "bits_lost": bits_lost(err, u),
+            "nonfinite": err.nonfinite, "passed": bool(x <= k and err.nonfinite == 0)}
