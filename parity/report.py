@@ -37,16 +37,46 @@ def cell_rows(cells: list[dict]) -> list[list[str]]:
         m, t = c["metrics"], c.get("timing") or {}
         out = m.get("output") or {}
         ratio = c.get("latency_ratio")
-        rows.append([c["model"], c["dtype"], c["provider"], m.get("verdict", "MISSING"),
+        rows.append([c["model"], c["dtype"], c["provider"], m.get("verdict", "MISSING"), m.get("verdict_mode") or "-",
                      f"{m.get('layers_failed', '-')}/{m.get('layers', '-')}" if m.get("layers") is not None else "-",
-                     fmt(m.get("drift_origin")), fmt(m.get("worst_layer")),
+                     fmt(m.get("drift_origin_where") or m.get("drift_origin")), fmt(m.get("worst_layer")),
+                     fmt(out.get("excess")), fmt(out.get("bits_lost"), 2),
                      fmt(out.get("max_abs")), fmt(out.get("rel_l2")), fmt(out.get("cosine"), 6),
                      fmt(t.get("median_ms")) + (f" ({ratio:.2f}x)" if ratio else "")])
     return rows
 
 
-HEADER = ["model", "dtype", "provider", "verdict", "failed/layers", "drift_origin", "worst layer",
-          "output max_abs", "output rel_l2", "output cosine", "latency ms (vs torch_cpu fp32)"]
+HEADER = ["model", "dtype", "provider", "verdict", "mode", "failed/layers", "drift_origin", "worst layer",
+          "output excess", "output bits lost", "output max_abs", "output rel_l2", "output cosine",
+          "latency ms (vs torch_cpu fp32)"]
+
+
+def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
+    """The failing layers of a cell (and, in oracle mode, the own-error records that fail), as a
+    header and rows of plain strings: one builder for the Markdown and the HTML table."""
+    layers = [d for d in c["layers"] if not d["passed"]]
+    mods = c.get("modules") or {}
+    if c["metrics"].get("verdict_mode") == "oracle":
+        own = {r["name"]: r for r in c.get("own") or []}
+        head = ["#", "layer", "module", "excess (accumulated)", "own excess", "bits lost", "rel_l2 vs fp32",
+                "tol_ratio", "cause"]
+        rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt((d.get("oracle") or {}).get("excess")),
+                 fmt((own.get(d["name"]) or {}).get("excess")), fmt((d.get("oracle") or {}).get("bits_lost"), 2),
+                 fmt(d["rel_l2"]), fmt(d["tol_ratio"]), ""] for d in layers]
+        listed = {d["name"] for d in layers}
+        rows += [["", r["name"], "ops between leaves" if r["kind"] == "between" else mods.get(r["layer"], ""),
+                  "", fmt(r["excess"]), fmt(r["bits_lost"], 2), "", "", ""]
+                 for r in c.get("own") or [] if not r["passed"] and r["name"] not in listed]
+        cause = c["metrics"].get("drift_origin_cause") or {}
+        origin = c["metrics"].get("drift_origin")
+        for r in rows:
+            if r[1] == origin and cause:
+                r[-1] = cause.get("summary") or cause.get("label", "")
+        return head, rows
+    head = ["#", "layer", "module", "max_abs", "max_rel", "rel_l2", "frac outside", "tol_ratio", "tolerance (key)"]
+    return head, [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt(d["max_abs"]), fmt(d["max_rel"]),
+                   fmt(d["rel_l2"]), fmt(d["frac_outside"]), fmt(d["tol_ratio"]),
+                   f"atol={d['atol']:g} rtol={d['rtol']:g} {d['tol_source']}"] for d in layers]
 
 
 def coverage_markdown(coverage: dict) -> list[str]:
@@ -85,16 +115,14 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
             if m.get("reason"):
                 lines.append(f"- `{c['key']}` {m['verdict']}: {m['reason']}")
             continue
-        lines.append(f"## {c['key']}: FAIL, drift starts at `{m.get('drift_origin')}`")
+        where = m.get("drift_origin_where") or m.get("drift_origin")
+        lines.append(f"## {c['key']}: FAIL ({m.get('verdict_mode')}), drift starts at `{where}`")
         lines.append("")
-        lines.append("| # | layer | module | max_abs | max_rel | rel_l2 | frac outside | tol_ratio | tolerance (key) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        for d in c["layers"]:
-            if d["passed"]:
-                continue
-            lines.append(f"| {d['order']} | `{d['name']}` | {c['modules'].get(d['name'], '')} | {fmt(d['max_abs'])} | "
-                         f"{fmt(d['max_rel'])} | {fmt(d['rel_l2'])} | {fmt(d['frac_outside'])} | "
-                         f"{fmt(d['tol_ratio'])} | atol={d['atol']:g} rtol={d['rtol']:g} `{d['tol_source']}` |")
+        head, rows = failing_rows(c)
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in rows:
+            lines.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
         lines.append("")
     lines += coverage_markdown(coverage or {})
     lines += ["## Environment", ""]
@@ -103,20 +131,36 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
     return "\n".join(lines) + "\n"
 
 
-def svg_curve(layers: list[dict], width: int = 760, height: int = 220) -> str:
-    """Per-layer tol_ratio (error / allowed) and max_abs on a log scale, execution order on x.
-    The tolerance line is tol_ratio = 1; the drift origin is marked."""
-    pts = [(d["order"], d) for d in layers]
-    if not pts:
+def curve_series(c: dict) -> tuple[list[tuple[str, str, list]], float, str]:
+    """What a cell's curve plots: in oracle mode the accumulated excess (error vs fp64 over the
+    trusted backend's) and each layer's own excess, against the limit k; in tolerance mode tol_ratio
+    and max_abs against tol_ratio = 1."""
+    layers = c["layers"]
+    if c["metrics"].get("verdict_mode") == "oracle":
+        own = {r["layer"]: r["excess"] for r in c.get("own") or [] if r["kind"] == "leaf"}
+        k = c.get("k") or 4.0
+        series = [("accumulated excess", "#0969da", [(d.get("oracle") or {}).get("excess") for d in layers])]
+        if own:
+            series.append(("own excess", "#1a7f37", [own.get(d["name"]) for d in layers]))
+        return series, k, f"limit k = {k:g}"
+    return ([("tol_ratio", "#0969da", [d["tol_ratio"] for d in layers]),
+             ("max_abs", "#8250df", [d["max_abs"] for d in layers])], 1.0, "tolerance (tol_ratio = 1)")
+
+
+def svg_curve(c: dict, width: int = 760, height: int = 220) -> str:
+    """Per-layer error on a log scale, execution order on x, the pass limit dashed, the drift
+    origin marked, every point with a tooltip."""
+    layers = c["layers"]
+    if not layers:
         return ""
+    series, limit, limit_label = curve_series(c)
     floor = 1e-12
-    vals = [max(floor, _num(d[k])) for _, d in pts for k in ("tol_ratio", "max_abs") if math.isfinite(_num(d[k]))]
-    vals.append(1.0)
+    ok = lambda v: v is not None and math.isfinite(_num(v))  # noqa: E731
+    vals = [max(floor, _num(v)) for _, _, vs in series for v in vs if ok(v)] + [limit]
     lo = math.floor(math.log10(min(vals)))
-    hi = math.ceil(math.log10(max(vals))) + (1 if max(vals) >= 10 ** math.ceil(math.log10(max(vals))) else 0)
-    hi = max(hi, lo + 1)
+    hi = max(math.ceil(math.log10(max(vals))) + (1 if max(vals) >= 10 ** math.ceil(math.log10(max(vals))) else 0), lo + 1)
     L, R, T, B = 56, 12, 12, 28
-    n = max(1, len(pts) - 1)
+    n = max(1, len(layers) - 1)
     x = lambda i: L + (width - L - R) * i / n  # noqa: E731
     y = lambda v: T + (height - T - B) * (hi - math.log10(min(max(v, floor), 10 ** hi))) / (hi - lo)  # noqa: E731
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" class="curve" '
@@ -126,32 +170,39 @@ def svg_curve(layers: list[dict], width: int = 760, height: int = 220) -> str:
         yy = y(10 ** e)
         out.append(f'<line x1="{L}" x2="{width - R}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>'
                    f'<text x="{L - 4}" y="{yy + 4:.1f}" font-size="10" text-anchor="end">1e{e}</text>')
-    y1 = y(1.0)
+    y1 = y(limit)
     out.append(f'<line x1="{L}" x2="{width - R}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="#cf222e" '
                f'stroke-dasharray="4 3"/><text x="{width - R - 2}" y="{y1 - 3:.1f}" font-size="10" '
-               f'text-anchor="end" fill="#cf222e">tolerance (tol_ratio = 1)</text>')
-    for key, colour in (("max_abs", "#8250df"), ("tol_ratio", "#0969da")):
-        path = " ".join(f"{x(i):.1f},{y(max(floor, _num(d[key]) if math.isfinite(_num(d[key])) else 10 ** hi)):.1f}"
-                        for i, (_, d) in enumerate(pts))
-        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>')
-    for i, (_, d) in enumerate(pts):
-        v = _num(d["tol_ratio"])
-        tip = (f'{html.escape(d["name"])}: tol_ratio {fmt(v)}, max_abs {fmt(_num(d["max_abs"]))}, '
-               f'rel_l2 {fmt(_num(d["rel_l2"]))}{"" if d["passed"] else " (over tolerance)"}')
-        out.append(f'<circle cx="{x(i):.1f}" cy="{y(v if math.isfinite(v) else 10 ** hi):.1f}" '
-                   f'r="{2.5 if not d["passed"] else 1.8}" fill="{"#cf222e" if not d["passed"] else "#0969da"}">'
+               f'text-anchor="end" fill="#cf222e">{html.escape(limit_label)}</text>')
+    for label, colour, vs in series:
+        path = " ".join(f"{x(i):.1f},{y(max(floor, _num(v)) if ok(v) else 10 ** hi):.1f}"
+                        for i, v in enumerate(vs) if v is not None)
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"><title>'
+                   f'{html.escape(label)}</title></polyline>')
+    first = series[0][2]
+    for i, d in enumerate(layers):
+        v = first[i]
+        if v is None:
+            continue
+        tip = (f'{html.escape(d["name"])}: ' + ", ".join(f"{lab} {fmt(vs[i])}" for lab, _, vs in series)
+               + f', rel_l2 vs fp32 {fmt(_num(d["rel_l2"]))}{"" if d["passed"] else " (fails)"}')
+        out.append(f'<circle cx="{x(i):.1f}" cy="{y(_num(v) if ok(v) else 10 ** hi):.1f}" '
+                   f'r="{2.5 if not d["passed"] else 1.8}" fill="{"#cf222e" if not d["passed"] else series[0][1]}">'
                    f'<title>{tip}</title></circle>')
-    origin = next((i for i, (_, d) in enumerate(pts) if not d["passed"]), None)
+    origin_name = c["metrics"].get("drift_origin") or ""
+    origin_layer = origin_name.split(":", 1)[1] if origin_name.startswith("between:") else origin_name
+    origin = next((i for i, d in enumerate(layers) if d["name"] == origin_layer), None)
     if origin is not None:
+        where = c["metrics"].get("drift_origin_where") or origin_name
         out.append(f'<line x1="{x(origin):.1f}" x2="{x(origin):.1f}" y1="{T}" y2="{height - B}" stroke="#9a6700"/>'
                    f'<text x="{x(origin) + 3:.1f}" y="{T + 11}" font-size="10" fill="#9a6700">drift origin: '
-                   f'{html.escape(pts[origin][1]["name"])}</text>')
-    out.append(f'<text x="{L}" y="{height - 8}" font-size="10">layer 0</text>'
+                   f'{html.escape(where)}</text>')
+    legend = "  ".join(f'<tspan fill="{col}">{html.escape(lab)}</tspan>' for lab, col, _ in series)
+    out.append(f'<text x="{L}" y="{height - 8}" font-size="10">{html.escape(layers[0]["name"])}</text>'
                f'<text x="{width - R}" y="{height - 8}" font-size="10" text-anchor="end">'
-               f'{html.escape(pts[-1][1]["name"])}</text>'
+               f'{html.escape(layers[-1]["name"])}</text>'
                f'<text x="{(L + width) / 2:.0f}" y="{height - 8}" font-size="10" text-anchor="middle">'
-               f'<tspan fill="#0969da">tol_ratio</tspan>  <tspan fill="#8250df">max_abs</tspan> '
-               f'(execution order)</text></svg>')
+               f'{legend} (execution order)</text></svg>')
     return "".join(out)
 
 
@@ -221,24 +272,25 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
         if m.get("reason"):
             h.append(f"<p>{e(m['reason'])}</p>")
         if c["layers"]:
-            h.append(f"<p>{m.get('layers')} layers compared; {m.get('layers_failed')} over tolerance; drift origin "
-                     f"<code>{e(fmt(m.get('drift_origin')))}</code>; worst <code>{e(fmt(m.get('worst_layer')))}</code>."
+            mode = m.get("verdict_mode") or "tolerance"
+            h.append(f"<p>Verdict by <b>{e(mode)}</b>{' (' + e(m['verdict_mode_reason']) + ')' if m.get('verdict_mode_reason') else ''}: "
+                     f"{m.get('layers')} layers compared; {m.get('layers_failed')} failing; drift origin "
+                     f"<code>{e(fmt(m.get('drift_origin_where') or m.get('drift_origin')))}</code>"
+                     f"{' (cause: ' + e((m.get('drift_origin_cause') or {}).get('summary', '')) + ')' if m.get('drift_origin_cause') else ''}; "
+                     f"worst <code>{e(fmt(m.get('worst_layer')))}</code>."
                      f" <small>Per-layer values come from the instrumented graph (every layer an output); "
                      f"latency from the plain graph.</small></p>")
             if all(_num(d["max_abs"]) == 0.0 for d in c["layers"]):
                 h.append("<p class='exact'>Bit-identical: every layer matches the reference exactly.</p>")
             else:
-                h.append(svg_curve(c["layers"]))
-            bad = [d for d in c["layers"] if not d["passed"]]
-            if bad:
-                h.append("<table><tr><th>#</th><th>layer</th><th>module</th><th>max_abs</th><th>max_rel</th>"
-                         "<th>rel_l2</th><th>frac outside</th><th>tol_ratio</th><th>tolerance (config key)</th></tr>")
-                for d in bad:
-                    h.append(f"<tr><td>{d['order']}</td><td><code>{e(d['name'])}</code></td>"
-                             f"<td>{e(c['modules'].get(d['name'], ''))}</td><td>{fmt(d['max_abs'])}</td>"
-                             f"<td>{fmt(d['max_rel'])}</td><td>{fmt(d['rel_l2'])}</td><td>{fmt(d['frac_outside'])}</td>"
-                             f"<td>{fmt(d['tol_ratio'])}</td><td>atol={d['atol']:g} rtol={d['rtol']:g} "
-                             f"<code>{e(d['tol_source'])}</code></td></tr>")
+                h.append(svg_curve(c))
+            head, rows = failing_rows(c)
+            if rows:
+                h.append("<table class='failing'><tr>" + "".join(f"<th>{e(x)}</th>" for x in head) + "</tr>")
+                for r in rows:
+                    r = [e(x) for x in r]
+                    r[1] = f"<code>{r[1]}</code>"
+                    h.append("<tr>" + "".join(f"<td>{x}</td>" for x in r) + "</tr>")
                 h.append("</table>")
         h.append("</section>")
     for suite, cov in (coverage or {}).items():

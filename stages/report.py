@@ -28,12 +28,13 @@ def main(argv=None) -> int:
         d = art / "diff" / key
         metrics = read_json(d / "metrics.json") if (d / "metrics.json").exists() else {
             "verdict": "MISSING", "reason": f"{d}/metrics.json not found (run dvc repro)"}
-        layers = read_json(d / "layers.json")["layers"] if (d / "layers.json").exists() else []
+        lj_cell = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
+        layers, own = lj_cell.get("layers", []), lj_cell.get("own", [])
         tp = art / "timing" / f"{key}.json"
         lj = art / "models" / model / "layers.json"
         modules = {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {}
         cells.append({"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
-                      "layers": layers, "timing": read_json(tp) if tp.exists() else {}, "modules": modules})
+                      "layers": layers, "own": own, "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)), "timing": read_json(tp) if tp.exists() else {}, "modules": modules})
     base = {c["model"]: c["timing"].get("median_ms") for c in cells if (c["dtype"], c["provider"]) == BASELINE}
     for c in cells:
         b, t = base.get(c["model"]), c["timing"].get("median_ms")

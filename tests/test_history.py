@@ -14,6 +14,7 @@ def two_commits(tmp_path_factory):
     """Commit 1: fp16 at a loose tolerance (every cell passes). Commit 2: fp16 at zero tolerance
     (fp16 cannot match fp32 bit for bit: the fp16 cells regress)."""
     r = make_repo(tmp_path_factory.mktemp("history") / "repo", providers=("ort_cpu",))
+    r.edit("conf/config.yaml", "verdict: oracle", "verdict: tolerance")  # the verdict these tolerances decide
     r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0e-5, rtol: 1.0e-3}", "tol: {atol: 1.0, rtol: 1.0}")
     r.exp_run()
     r.commit("loose fp16")

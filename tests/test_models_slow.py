@@ -36,14 +36,30 @@ def test_resnet18_ort_cpu_fp32_every_leaf_call_compared_and_passing(resnet18_rep
     assert all(d["tol_source"] == "dtypes.fp32.tol" for d in layers)
 
 
-def test_resnet18_ort_cpu_fp16_names_the_layers_over_tolerance_and_drift_origin(resnet18_repo):
+def test_resnet18_ort_cpu_fp16_is_as_good_as_fp16_on_the_trusted_backend(resnet18_repo):
     m, layers = cell(resnet18_repo, "resnet18-fp16-ort_cpu")
+    assert m["verdict_mode"] == "oracle" and m["verdict"] == "PASS" and m["layers_failed"] == 0
+    assert all(d["oracle"]["excess"] <= 4 for d in layers) and not all(d["passed_tolerance"] for d in layers)
+
+
+def test_resnet18_ort_cpu_fp16_by_tolerance_names_the_layers_over_it_and_drift_origin(resnet18_repo, tmp_path):
+    out = tmp_path / "diff"
+    resnet18_repo.run(["python", "-m", "stages.diff", "--model", "resnet18", "--dtype", "fp16", "--provider", "ort_cpu",
+                       "--capture", "artifacts/capture/resnet18-fp16-ort_cpu", "--reference", "artifacts/reference/resnet18",
+                       "--params", str(tolerance_params(resnet18_repo, tmp_path)), "--out", str(out)])
+    m, layers = json.loads((out / "metrics.json").read_text()), json.loads((out / "layers.json").read_text())["layers"]
     failed = [d["name"] for d in layers if not d["passed"]]
     inner = [f for f in failed if f not in ("output", "plain:output")]
     assert m["verdict"] == "FAIL" and inner and m["layers_failed"] == len(inner)
-    assert m["drift_origin"] == failed[0]
-    md = (resnet18_repo.path / "artifacts/report/report.md").read_text()
-    assert f"drift starts at `{m['drift_origin']}`" in md
+    assert m["drift_origin"] == failed[0] and m["verdict_mode"] == "tolerance"
+
+
+def tolerance_params(repo, tmp_path):
+    p = yaml.safe_load((repo.path / "params.yaml").read_text())
+    p["diff"]["verdict"] = "tolerance"
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml.safe_dump(p))
+    return f
 
 
 ZOO = sorted(p.stem for p in (ROOT / "conf/models").glob("*.yaml"))

@@ -107,16 +107,23 @@ def test_opset_change_reruns_export_and_everything_downstream(repo):
     assert ops["opset"]["ai.onnx"] == 20
 
 
-def test_fp64_golden_run_reruns_reference_and_diffs_and_says_which_side_is_closer(repo):
-    repo.edit("conf/config.yaml", "fp64: false", "fp64: true")
-    ran = set(repo.exp_run()) - {"env"}
-    assert "reference@tiny_mlp" in ran and not ran & {"export@tiny_mlp", "inputs@tiny_mlp"}
-    assert not any(s.startswith("capture@") for s in ran)
+def test_oracle_verdict_by_default_and_tolerance_without_the_fp64_run(repo):
+    ran = set(repo.repro())
     art = repo.path / "artifacts"
     assert (art / "reference/tiny_mlp/fp64.parquet").exists()
+    assert {"baseline@tiny_mlp-fp32", "baseline@tiny_mlp-fp16"} <= ran
     m = json.loads((art / "diff/tiny_mlp-fp16-torch_cpu/metrics.json").read_text())
-    # the fp32 reference is closer to fp64 than an fp16 run is
-    assert m["fp64"]["closer"] == "reference" and m["fp64"]["rmse_actual"] > m["fp64"]["rmse_reference"]
+    # torch_cpu fp16 IS the trusted backend at fp16: exactly as far from fp64 as itself
+    assert m["verdict_mode"] == "oracle" and m["verdict"] == "PASS" and m["output"]["excess"] == 1.0
+    assert m["output"]["bits_lost"] is not None and m["worst_layer"] is None  # no layer worse than itself
+    # fp16 error is many fp32 ulps: the fp32 tolerance check alone would fail it; the oracle does not
+    assert m["worst_tol_ratio"] > 1
+    repo.edit("conf/config.yaml", "fp64: true", "fp64: false")
+    ran = set(repo.exp_run()) - {"env"}
+    assert "reference@tiny_mlp" in ran and not ran & {"export@tiny_mlp", "inputs@tiny_mlp"}
+    assert not any(s.startswith(("capture@", "baseline@")) for s in ran)
+    m = json.loads((art / "diff/tiny_mlp-fp16-torch_cpu/metrics.json").read_text())
+    assert m["verdict_mode"] == "tolerance" and "fp64" in m["verdict_mode_reason"]
 
 
 @pytest.mark.parametrize("override, must_say", [

@@ -97,18 +97,14 @@ def test_strict_fails_naming_the_cells_that_could_not_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_torch_compile_on_cpu_end_to_end_with_the_fp64_golden_run(tmp_path):
+def test_torch_compile_on_cpu_end_to_end_with_the_fp64_oracle(tmp_path):
     r = make_repo(tmp_path / "repo", dtypes=("fp32", "fp16"), providers=("torch_cpu", "torch_compile"))
-    r.edit("conf/config.yaml", "fp64: false", "fp64: true")
-    r.run(["parity", "compose"])
-    r.commit("compile")
     r.repro()
     for d in ("fp32", "fp16"):
         m = json.loads((r.path / f"artifacts/diff/tiny_mlp-{d}-torch_compile/metrics.json").read_text())
-        assert m["status"] == "OK" and m["layers"] == 3
-        assert m["fp64"]["closer"] in ("reference", "actual", "tie")
-    m = json.loads((r.path / "artifacts/diff/tiny_mlp-fp16-torch_compile/metrics.json").read_text())
-    assert m["fp64"]["closer"] == "reference"  # the fp32 eager reference beats compiled fp16
+        assert m["status"] == "OK" and m["layers"] == 3 and m["verdict_mode"] == "oracle"
+        # Inductor's fused kernels are as close to fp64 as eager at the same precision (within k)
+        assert m["verdict"] == "PASS" and 0 < m["output"]["excess"] <= 4, m
 
 
 ORT_OLD = "1.30.0"

@@ -161,6 +161,8 @@ def summarize(cd: CellDiff) -> dict:
         return s
     judged = [d for d in cd.layers if d.oracle]
     worst = max(judged, key=lambda d: (d.oracle["excess"], -d.order), default=None)
+    if worst is not None and worst.oracle["excess"] <= 1.0:
+        worst = None  # no layer is worse than the trusted backend: none is "worst"
     s["worst_layer"] = worst.name if worst else None
     s["worst_excess"] = worst.oracle["excess"] if worst else None
     s["worst_tol_ratio"] = max((d.tol_ratio for d in cd.layers), default=0.0)
@@ -169,6 +171,7 @@ def summarize(cd: CellDiff) -> dict:
         if failing:
             s["drift_origin"] = failing[0]["name"]
         worst_own = max(cd.own, key=lambda r: r["excess"])
-        s["worst_layer"], s["worst_excess"] = worst_own["name"], worst_own["excess"]
+        if worst_own["excess"] > 1.0:
+            s["worst_layer"], s["worst_excess"] = worst_own["name"], worst_own["excess"]
         s["own_failed"] = [r["name"] for r in failing]
     return s
