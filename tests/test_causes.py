@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from parity.analysis.causes import classify
+from parity.analysis.causes import classify, classify_samples
 
 
 @pytest.fixture
@@ -124,3 +124,11 @@ def test_shapes_that_no_permutation_explains():
 def test_unknown_dtype_names_the_choices():
     with pytest.raises(ValueError, match="fp16"):
         classify(np.ones(3), np.ones(3), "fp12")
+
+
+def test_samples_are_classified_together(conv):
+    """Two samples of one layer (as the diff stage holds them): concatenated on the batch axis."""
+    other = np.random.default_rng(6).normal(size=conv.shape).astype(np.float32)
+    pairs = [(0, conv.transpose(0, 1, 3, 2), conv), (1, other.transpose(0, 1, 3, 2), other)]
+    ev = check(classify_samples(pairs, "fp32"), "layout")
+    assert ev["perm"] == [0, 1, 3, 2] and ev["expected_shape"] == [2, 8, 14, 14]

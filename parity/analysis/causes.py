@@ -139,6 +139,18 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.einsum("i,i->", x, y))
 
 
+def classify_samples(pairs, dtype: str = "fp32", **kwargs) -> Cause:
+    """classify() over several samples of one layer: `pairs` of (actual, expected) arrays (or
+    (sample, actual, expected) as parity.compare.compare_layer takes them), concatenated on axis 0."""
+    pairs = [p[-2:] for p in pairs]
+    if not pairs:
+        raise ValueError("classify_samples: no samples")
+    if len(pairs) == 1 or min(np.ndim(a) for a, _ in pairs) == 0:
+        return classify(*pairs[0], dtype, **kwargs)
+    return classify(np.concatenate([np.asarray(a) for a, _ in pairs]),
+                    np.concatenate([np.asarray(b) for _, b in pairs]), dtype, **kwargs)
+
+
 def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
     d = (a - b).ravel()
     sd, sb = _dot(d, d), _dot(b.ravel(), b.ravel())
