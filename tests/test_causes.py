@@ -132,3 +132,8 @@ def test_samples_are_classified_together(conv):
     pairs = [(0, conv.transpose(0, 1, 3, 2), conv), (1, other.transpose(0, 1, 3, 2), other)]
     ev = check(classify_samples(pairs, "fp32"), "layout")
     assert ev["perm"] == [0, 1, 3, 2] and ev["expected_shape"] == [2, 8, 14, 14]
+
+
+def test_all_zero_reference_and_single_elements_are_not_fitted():
+    assert classify(np.ones((2, 3)), np.zeros((2, 3)), "fp32").evidence["problem"] == "reference all zero"
+    assert classify(np.float32(1.0), np.float64(1.1), "fp32").label == "unknown"  # s or c would fit exactly

@@ -20,7 +20,7 @@ wins:
              fp16 2^-11, bf16 2^-8, fp8_e4m3 2^-4, int8 2^-8 of the tensor's range, fp64 2^-53).
   scale      actual ~= s * expected (least squares s): residual rel_l2 after scaling <= rel_l2 / 10.
   offset     actual ~= expected + c (c = mean difference): residual rel_l2 <= rel_l2 / 10. When both
-             scale and offset fit, the smaller residual wins.
+             fit, the smaller residual wins. Both need 4 elements or more (one element fits anything).
   channel    the error sits in a few channels of axis 1 (NCHW, (B,C,T), (B,F)) or of the last axis
              (NHWC, (B,T,C)): >= 90% of the squared error in at most max(1, 10%) of the channels, and
              those channels' own rel_l2 >= 10x the median rel_l2 of the others (so a channel that merely
@@ -46,6 +46,7 @@ LABELS = ("overflow", "layout", "precision", "scale", "offset", "channel", "unkn
 LAYOUT_MAX_REL = 1e-3      # rel_l2 after the permutation (or the caller's limit, if larger)
 LAYOUT_GAIN = 100.0        # ... and this many times smaller than before
 FIT_GAIN = 10.0            # scale/offset: residual this many times smaller than the error
+FIT_MIN_SIZE = 4           # ... over at least this many elements (one element fits anything)
 CHANNEL_ENERGY = 0.9       # share of the squared error ...
 CHANNEL_SHARE = 0.1        # ... in at most this share of the channels (at least one)
 CHANNEL_CONTRAST = 10.0    # named channels' rel_l2 vs the others' median
@@ -127,8 +128,11 @@ def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: flo
                      {"rel_l2": rel, "limit": limit, "u": u, "dtype": name,
                       "bits_lost": bits if rel > 0 else None})
     d = a - b
+    if not math.isfinite(rel):  # an all-zero reference: no relative pattern to fit
+        return Cause("unknown", f"unknown: the reference is all zero, actual rms {math.sqrt(_dot(a.ravel(), a.ravel()) / a.size):.3g}",
+                     {"rel_l2": None, "max_abs": float(np.abs(d).max()), "problem": "reference all zero"})
     fits = _fits(a, b, d, rel)
-    return (_scale_or_offset(fits, rel)
+    return ((_scale_or_offset(fits, rel) if a.size >= FIT_MIN_SIZE else None)
             or _channel(a, b, d, rel, channel_axes)
             or _unknown(a, b, d, rel, fits))
 
@@ -259,7 +263,7 @@ def _scale_or_offset(f: dict, rel: float) -> Cause | None:
                      f"{f['scale_residual']:.3g} after scaling)",
                      {"s": f["scale"], "rel_l2": rel, "residual_rel_l2": f["scale_residual"]})
     if ok_c:
-        return Cause("offset", f"offset: actual ~= reference + {f['offset']:.4g} (rel_l2 {rel:.3g} -> "
+        return Cause("offset", f"offset: actual ~= reference {f['offset']:+.4g} (rel_l2 {rel:.3g} -> "
                      f"{f['offset_residual']:.3g} after subtracting it; reference rms {f['rms_expected']:.3g})",
                      {"c": f["offset"], "rel_l2": rel, "residual_rel_l2": f["offset_residual"],
                       "rms_expected": f["rms_expected"]})
