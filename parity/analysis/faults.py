@@ -14,6 +14,8 @@ Targets: a leaf call name as captured (`layer1.0.conv1`, `layer1.0.relu#1`, `fc`
 from the exporter's node metadata (`pkg.torch.onnx.name_scopes` holds `model.<leaf>`), walking back
 from the leaf's graph output; Identity (clone) outputs are followed to the value they copy, so a
 fault "after a leaf" changes every consumer of that value and every graph output naming it.
+Without that metadata (the legacy exporter) a leaf is only the node producing its output, so
+faults that replace a multi-node leaf (gelu_tanh on the Erf form) report that they cannot.
 Initializers are shared between nodes by the exporter (resnet18's BatchNorms all read
 `model.bn1.weight`); a fault never edits a shared initializer in place, it adds a modified copy.
 
