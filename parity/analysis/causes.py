@@ -124,7 +124,7 @@ def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: flo
     if rel <= limit:
         bits = math.log2(rel / u) if rel > 0 else -math.inf
         return Cause("precision", f"precision: rel_l2 {rel:.3g} <= limit {limit:.3g} ({name}, u={u:.3g}"
-                     f"{f', {bits:.1f} bits over u' if rel > 0 else ', bit-identical'})",
+                     f"{f', bits_lost {bits:.1f}' if rel > 0 else ', bit-identical'})",
                      {"rel_l2": rel, "limit": limit, "u": u, "dtype": name,
                       "bits_lost": bits if rel > 0 else None})
     d = a - b
