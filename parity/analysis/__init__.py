@@ -1,1 +1,3 @@
-"""Analysis of captured values: the fp64 oracle verdict, each layer's own error, causes, plans."""
+"""Analysis on top of captured values (pipeline layer): why a layer differs (`causes`, numpy only) and
+fault injection into exported ONNX graphs (`faults`, onnx only). Nothing is imported here, so a light
+stage importing `parity.analysis.causes` pays for numpy alone."""
