@@ -134,6 +134,23 @@ def test_every_leaf_and_between_value_is_at_fp32_noise(cases, key, runner):
     assert any(not np.array_equal(dict(own)[n], acc[n]) for n in calls)
 
 
+@pytest.mark.parametrize("runner", [TorchCpuRunner, OrtCpuRunner], ids=["torch_cpu", "ort_cpu"])
+def test_fp16_own_values_are_within_fp16_rounding(cases, runner):
+    """fp16 (torch cast; ORT's float16 conversion of the cut graph, fp32 I/O kept): each layer's own
+    error stays within a few fp16 unit roundoffs (2**-11) of fp64."""
+    case = cases["res"]
+    job = case.job()
+    job.dtype, job.dtype_cfg = "fp16", {"torch": "float16"}
+    r = runner(job)
+    r.activate()
+    try:
+        own = r.infer_own({"input": case.x}, case.ref)
+    finally:
+        r.deactivate()
+    errs = case.own_errors(own)
+    assert max(errs.values()) < 4 * 2.0 ** -11, errs
+
+
 def test_inplace_relu_input_is_recorded_before_it_is_overwritten(cases):
     ref = cases["res"].ref
     assert (ref["pre:relu"] < 0).any() and (ref["pre:relu#1"] < 0).any()
