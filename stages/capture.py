@@ -4,10 +4,11 @@ Writes, under --out: layers.parquet (every layer and the model output, per sampl
 cell did not run), status.json (status, reason; `own`: whether each layer's own error was measured)
 and, when the runner measures it from --reference (the fp64 reference, with leaf inputs `pre:<call>`),
 own.parquet: per sample `<leaf>` (the leaf run on the reference's input to it) and `between:<leaf>`
-(the ops between leaves run on the reference's leaf outputs). No own.parquet: own error not measured. Latency (median/p90 of the plain graph after
-warm-up) goes to --timing, apart from the values, because it is the one non-deterministic result:
-the diff stage does not read it, so timing noise never re-runs a diff. A failing cell is a result
-(status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE / UNSUPPORTED), not a failed stage.
+(the ops between leaves run on the reference's leaf outputs). No own.parquet: own error not measured.
+Latency (median/p90 of the plain graph after warm-up) goes to --timing, apart from the values,
+because it is the one non-deterministic result: the diff stage does not read it, so timing noise
+never re-runs a diff. A failing cell is a result (status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE /
+UNSUPPORTED), not a failed stage.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def main(argv=None) -> int:
     lat = latency_stats(res.latency_ms)
     extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
     print(f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
-          f"{n_layers} layers{extra}, {time.perf_counter() - t0:.1f}s")
+          f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
+          f"{time.perf_counter() - t0:.1f}s")
     return 0
 
 

@@ -9,8 +9,9 @@ and the per-layer ONNX export, so every side names layers identically.
 - Tuple outputs give `name`, `name:1`, ...; non-float outputs are skipped.
 - `inputs=True` also records each leaf call's first floating input (forward pre-hook, cloned before
   an in-place module overwrites it) as `pre:<call name>` (the fp64 reference: own error).
-- `feed_inputs` / `feed_outputs` ({call name: tensor}) replace a call's first floating input / its
-  output by a clone of the given tensor: the torch runners' own-error passes (parity.backends).
+- `feed_inputs` / `feed_outputs` ({call name: tensor}) replace a call's first floating input (and
+  any positional argument that is the same tensor) / its output by a clone of the given tensor: the
+  torch runners' own-error passes (parity.backends). Other inputs of a multi-input leaf are not fed.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ class LayerRecorder(nn.Module):
             if self.inputs:
                 self._buf.append((PRE + base, args[i].clone()))
             if self.feed_inputs is not None and base in self.feed_inputs:
-                return args[:i] + (self.feed_inputs[base].clone(),) + args[i + 1:]
+                # every positional argument that *is* that input (self-attention's q, k, v = x, x, x)
+                rep = self.feed_inputs[base].clone()
+                return tuple(rep if a is args[i] else a for a in args)
             return None
         return hook
 
