@@ -94,9 +94,26 @@ OUTPUT = "output"  # the model output's name (parity.models.layers uses the same
 PLAIN = "plain:"  # the shipped graph's outputs, captured beside the instrumented graph's
 
 
+PRE = "pre:"  # a leaf call's first floating input (fp64.parquet): `pre:fc2`, `pre:relu#1`
+BETWEEN = "between:"  # own.parquet: the value feeding a leaf, computed from reference leaf outputs
+
+
 def is_output(name: str) -> bool:
     name = name.removeprefix(PLAIN)
     return name == OUTPUT or name.startswith(OUTPUT + ":")
+
+
+def is_pre(name: str) -> bool:
+    return name.startswith(PRE)
+
+
+def own_reference_name(name: str) -> str:
+    """The fp64 reference tensor an own.parquet row is compared with: `<leaf>` -> `<leaf>`,
+    `between:<leaf>` -> `pre:<leaf>`, `between:output` (ops after the last leaf) -> `output`."""
+    if name.startswith(BETWEEN):
+        rest = name.removeprefix(BETWEEN)
+        return rest if is_output(rest) else PRE + rest
+    return name
 
 
 def reference_name(name: str) -> str:
@@ -106,7 +123,9 @@ def reference_name(name: str) -> str:
 
 def rows_from(sample: int, named: list[tuple[str, np.ndarray]]) -> list[Tensor]:
     """Runner results (model outputs first, then layers in execution order) -> rows ordered by
-    execution: layers 0..L-1, then the model outputs."""
-    layers = [(n, v) for n, v in named if not is_output(n)]
+    execution: layers 0..L-1, then the model outputs, then the recorded leaf inputs (`pre:`, in
+    execution order), so the layers' `order` is the same with and without recorded inputs."""
+    pres = [(n, v) for n, v in named if is_pre(n)]
+    layers = [(n, v) for n, v in named if not is_output(n) and not is_pre(n)]
     outs = [(n, v) for n, v in named if is_output(n)]
-    return [Tensor(sample, n, i, np.asarray(v)) for i, (n, v) in enumerate(layers + outs)]
+    return [Tensor(sample, n, i, np.asarray(v)) for i, (n, v) in enumerate(layers + outs + pres)]

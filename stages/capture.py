@@ -1,10 +1,14 @@
 """capture@model-dtype-provider: run the model on one provider at one dtype, per layer, to Parquet.
 
 Writes, under --out: layers.parquet (every layer and the model output, per sample; empty when the
-cell did not run) and status.json (status, reason). Latency (median/p90 of the plain graph after
-warm-up) goes to --timing, apart from the values, because it is the one non-deterministic result:
-the diff stage does not read it, so timing noise never re-runs a diff. A failing cell is a result
-(status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE / UNSUPPORTED), not a failed stage.
+cell did not run), status.json (status, reason; `own`: whether each layer's own error was measured)
+and, when the runner measures it from --reference (the fp64 reference, with leaf inputs `pre:<call>`),
+own.parquet: per sample `<leaf>` (the leaf run on the reference's input to it) and `between:<leaf>`
+(the ops between leaves run on the reference's leaf outputs). No own.parquet: own error not measured.
+Latency (median/p90 of the plain graph after warm-up) goes to --timing, apart from the values,
+because it is the one non-deterministic result: the diff stage does not read it, so timing noise
+never re-runs a diff. A failing cell is a result (status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE /
+UNSUPPORTED), not a failed stage.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--calibration", help="INT8 calibration samples (inputs stage), for int8_static")
     ap.add_argument("--engine-dir", help="engine stage output, for providers with `engine: true` (trt)")
+    ap.add_argument("--reference", help="the fp64 reference (reference stage's fp64.parquet): own error")
     ap.add_argument("--out", required=True)
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
@@ -36,7 +41,8 @@ def main(argv=None) -> int:
                      dtype_cfg=p["dtypes"][a.dtype], provider=a.provider, provider_cfg=pc,
                      model_dir=Path(a.model_dir), seed=p.get("seed", 0), threads=cap.get("threads", 0),
                      calibration=Path(a.calibration) if a.calibration else None,
-                     engine_dir=Path(a.engine_dir) if a.engine_dir else None)
+                     engine_dir=Path(a.engine_dir) if a.engine_dir else None,
+                     reference=Path(a.reference) if a.reference else None)
     key = config.cell_key(a.model, a.dtype, a.provider)
     t0 = time.perf_counter()
     try:
@@ -51,7 +57,8 @@ def main(argv=None) -> int:
                 {"cell": key, "status": res.status})
     n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
     status = {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
-              "status": res.status, "reason": res.reason, "layers": n_layers}
+              "status": res.status, "reason": res.reason, "layers": n_layers,
+              "own": write_own(out / "own.parquet", res, key)}
     if job.engine_dir is not None and (job.engine_dir / "build.json").exists():
         # which engine each number comes from, and what fusion removed in the engine under test
         from parity.io import read_json
@@ -65,8 +72,19 @@ def main(argv=None) -> int:
     lat = latency_stats(res.latency_ms)
     extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
     print(f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
-          f"{n_layers} layers{extra}, {time.perf_counter() - t0:.1f}s")
+          f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
+          f"{time.perf_counter() - t0:.1f}s")
     return 0
+
+
+def write_own(path: Path, res: CaptureResult, key: str) -> dict:
+    """own.parquet from the runner's own values (removed when there are none); the status entry."""
+    if res.status != "OK" or res.own is None:
+        path.unlink(missing_ok=True)
+        return {"measured": False, "reason": res.own_reason or res.reason or res.status}
+    rows = [store.Tensor(k, n, i, v) for k, named in enumerate(res.own) for i, (n, v) in enumerate(named)]
+    store.write(path, rows, {"cell": key, "kind": "own"})
+    return {"measured": True, "skipped": res.own_skipped}
 
 
 if __name__ == "__main__":

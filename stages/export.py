@@ -2,7 +2,9 @@
 plain graph and an op inventory.
 
 Writes, under --out: layers.onnx (per-layer graph), model.onnx (the same graph, model outputs only),
-layers.json (output names in execution order, module types), ops.json (op types and counts, opset).
+layers.json (output names in execution order, module types, `regions`: per leaf call the leaf calls
+whose outputs feed it and the op types between them, e.g. Softmax between qkv and out), ops.json
+(op types and counts, opset).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def main(argv=None) -> int:
 
     import onnx
 
-    from parity.export import export_layers, op_inventory, prune_outputs, strip_paths
+    from parity.export import export_layers, layer_regions, op_inventory, prune_outputs, strip_paths
     from parity.io import atomic_path, write_json
     from parity.models import build, example_inputs
     from parity.models.layers import module_types
@@ -63,6 +65,7 @@ def main(argv=None) -> int:
         "model": a.model, "exporter": exporter, "opset": opset, "outputs": outputs, "uncalled": uncalled,
         "layers": [{"name": n, "module": types.get(n.split("#")[0].split(":")[0], "")}
                    for n in names if n not in outputs],
+        "regions": layer_regions(full),
     }, sort_keys=False)
     inv = op_inventory(plain)
     write_json(out / "ops.json", inv)

@@ -1,5 +1,7 @@
 """reference@model: torch CPU fp32 outputs, whole model and per layer, to Parquet (fp32.parquet);
-with `reference.fp64: true` also an fp64 golden run (fp64.parquet)."""
+with `reference.fp64: true` also an fp64 golden run (fp64.parquet), which also holds each leaf call's
+first floating input as `pre:<call>` (what the capture stage feeds each layer to measure its own
+error; fp32.parquet has leaf outputs only, so the diff's layer names are unchanged)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 MIN_OUTPUT_ABS = 1e-3
 
 
-def run(p: dict, model_name: str, feeds: list, dtype: str):
+def run(p: dict, model_name: str, feeds: list, dtype: str, inputs: bool = False):
     import torch
 
     from parity import store
@@ -19,7 +21,7 @@ def run(p: dict, model_name: str, feeds: list, dtype: str):
 
     m = p["models"][model_name]
     tdt = getattr(torch, dtype)
-    rec = LayerRecorder(build(m["arch"], p.get("seed", 0)).to(tdt)).eval()
+    rec = LayerRecorder(build(m["arch"], p.get("seed", 0)).to(tdt), inputs=inputs).eval()
     rows = []
     with torch.no_grad():
         for k, f in enumerate(feeds):
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
     store.write(out / "fp32.parquet", rows, {"model": a.model, "dtype": "float32"})
     msg = f"reference@{a.model}: {len(rows)} tensors ({len(feeds)} samples) fp32"
     if p.get("reference", {}).get("fp64"):
-        store.write(out / "fp64.parquet", run(p, a.model, feeds, "float64"), {"model": a.model, "dtype": "float64"})
+        store.write(out / "fp64.parquet", run(p, a.model, feeds, "float64", inputs=True),
+                    {"model": a.model, "dtype": "float64"})
         msg += " + fp64 golden"
     print(msg + f" -> {out}")
     return 0

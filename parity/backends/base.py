@@ -11,6 +11,12 @@ failing cell is a result, not a crashed pipeline:
                a behaviour inconsistency, reported apart from numerical ones (those give verdict FAIL)
   INFER_FAIL   running it failed
 A subclass overrides only the hooks it needs.
+
+Own error (optional): with `CaptureJob.reference` (the fp64 reference, fp64.parquet, with the leaf
+inputs `pre:<call>`), run_capture also calls `infer_own` per sample: each leaf run on the reference's
+input to it (`<leaf>`), and the ops between leaves run on the reference's leaf outputs
+(`between:<leaf>`). A runner without it (`own_unsupported` says why) has no own values: the diff falls
+back to accumulated error. An own-error failure never fails the cell (CaptureResult.own_reason).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity import store
 from parity.store import PLAIN
 
 STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "COMPILE_FAIL", "INFER_FAIL")
@@ -53,6 +60,8 @@ class CaptureJob:
     calibration: Path | None = None
     # a prebuilt engine (engine stage output) for providers with `engine: true`
     engine_dir: Path | None = None
+    # the fp64 reference (reference stage's fp64.parquet): own error is measured when it is given
+    reference: Path | None = None
 
 
 @dataclass
@@ -64,6 +73,11 @@ class CaptureResult:
     samples: list[list[tuple[str, np.ndarray]]] = field(default_factory=list)
     latency_ms: list[float] = field(default_factory=list)
     warmup: int = 0
+    # per sample: (name, array) own values (`<leaf>`, `between:<leaf>`); None: not measured (own_reason)
+    own: list[list[tuple[str, np.ndarray]]] | None = None
+    own_reason: str = ""
+    # leaf calls whose input the runner could not feed from the reference (no own value for them)
+    own_skipped: list[str] = field(default_factory=list)
 
 
 class Runner:
@@ -89,6 +103,21 @@ class Runner:
         """The shipped model alone (no extra outputs): its outputs, as (name, value). Timed for
         latency, and compared too, since extra outputs can change what a backend fuses."""
         raise NotImplementedError
+
+    # why this runner measures no own error (None: it does, through infer_own)
+    own_unsupported: str | None = "this runner has no own-error hook"
+
+    def infer_own(self, feeds: dict[str, np.ndarray], ref: dict[str, np.ndarray]
+                  ) -> list[tuple[str, np.ndarray]] | None:
+        """Own values of one sample from `ref` (fp64 reference values by name, leaf outputs and
+        `pre:<call>` inputs): (`<leaf>`, value) per leaf run on the reference input, and
+        (`between:<leaf>`, value) per leaf input computed from the reference's leaf outputs, in
+        execution order. None: not measured."""
+        return None
+
+    def own_skipped(self) -> list[str]:
+        """Leaf calls infer_own could not feed from the reference (after a call to it)."""
+        return []
 
     def deactivate(self) -> None:
         """Release sessions/devices."""
@@ -152,10 +181,55 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
                 lat.append((time.perf_counter_ns() - t0) / 1e6)
         except Exception as e:
             return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e), samples)
-        return CaptureResult("OK", "", samples, lat, warmup)
+        res = CaptureResult("OK", "", samples, lat, warmup)
+        _own(runner, job, feeds, res)
+        return res
     finally:
         runner.deactivate()
         runner.is_active = False
+
+
+def interleave(own: list, between: dict) -> list:
+    """Own values in execution order: `between:<leaf>` before `<leaf>`; `between:output` last."""
+    res, between = [], dict(between)
+    for n, v in own:
+        if n in between:
+            res.append((store.BETWEEN + n, between.pop(n)))
+        res.append((n, v))
+    return res + [(store.BETWEEN + n, v) for n, v in between.items()]
+
+
+def reference_values(path: Path) -> list[dict[str, np.ndarray]]:
+    """fp64.parquet -> per sample {name: array} (leaf outputs and `pre:` inputs)."""
+    by: dict[int, dict[str, np.ndarray]] = {}
+    for t in store.read(path):
+        by.setdefault(t.sample, {})[t.name] = t.array
+    return [by[k] for k in sorted(by)]
+
+
+def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], res: CaptureResult) -> None:
+    """Fill res.own (or res.own_reason): the runner's own values per sample, when measurable."""
+    if job.reference is None or not Path(job.reference).exists():
+        res.own_reason = (f"no fp64 reference ({job.reference}): set reference.fp64: true"
+                          if job.reference is not None else "no reference given")
+        return
+    if runner.own_unsupported:
+        res.own_reason = runner.own_unsupported
+        return
+    refs = reference_values(Path(job.reference))
+    if len(refs) != len(feeds):
+        res.own_reason = f"{job.reference} has {len(refs)} samples, the inputs {len(feeds)}"
+        return
+    try:
+        own = [runner.infer_own(f, r) for f, r in zip(feeds, refs)]
+    except Exception as e:
+        res.own_reason = "own-error run failed: " + _reason(e)
+        return
+    if any(o is None for o in own):
+        res.own_reason = runner.own_unsupported or "not measured"
+        return
+    res.own = [[(n, np.asarray(v)) for n, v in o] for o in own]
+    res.own_skipped = runner.own_skipped()
 
 
 def latency_stats(ms: list[float]) -> dict:

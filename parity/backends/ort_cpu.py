@@ -7,11 +7,21 @@ Options (conf/providers/<p>.yaml `options:`), shared by every ORT provider:
   provider_options          the execution provider's options (e.g. device_id, trt_fp16_enable)
   fallback                  further execution providers, in order (default: none, so a node the EP
                             cannot take fails the session instead of silently running elsewhere)
+
+Own error (infer_own): one more session, on the cut graph of layers.onnx (parity.models.onnx_cut:
+each leaf fed from the reference's input to it, the ops between leaves from the reference's leaf
+outputs), converted like layers.onnx (fp16: same conversion, fp32 I/O), built at the first sample.
 """
 
 from __future__ import annotations
 
-from parity.backends.base import Runner, Unavailable
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from parity import store
+from parity.backends.base import Runner, Unavailable, interleave
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -84,8 +94,48 @@ class OrtRunner(Runner):
     def infer_plain(self, feeds):
         return list(zip(self.plain_names, self.plain.run(None, feeds)))
 
+    @property
+    def own_unsupported(self) -> str | None:
+        if str(self.job.dtype_cfg.get("mode", "")).startswith("int8"):
+            return "int8: own error not measured (the quantized graph is not fed from the reference)"
+        return None
+
+    def _own_session(self, ref: dict) -> None:
+        import onnx
+
+        from parity.models import onnx_cut
+
+        m = onnx.load(str(self.job.model_dir / "layers.onnx"))
+        pre = {n.removeprefix(store.PRE): np.shape(v) for n, v in ref.items() if store.is_pre(n)}
+        lv = onnx_cut.analyse(m, pre)
+        for c in [c for c in lv.inputs if c not in pre]:
+            del lv.inputs[c]
+            lv.skipped[c] = "the reference has no pre:<call> input for it"
+        self.own_cut = lv
+        with tempfile.TemporaryDirectory(prefix="parity-own-") as d:
+            path = Path(d) / "own.onnx"
+            onnx.save(onnx_cut.cut(m, lv), str(path))
+            self.own = self._session(path)
+
+    def infer_own(self, feeds, ref):
+        if getattr(self, "own", None) is None:
+            self._own_session(ref)
+        feed = dict(feeds)
+        for i in self.own.get_inputs():
+            if i.name not in feed:
+                ref_name = i.name.removeprefix("ref:")  # pre:<call> keeps its name
+                feed[i.name] = np.asarray(ref[ref_name], dtype=np.float32)
+        names = [o.name for o in self.own.get_outputs()]
+        got = dict(zip(names, self.own.run(None, feed)))
+        between = {n.removeprefix(store.BETWEEN): v for n, v in got.items() if n.startswith(store.BETWEEN)}
+        return interleave([(n, got[n]) for n in self.own_cut.calls], between)
+
+    def own_skipped(self) -> list[str]:
+        cut = getattr(self, "own_cut", None)
+        return [f"{c}: {why}" for c, why in cut.skipped.items()] if cut is not None else []
+
     def deactivate(self) -> None:
-        self.layers = self.plain = None
+        self.layers = self.plain = self.own = None
 
 
 class OrtCpuRunner(OrtRunner):

@@ -2,7 +2,14 @@
   cast      the model and floating inputs are cast with `.to(dtypes.<d>.torch)` (fp32, fp16, bf16)
   tf32      fp32 with TensorFloat-32 matmul/conv allowed (CUDA only; `fp32` keeps TF32 off)
   autocast  the model stays fp32 and runs under torch.autocast(dtype=dtypes.<d>.torch) (AMP)
-Captured values are upcast to float32 (exact) for storage."""
+Captured values are upcast to float32 (exact) for storage.
+
+Own error (infer_own): two eager passes of the LayerRecorder at the cell's dtype and mode (autocast
+context included). Pass A feeds each leaf call's first floating input from the reference (`pre:<call>`,
+cast to the cell's dtype, cloned so in-place modules cannot overwrite it) and records the leaf outputs
+(`<leaf>`: what this backend makes of the exact input). Pass B replaces each leaf call's output by the
+reference's and records each leaf's input (`between:<leaf>`: what the ops between leaves make of exact
+leaf outputs; `between:output` for ops after the last leaf). Both reuse LayerRecorder's call naming."""
 
 from __future__ import annotations
 
@@ -10,7 +17,8 @@ import contextlib
 
 import numpy as np
 
-from parity.backends.base import Runner
+from parity import store
+from parity.backends.base import Runner, interleave
 
 TORCH_MODES = ("cast", "tf32", "autocast")
 
@@ -104,6 +112,38 @@ class TorchRunner(Runner):
         with self.torch.no_grad(), self._ctx():
             out = self._plain(feeds)
         return [(n, self._np(v)) for n, v in zip(output_names(out), flatten(out))]
+
+    own_unsupported = None
+
+    def _ref(self, ref: dict, prefix: str) -> dict:
+        """Reference values whose names start with `prefix` (or, for "", every leaf output), by call
+        name, as tensors at the model's dtype on its device."""
+        t = self.torch
+        out = {}
+        for n, v in ref.items():
+            if (n.startswith(prefix) if prefix else not (store.is_pre(n) or store.is_output(n))):
+                out[n.removeprefix(prefix)] = t.from_numpy(np.array(v)).to(self.dev, self.dtype)
+        return out
+
+    def infer_own(self, feeds, ref):
+        rec = self.rec
+        rec.enable_pre_hooks()
+        rec.recording = True
+        xs = self._tensors(feeds)
+        try:
+            with self.torch.no_grad(), self._ctx():
+                rec.feed_inputs = self._ref(ref, store.PRE)  # pass A: leaves on reference inputs
+                outs = rec(*xs)
+                own = [(n, self._np(v)) for n, v in zip(rec.names, outs) if not store.is_output(n)]
+                rec.feed_inputs, rec.inputs = None, True
+                rec.feed_outputs = self._ref(ref, "")  # pass B: between-leaf ops on reference outputs
+                outs = rec(*xs)
+        finally:
+            rec.feed_inputs = rec.feed_outputs = None
+            rec.inputs = False
+        between = {n.removeprefix(store.PRE): self._np(v) for n, v in zip(rec.names, outs) if store.is_pre(n)}
+        between.update((n, self._np(v)) for n, v in zip(rec.names, outs) if store.is_output(n))
+        return interleave(own, between)
 
     def deactivate(self) -> None:
         self.rec = None

@@ -1,0 +1,271 @@
+"""Each layer's own error: every leaf run on the fp64 reference's input to it (torch: pre-hooks; ONNX: one
+cut graph fed from the reference), and the ops between leaves run on the reference's leaf outputs.
+
+The point: a fault is charged to the layer (or the between-leaf ops) that introduces it, not to every
+layer downstream of it, which accumulated error blames too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+
+from parity import store
+from parity.backends.base import CaptureJob
+from parity.backends.ort_cpu import OrtCpuRunner
+from parity.backends.torch_compile import TorchCompileRunner
+from parity.backends.torch_cpu import TorchCpuRunner
+from parity.export import export_layers, layer_regions, prune_outputs, strip_paths
+from parity.models import build, onnx_cut
+from parity.models.layers import LayerRecorder
+from conftest import make_repo
+
+NOISE = 1e-5  # fp32 own error vs fp64: measured 1e-7 .. 7e-7 on these models and resnet18
+
+
+class TinyRes(nn.Module):
+    """conv -> bn -> relu -> conv -> bn, + residual, relu (the same ReLU module twice: relu#1), pool, fc."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+        for bn in (self.bn1, self.bn2):  # non-trivial running stats (seeded by build)
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(x)) + x)
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
+MODELS = {
+    "mlp": ({"source": "parity", "name": "mlp", "kwargs": {"in_features": 16, "hidden": 32, "out_features": 8}},
+            (4, 16)),
+    "block": ({"source": "parity", "name": "transformer_block", "kwargs": {"d_model": 32, "n_heads": 4, "d_ff": 64}},
+              (2, 8, 32)),
+    "res": ({"source": "import", "name": "test_own:TinyRes"}, (1, 3, 12, 12)),
+}
+
+
+def rel_l2(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+class Case:
+    """One model: its input, fp64 reference (leaf outputs + pre: inputs) and exported graphs."""
+
+    def __init__(self, key: str, tmp: Path):
+        self.arch, shape = MODELS[key]
+        self.x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        rec = LayerRecorder(build(self.arch, 0).double(), inputs=True)
+        with torch.no_grad():
+            outs = rec(torch.from_numpy(self.x).double())
+        self.ref = {n: v.numpy() for n, v in zip(rec.names, outs)}
+        self.dir = tmp / key
+        self.dir.mkdir()
+        export_layers(build(self.arch, 0), (torch.from_numpy(self.x),), ["input"], self.dir / "layers.onnx",
+                      "dynamo", 18)
+        full = strip_paths(onnx.load(str(self.dir / "layers.onnx")))
+        onnx.save(full, str(self.dir / "layers.onnx"))
+        onnx.save(prune_outputs(full, [o.name for o in full.graph.output if store.is_output(o.name)]),
+                  str(self.dir / "model.onnx"))
+
+    def graph(self) -> onnx.ModelProto:
+        return onnx.load(str(self.dir / "layers.onnx"))
+
+    def job(self, provider: str = "ort_cpu", model_dir: Path | None = None) -> CaptureJob:
+        return CaptureJob(model="m", model_cfg={"arch": self.arch, "input": [{"name": "input"}]}, dtype="fp32",
+                          dtype_cfg={"torch": "float32"}, provider=provider, provider_cfg={},
+                          model_dir=model_dir or self.dir)
+
+    def run(self, cls, model_dir: Path | None = None):
+        """(accumulated per-layer values, own values) of one runner on this case."""
+        r = cls(self.job(model_dir=model_dir))
+        r.activate()
+        try:
+            return dict(r.infer({"input": self.x})), r.infer_own({"input": self.x}, self.ref), r.own_skipped()
+        finally:
+            r.deactivate()
+
+    def own_errors(self, own) -> dict[str, float]:
+        return {n: rel_l2(v, self.ref[store.own_reference_name(n)]) for n, v in own}
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("own")
+    return {k: Case(k, tmp) for k in MODELS}
+
+
+def leaf_calls(case) -> list[str]:
+    return [n for n in case.ref if not store.is_output(n) and not store.is_pre(n)]
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+@pytest.mark.parametrize("runner", [TorchCpuRunner, OrtCpuRunner], ids=["torch_cpu", "ort_cpu"])
+def test_every_leaf_and_between_value_is_at_fp32_noise(cases, key, runner):
+    case = cases[key]
+    acc, own, skipped = case.run(runner)
+    assert skipped == []
+    names = [n for n, _ in own]
+    calls = leaf_calls(case)
+    # one own value per leaf call and one between-leaf value per leaf input, named as LayerRecorder names them
+    assert [n for n in names if not n.startswith(store.BETWEEN)] == calls
+    assert {n.removeprefix(store.BETWEEN) for n in names if n.startswith(store.BETWEEN)} == \
+        {n.removeprefix(store.PRE) for n in case.ref if store.is_pre(n)} | {"output"}
+    errs = case.own_errors(own)
+    assert max(errs.values()) < NOISE, {n: e for n, e in errs.items() if e >= NOISE}
+    # the own values are the leaves' outputs computed from the reference input: not the accumulated ones
+    assert any(not np.array_equal(dict(own)[n], acc[n]) for n in calls)
+
+
+@pytest.mark.parametrize("runner", [TorchCpuRunner, OrtCpuRunner], ids=["torch_cpu", "ort_cpu"])
+def test_fp16_own_values_are_within_fp16_rounding(cases, runner):
+    """fp16 (torch cast; ORT's float16 conversion of the cut graph, fp32 I/O kept): each layer's own
+    error stays within a few fp16 unit roundoffs (2**-11) of fp64."""
+    case = cases["res"]
+    job = case.job()
+    job.dtype, job.dtype_cfg = "fp16", {"torch": "float16"}
+    r = runner(job)
+    r.activate()
+    try:
+        own = r.infer_own({"input": case.x}, case.ref)
+    finally:
+        r.deactivate()
+    errs = case.own_errors(own)
+    assert max(errs.values()) < 4 * 2.0 ** -11, errs
+
+
+def test_inplace_relu_input_is_recorded_before_it_is_overwritten(cases):
+    ref = cases["res"].ref
+    assert (ref["pre:relu"] < 0).any() and (ref["pre:relu#1"] < 0).any()
+    np.testing.assert_array_equal(ref["pre:relu"], ref["bn1"])
+    # rows: layers in execution order first (the same order as without inputs), then outputs, then pre:
+    rows = store.rows_from(0, list(ref.items()))
+    kinds = [("pre" if store.is_pre(t.name) else "out" if store.is_output(t.name) else "layer") for t in rows]
+    assert kinds == sorted(kinds, key=["layer", "out", "pre"].index)
+    assert [t.name for t in rows if kinds[t.order] == "layer"] == leaf_calls(cases["res"])
+
+
+def faulty(case, tmp: Path, edit) -> Path:
+    """A model dir with layers.onnx edited by `edit(graph)` (model.onnx copied as is)."""
+    d = tmp / "faulty"
+    d.mkdir(exist_ok=True)
+    m = case.graph()
+    edit(m.graph)
+    onnx.save(m, str(d / "layers.onnx"))
+    shutil.copy(case.dir / "model.onnx", d / "model.onnx")
+    return d
+
+
+def scale_initializer(name: str, s: float):
+    def edit(g):
+        t = next(t for t in g.initializer if t.name == name)
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * np.float32(s), name))
+    return edit
+
+
+@pytest.mark.parametrize("key, weight, first", [("mlp", "model.fc1.weight", "fc1"),
+                                                 ("res", "model.conv1.weight", "conv1")])
+def test_fault_is_charged_to_the_layer_that_introduces_it(cases, tmp_path, key, weight, first):
+    case = cases[key]
+    acc, own, _ = case.run(OrtCpuRunner, faulty(case, tmp_path, scale_initializer(weight, 1.05)))
+    errs = case.own_errors(own)
+    assert errs[first] > 1e-2
+    rest = {n: e for n, e in errs.items() if n != first}
+    assert max(rest.values()) < NOISE, {n: e for n, e in rest.items() if e >= NOISE}
+    # accumulated error blames every layer downstream too
+    last = leaf_calls(case)[-1]
+    assert rel_l2(acc[last], case.ref[last]) > 1e-3
+
+
+def between_node(case, op: str) -> str:
+    lv = onnx_cut.analyse(case.graph())
+    leaf_nodes = {i for s in lv.nodes.values() for i in s}
+    hits = [n.name for i, n in enumerate(case.graph().graph.node) if n.op_type == op and i not in leaf_nodes]
+    assert len(hits) == 1, hits
+    return hits[0]
+
+
+def test_fault_in_a_residual_add_shows_in_the_next_leafs_between_value_only(cases, tmp_path):
+    case = cases["res"]
+    add = between_node(case, "Add")
+
+    def to_sub(g):
+        next(n for n in g.node if n.name == add).op_type = "Sub"
+    _, own, _ = case.run(OrtCpuRunner, faulty(case, tmp_path, to_sub))
+    errs = case.own_errors(own)
+    assert errs["between:relu#1"] > 1e-2
+    rest = {n: e for n, e in errs.items() if n != "between:relu#1"}
+    assert max(rest.values()) < NOISE, {n: e for n, e in rest.items() if e >= NOISE}
+
+
+def test_softmax_axis_fault_shows_between_qkv_and_out(cases, tmp_path):
+    case = cases["block"]
+    sm = between_node(case, "Softmax")
+
+    def axis(g):
+        node = next(n for n in g.node if n.name == sm)
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("axis", 1))
+    _, own, _ = case.run(OrtCpuRunner, faulty(case, tmp_path, axis))
+    errs = case.own_errors(own)
+    assert errs["between:out"] > 1e-2
+    rest = {n: e for n, e in errs.items() if n != "between:out"}
+    assert max(rest.values()) < NOISE, {n: e for n, e in rest.items() if e >= NOISE}
+
+
+def test_regions_name_the_ops_between_leaves(cases):
+    block = layer_regions(cases["block"].graph())
+    assert block["out"]["after"] == ["qkv"] and "Softmax" in block["out"]["ops"]
+    assert block["ln2"] == {"after": ["out"], "ops": ["Add"]}  # the residual add
+    assert block["fc1"] == {"after": ["ln2"], "ops": []}
+    res = layer_regions(cases["res"].graph())
+    assert res["relu#1"] == {"after": ["relu", "bn2"], "ops": ["Add"]}
+    assert all(not r["ops"] for r in layer_regions(cases["mlp"].graph()).values())
+
+
+def test_compiled_and_int8_runners_say_own_error_is_not_measured(cases):
+    case = cases["mlp"]
+    assert "torch.compile" in TorchCompileRunner(case.job("torch_compile")).own_unsupported
+    job = case.job()
+    job.dtype, job.dtype_cfg = "int8", {"torch": "float32", "mode": "int8_static"}
+    assert "int8" in OrtCpuRunner(job).own_unsupported
+    assert OrtCpuRunner(case.job()).own_unsupported is None
+
+
+def test_pipeline_writes_own_values_for_each_cell_from_the_fp64_reference(tmp_path):
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"))
+    repo.edit("conf/config.yaml", "fp64: false", "fp64: true")
+    repo.exp_run()
+    art = repo.path / "artifacts"
+    ref = store.read_dict(art / "reference/tiny_mlp/fp64.parquet")
+    assert (0, "pre:fc2") in ref
+    assert not any(store.is_pre(t.name) for t in store.read(art / "reference/tiny_mlp/fp32.parquet"))
+    layers = json.loads((art / "models/tiny_mlp/layers.json").read_text())
+    assert layers["regions"]["fc2"] == {"after": ["act"], "ops": []}
+    for provider in ("torch_cpu", "ort_cpu"):
+        cap = art / f"capture/tiny_mlp-fp32-{provider}"
+        status = json.loads((cap / "status.json").read_text())
+        assert status["own"] == {"measured": True, "skipped": []}
+        assert status["layers"] == 3  # pre: and own values never count as layers
+        own = store.read_dict(cap / "own.parquet")
+        assert {n for (k, n) in own if k == 0} == {"fc1", "act", "fc2", "between:fc1", "between:act",
+                                                   "between:fc2", "between:output"}
+        for (k, n), t in own.items():
+            assert rel_l2(t.array, ref[(k, store.own_reference_name(n))].array) < NOISE, (provider, n)
