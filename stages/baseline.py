@@ -3,7 +3,8 @@ every cell: per-layer values to Parquet. The fp64 oracle (parity.analysis.oracle
 cell's error against fp64 relative to this baseline's error at the same precision, so one baseline
 serves every provider of that model and dtype.
 
-Writes, under --out: layers.parquet and status.json (status OK, or UNSUPPORTED for precision modes
+Writes, under --out: layers.parquet, own.parquet (each layer's own values, with --reference) and
+status.json (status OK, or UNSUPPORTED for precision modes
 torch CPU eager does not reproduce: int8, fp8, tf32; those cells are judged by tolerance).
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from parity import config, store
 from parity.analysis.oracle import has_baseline
-from parity.backends.base import CaptureJob, run_capture
+from parity.backends.base import CaptureJob, run_capture, write_own
 from parity.io import write_json
 
 PROVIDER = "torch_cpu"  # the trusted backend
@@ -27,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", required=True)
     ap.add_argument("--model-dir", required=True, help="export stage output (unused by torch; kept for the job)")
     ap.add_argument("--inputs", required=True)
+    ap.add_argument("--reference", help="fp64.parquet of the reference stage: each layer's own error")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
@@ -45,13 +47,16 @@ def main(argv=None) -> int:
         job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype, dtype_cfg=dc,
                          provider=PROVIDER, provider_cfg={"runner": RUNNER, "dtypes": [a.dtype], "options": {}},
                          model_dir=Path(a.model_dir), seed=p.get("seed", 0),
-                         threads=p.get("capture", {}).get("threads", 0))
+                         threads=p.get("capture", {}).get("threads", 0),
+                         reference=Path(a.reference) if a.reference else None)
         res = run_capture(TorchCpuRunner, job, load(a.inputs), 0, 0)
         res_status, reason = res.status, res.reason
         rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
                 if not t.name.startswith(store.PLAIN)]
     store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
-    write_json(out / "status.json", {"baseline": key, "provider": PROVIDER, "status": res_status, "reason": reason})
+    own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
+    write_json(out / "status.json", {"baseline": key, "provider": PROVIDER, "status": res_status, "reason": reason,
+                                     "own": own})
     print(f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {len(rows)} tensors, "
           f"{time.perf_counter() - t0:.1f}s")
     return 0

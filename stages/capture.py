@@ -18,7 +18,7 @@ from pathlib import Path
 
 from parity import config, store
 from parity.backends import CaptureJob, load_runner, run_capture
-from parity.backends.base import CaptureResult, latency_stats
+from parity.backends.base import CaptureResult, latency_stats, write_own
 from parity.io import write_json
 
 
@@ -75,16 +75,6 @@ def main(argv=None) -> int:
           f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
           f"{time.perf_counter() - t0:.1f}s")
     return 0
-
-
-def write_own(path: Path, res: CaptureResult, key: str) -> dict:
-    """own.parquet from the runner's own values (removed when there are none); the status entry."""
-    if res.status != "OK" or res.own is None:
-        path.unlink(missing_ok=True)
-        return {"measured": False, "reason": res.own_reason or res.reason or res.status}
-    rows = [store.Tensor(k, n, i, v) for k, named in enumerate(res.own) for i, (n, v) in enumerate(named)]
-    store.write(path, rows, {"cell": key, "kind": "own"})
-    return {"measured": True, "skipped": res.own_skipped}
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict) -> dict:
     origin = summary.get("drift_origin")
     if origin:
         m["drift_origin_where"] = where(origin, layers_json)
+        cause = summary.get("drift_origin_cause") or {}
+        m["drift_origin_cause"] = {"label": cause.get("label"), "summary": cause.get("summary")}
     return m
 
 
@@ -98,6 +100,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     write_json(out / "metrics.json", metrics)
     write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
+                                     "drift_origin_cause": cd.summary.get("drift_origin_cause"),
                                      "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
     write_text(out / "layers.csv", plot_csv(cd))
     print(f"diff@{key}: {summary_line(metrics, cd)}")
@@ -110,8 +113,9 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
     worst = (f"worst={m['worst_layer']} (excess {m['worst_excess']:.3g})" if cd.mode == "oracle" and m.get("worst_excess")
              is not None else f"worst={m['worst_layer']} (tol_ratio {m['worst_tol_ratio']:.3g})")
     origin = m.get("drift_origin_where") or m.get("drift_origin")
+    cause = (m.get("drift_origin_cause") or {}).get("summary")
     return (f"{m['verdict']} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
-            f"drift_origin={origin}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
+            f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
             + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else ""))
 
 

@@ -26,8 +26,7 @@ from parity.analysis import oracle
 from parity.io import read_json
 
 OWN = "own.parquet"
-BETWEEN = "between:"  # own value of the ops between leaves feeding <leaf> (compared with fp64 pre:<leaf>)
-PRE = "pre:"          # fp64 input of a leaf call
+BETWEEN = store.BETWEEN  # own value of the ops between leaves feeding <leaf> (compared with fp64 pre:<leaf>)
 
 
 @dataclass
@@ -68,8 +67,8 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
         return cd
     ref = store.read_dict(reference_dir / "fp32.parquet")
     act = store.read_dict(capture_dir / "layers.parquet")
-    names = _names(ref, act)
-    cd.layers = _tolerance_layers(p, model, dtype, names, act, ref)
+    cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
+    gold = own = None
     if mode == "oracle":
         gold = store.read_dict(reference_dir / "fp64.parquet")
         base = store.read_dict(baseline_dir / "layers.parquet")
@@ -79,9 +78,11 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
             d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, k, ref_sq)
             d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
         if (capture_dir / OWN).exists() and (baseline_dir / OWN).exists():
-            cd.own = own_records(store.read_dict(capture_dir / OWN), store.read_dict(baseline_dir / OWN),
-                                 gold, [d.name for d in cd.layers], u, k, ref_sq)
+            own = store.read_dict(capture_dir / OWN)
+            cd.own = own_records(own, store.read_dict(baseline_dir / OWN), gold, u, k, ref_sq)
     cd.summary = summarize(cd)
+    if cd.summary.get("drift_origin"):
+        cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
     return cd
 
 
@@ -123,7 +124,7 @@ def _sq(values: dict, name: str, gold: dict, gold_name: str, ref_sq: dict) -> or
             return None
         if (s, gold_name) not in ref_sq:
             flat = g.array.astype("float64", copy=False).ravel()
-            ref_sq[s, gold_name] = float(np.dot(flat, flat))
+            ref_sq[s, gold_name] = oracle.dot(flat, flat)
         sq.add(t.array, g.array, ref_sq[s, gold_name])
     return sq if sq.n else None
 
@@ -137,20 +138,55 @@ def _judge(name: str, gold_name: str, act: dict, base: dict, gold: dict, u: floa
     return oracle.judge(err, floor, u, k)
 
 
-def own_records(own: dict, base_own: dict, gold: dict, layer_names: list[str], u: float, k: float,
-                ref_sq: dict) -> list[dict]:
-    """Own error of every leaf call (and of the ops between leaves feeding it), in execution order."""
+def own_records(own: dict, base_own: dict, gold: dict, u: float, k: float, ref_sq: dict) -> list[dict]:
+    """Own error of every leaf call (`<leaf>`) and of the ops between leaves feeding it
+    (`between:<leaf>`), in execution order (own.parquet's order), each judged like a layer."""
     recs = []
-    for name in layer_names:
-        if store.is_output(name):
+    names = [n for (s, n), _ in sorted(own.items(), key=lambda kv: (kv[0][0], kv[1].order)) if s == 0]
+    for name in names:
+        gold_name = store.own_reference_name(name)
+        err = _sq(own, name, gold, gold_name, ref_sq)
+        if err is None:
             continue
-        for kind, own_name, gold_name in (("between", BETWEEN + name, PRE + name), ("leaf", name, name)):
-            err = _sq(own, own_name, gold, gold_name, ref_sq)
-            if err is None:
-                continue
-            floor = _sq(base_own, own_name, gold, gold_name, ref_sq)
-            recs.append({"name": own_name, "layer": name, "kind": kind, **oracle.judge(err, floor, u, k)})
+        floor = _sq(base_own, name, gold, gold_name, ref_sq)
+        kind = "between" if name.startswith(BETWEEN) else "leaf"
+        layer = name[len(BETWEEN):] if kind == "between" else name
+        recs.append({"name": name, "layer": layer, "kind": kind, **oracle.judge(err, floor, u, k)})
     return recs
+
+
+def cause_dtype(dtype_cfg: dict) -> str:
+    """The number format parity.analysis.causes reasons about for a conf dtype."""
+    mode = dtype_cfg.get("mode", "cast")
+    return {"int8_dynamic": "int8", "int8_static": "int8", "fp8": "fp8_e4m3", "tf32": "tf32"}.get(
+        mode, dtype_cfg.get("torch", "float32"))
+
+
+def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: dict | None,
+                 own: dict | None) -> dict | None:
+    """Why the drift origin differs (parity.analysis.causes): its own values against fp64 when the
+    origin is an own-error record, else its captured values against fp64 (oracle) or fp32 (tolerance).
+    The precision limit is the oracle's: k times the trusted backend's error, as a rel_l2."""
+    from parity.analysis import causes
+
+    name = cd.summary["drift_origin"]
+    rec = next((r for r in cd.own if r["name"] == name), None)
+    if rec is not None and own is not None and gold is not None:
+        values, expected, exp_name = own, gold, store.own_reference_name(name)
+    elif gold is not None and cd.mode == "oracle":
+        values, expected, exp_name = act, gold, store.reference_name(name)
+        rec = next((d.oracle for d in cd.layers if d.name == name and d.oracle), None)
+    else:
+        values, expected, exp_name, rec = act, ref, store.reference_name(name), None
+    pairs = [(values[s, name].array, expected[s, exp_name].array) for s in range(len(expected))
+             if (s, name) in values and (s, exp_name) in expected]
+    if not pairs:
+        return None
+    limit = None
+    if rec and rec.get("ref_rms"):
+        k = _k(p, dtype)
+        limit = k * max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"]) / rec["ref_rms"]
+    return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit).as_dict()
 
 
 def summarize(cd: CellDiff) -> dict:
@@ -168,8 +204,9 @@ def summarize(cd: CellDiff) -> dict:
     s["worst_tol_ratio"] = max((d.tol_ratio for d in cd.layers), default=0.0)
     if cd.own:
         failing = [r for r in cd.own if not r["passed"]]
-        if failing:
+        if failing:  # a layer that introduces more error than the trusted backend fails the cell
             s["drift_origin"] = failing[0]["name"]
+            s["passed"] = False
         worst_own = max(cd.own, key=lambda r: r["excess"])
         if worst_own["excess"] > 1.0:
             s["worst_layer"], s["worst_excess"] = worst_own["name"], worst_own["excess"]

@@ -58,8 +58,8 @@ class Sq:
         if not fin.all():
             self.nonfinite += int((~fin & np.isfinite(g)).sum())
             d = np.where(fin, d, 0.0)
-        self.err += float(np.dot(d, d))
-        self.ref += float(np.dot(g, g)) if ref_sq is None else ref_sq
+        self.err += dot(d, d)
+        self.ref += dot(g, g) if ref_sq is None else ref_sq
         self.n += g.size
         return self
 
@@ -70,6 +70,12 @@ class Sq:
     @property
     def rms_ref(self) -> float:
         return math.sqrt(self.ref / self.n) if self.n else 0.0
+
+
+def dot(x: np.ndarray, y: np.ndarray) -> float:
+    """<x, y> of 1-D float64 arrays by einsum: multi-threaded BLAS ddot is 6x (up to 100x) slower
+    on a loaded 2-core machine (DESIGN.md; parity.analysis.causes measured the same)."""
+    return float(np.einsum("i,i->", x, y))
 
 
 def excess(err: Sq, floor: Sq | None, u: float) -> float:
