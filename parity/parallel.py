@@ -49,6 +49,7 @@ from typing import Sequence, TextIO
 
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
+NOT_STARTED = "not started: parity repro was stopped"
 RUNNING = re.compile(r"^Running stage '([^']+)'", re.M)
 FAILED_STAGE = re.compile(r"failed to reproduce '([^']+)'")
 
@@ -106,7 +107,7 @@ class Children:
     def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         with self.lock:
             if self.signum:
-                return subprocess.CompletedProcess(cmd, 128 + self.signum, "")
+                return subprocess.CompletedProcess(cmd, 128 + self.signum, "", NOT_STARTED)
             p = subprocess.Popen(cmd, start_new_session=True, **kw)
             self.groups[p.pid] = p
         try:
@@ -297,6 +298,8 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
     except (SelectionError, FileNotFoundError, KeyError) as e:
         print(f"parity: repro: {e}", file=out)
         return Result(2)
+    if _stopped():
+        return res
     if not pl.cells:
         print("parity: repro: the filters select no cell", file=out)
         return Result(2)
@@ -312,6 +315,9 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
         r = _dvc(["repro", "-k", *pl.upstream], root)
         ran = RUNNING.findall(r.stdout)
         res.ran += ran
+        if r.returncode and _stopped():
+            res.failed["upstream"] = f"stopped by {signal.Signals(_CHILDREN.signum).name}"
+            return res
         if r.returncode:
             bad = set(FAILED_STAGE.findall(r.stdout)) or set(pl.upstream)
             res.failed["upstream"] = f"{', '.join(sorted(bad))} failed"
@@ -361,7 +367,8 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
                 ran = RUNNING.findall(r.stdout)
                 res.ran += ran
                 if r.returncode and _stopped():
-                    res.failed[cell] = f"stopped by {signal.Signals(_CHILDREN.signum).name}"
+                    sig = signal.Signals(_CHILDREN.signum).name
+                    res.failed[cell] = f"not started ({sig})" if r.stderr == NOT_STARTED else f"stopped by {sig}"
                     prog.cell(cell, False, secs, ran, res.failed[cell])
                 elif r.returncode:
                     stage = (FAILED_STAGE.findall(r.stdout) or [ran[-1] if ran else pl.cell_stages[cell][0]])[0]

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import BIN, env, make_repo, ran_stages
 
 
@@ -42,7 +44,11 @@ def _alive(pids: set[int], pgids: set[int]) -> list[str]:
             if (p in pids or g in pgids) and st not in ("Z", "X")]
 
 
-def test_sigterm_to_parallel_repro_leaves_nothing_running(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_parallel_repro_leaves_nothing_running(tmp_path, sig):
+    """A CI timeout (SIGTERM) or Ctrl-C (SIGINT) while cells run: parity forwards it to every dvc
+    process group (dvc and the stage processes it spawned), exits 128+signal with nothing left
+    running, and DVC's locks are free for the next `dvc repro`."""
     repo = make_repo(tmp_path / "repo")
     # captures that run until stopped: the signal lands while cell stages are running
     repo.edit("conf/config.yaml", "repeats: 2", "repeats: 50000000")
@@ -66,11 +72,11 @@ def test_sigterm_to_parallel_repro_leaves_nothing_running(tmp_path):
     seen |= kids
     groups = {procs[k][1] for k in kids if k in procs}
     assert any("stages.capture" in procs[k][3] for k in kids if k in procs)
-    p.send_signal(signal.SIGTERM)
+    p.send_signal(sig)
     rc = p.wait(timeout=300)
     out = (tmp_path / "repro.log").read_text()
-    assert rc == 128 + signal.SIGTERM, out
-    assert "stopped by SIGTERM" in out, out
+    assert rc == 128 + sig, out
+    assert f"stopped by {sig.name}" in out, out
     assert _alive(seen, groups) == [], out
     # the repo is usable right away: no lock held, no stage left half-done
     repo.edit("conf/config.yaml", "repeats: 50000000", "repeats: 2")
@@ -80,7 +86,9 @@ def test_sigterm_to_parallel_repro_leaves_nothing_running(tmp_path):
     for bad in ("unable to acquire lock", "is busy", "had been killed", "rwlock"):
         assert bad not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr
     assert sum(s.startswith("capture@") for s in ran_stages(r.stdout)) == 4
-    assert repo.run(["dvc", "status", "--json"]).stdout.strip() in ("{}", "")
+    import json
+
+    assert set(json.loads(repo.run(["dvc", "status", "--json"]).stdout or "{}")) <= {"env"}  # always_changed
 
 
 def test_sweep_with_a_bad_combination_queues_nothing(tmp_path):
