@@ -220,21 +220,24 @@ def check_runner(where: str, prov: dict) -> None:
     reviewed as such). The module is located and read for the class, never imported here."""
     from parity import imports
 
-    d = Path("conf/providers")
-    d = d if d.is_dir() else Path(__file__).resolve().parents[1] / "conf" / "providers"
-    valid = set()
-    for f in d.glob("*.yaml"):
-        try:
-            doc = yaml.safe_load(f.read_text()) or {}
-        except yaml.YAMLError:
-            continue
-        valid |= {v["runner"] for v in doc.values() if isinstance(v, dict) and isinstance(v.get("runner"), str)}
+    def valid() -> list[str]:  # the registry: runner values of conf/providers/*.yaml
+        d = Path("conf/providers")
+        d = d if d.is_dir() else Path(__file__).resolve().parents[1] / "conf" / "providers"
+        found = set()
+        for f in d.glob("*.yaml"):
+            try:
+                doc = yaml.safe_load(f.read_text()) or {}
+            except yaml.YAMLError:
+                continue
+            found |= {v["runner"] for v in doc.values() if isinstance(v, dict) and isinstance(v.get("runner"), str)}
+        return sorted(found)
+
     try:
         declared = imports.declared(prov.get("import"), f"{where}.import")
     except imports.NotAllowed as e:
         raise ConfigError(str(e)) from None
     try:
-        imports.check_runner(prov["runner"], declared, sorted(valid))
+        imports.check_runner(prov["runner"], declared, valid)
     except imports.NotAllowed as e:
         raise ConfigError(f"{where}.runner: {e}") from None
 

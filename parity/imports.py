@@ -15,6 +15,7 @@ case, the suite's `spec`, or the provider names the module (or a package holding
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.machinery
 import os
 import re
@@ -170,6 +171,12 @@ def _top_names(tree: ast.Module) -> tuple[set[str], bool]:
     return names, dynamic
 
 
+@functools.lru_cache(maxsize=64)
+def _names_in(origin: str, mtime_ns: int, size: int) -> tuple[frozenset, bool]:
+    names, dynamic = _top_names(ast.parse(Path(origin).read_text(encoding="utf-8", errors="replace"), origin))
+    return frozenset(names), dynamic
+
+
 def check_defined(module: str, attr: str, search=None) -> None:
     """Raise NotAllowed unless `module` can be located and (for a .py source) binds the first part of
     `attr` at top level or has it as a submodule. Reads the file; never imports it."""
@@ -180,28 +187,29 @@ def check_defined(module: str, attr: str, search=None) -> None:
     origin = spec.origin if spec.has_location else None
     if not origin or not str(origin).endswith(".py"):
         return  # an extension, builtin or namespace package: located is all we can say
+    st = os.stat(origin)
     try:
-        tree = ast.parse(Path(origin).read_text(encoding="utf-8", errors="replace"), origin)
+        names, dynamic = _names_in(str(origin), st.st_mtime_ns, st.st_size)
     except SyntaxError as e:
         raise NotAllowed(f"module '{module}' ({origin}:{e.lineno}) has a syntax error: {e.msg}") from None
-    names, dynamic = _top_names(tree)
     if first in names or dynamic or locate(f"{module}.{first}", search) is not None:
         return
     raise NotAllowed(f"module '{module}' ({origin}) defines no '{first}'")
 
 
-def check_runner(runner, imports: list[str], valid: list[str], search=None) -> tuple[str, str]:
+def check_runner(runner, imports: list[str], valid, search=None) -> tuple[str, str]:
     """(module, class) of a provider's `runner: pkg.mod:Class`: under parity.backends unless the
-    provider declares `import:`; the module must be found and define the class (never imported)."""
-    choices = ", ".join(valid) or "(none found)"
+    provider declares `import:`; the module must be found and define the class (never imported).
+    valid: a callable giving the registry's runners, for the error message."""
+    choices = lambda: ", ".join(valid()) or "(none found)"  # noqa: E731  (read only on an error)
     if not isinstance(runner, str) or not re.fullmatch(rf"{_DOTTED.pattern}:{_IDENT}", runner):
-        raise NotAllowed(f"expected 'package.module:ClassName', got {runner!r}. Valid runners: {choices}")
+        raise NotAllowed(f"expected 'package.module:ClassName', got {runner!r}. Valid runners: {choices()}")
     mod, cls = runner.split(":")
     if not (mod.startswith(RUNNER_NAMESPACE) or any(_under(mod, d) for d in imports)):
-        raise NotAllowed(f"'{runner}' is not a parity backend ({RUNNER_NAMESPACE}*). Valid runners: {choices}; "
+        raise NotAllowed(f"'{runner}' is not a parity backend ({RUNNER_NAMESPACE}*). Valid runners: {choices()}; "
                          f"a runner of your own is code to run: declare it with `import: {mod}` on the provider")
     try:
         check_defined(mod, cls, search)
     except NotAllowed as e:
-        raise NotAllowed(f"'{runner}': {e}. Valid runners: {choices}") from None
+        raise NotAllowed(f"'{runner}': {e}. Valid runners: {choices()}") from None
     return mod, cls
