@@ -199,3 +199,19 @@ def test_declared_runner_is_located_not_imported(proj, monkeypatch):
     with pytest.raises(ValueError, match="declares no `import:`"):
         load_runner("sidefx:MyRunner")  # the stage's loader refuses an undeclared module too
     assert not (proj / "IMPORTED").exists()
+
+
+def test_declared_op_runs_in_the_suite_worker(proj, monkeypatch):
+    """End to end through the real worker pool: the declared module is imported in the worker (its
+    side effect appears only now) and its op runs like any other case."""
+    pytest.importorskip("torch")
+    from stages.suite_run import run_cell
+
+    monkeypatch.chdir(proj)
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["suites"] = {"mine": spec.load_section("mine", proj / "conf/suites")[0]}
+    config.validate(p)
+    assert not (proj / "IMPORTED").exists()
+    rows, *_ = run_cell(p, "mine", "fp32", "torch_cpu", workers=1)
+    assert {r["id"]: r["status"] for r in rows} == {"dbl": "OK", "dbl_dotted": "OK", "gelu": "OK"}, rows
+    assert (proj / "IMPORTED").exists()
