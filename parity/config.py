@@ -62,7 +62,7 @@ DTYPE_MODES = {
 }
 VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcell)
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
-PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine"}
+PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
 COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt")
 
@@ -148,8 +148,7 @@ def validate(p: dict) -> dict:
     for name, prov in p["providers"].items():
         where = f"providers.{name}"
         _check_keys(where, prov, PROVIDER_KEYS, required=("runner", "dtypes", "uses"))
-        if not isinstance(prov["runner"], str) or ":" not in prov["runner"]:
-            raise ConfigError(f"{where}.runner: expected 'package.module:ClassName', got {prov['runner']!r}")
+        check_runner(where, prov)
         for u in prov["uses"]:
             if u not in COMPONENTS:
                 raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(COMPONENTS)}")
@@ -219,6 +218,34 @@ def validate(p: dict) -> dict:
 
         suite_spec.validate_params(p)
     return p
+
+
+def check_runner(where: str, prov: dict) -> None:
+    """A provider's `runner:` is code: it must be a parity backend (parity.backends.*, the runners of
+    conf/providers/*.yaml) unless the provider declares `import: <module>` (code of your own, to be
+    reviewed as such). The module is located and read for the class, never imported here."""
+    from parity import imports
+
+    def valid() -> list[str]:  # the registry: runner values of conf/providers/*.yaml
+        d = Path("conf/providers")
+        d = d if d.is_dir() else Path(__file__).resolve().parents[1] / "conf" / "providers"
+        found = set()
+        for f in d.glob("*.yaml"):
+            try:
+                doc = yaml.safe_load(f.read_text()) or {}
+            except yaml.YAMLError:
+                continue
+            found |= {v["runner"] for v in doc.values() if isinstance(v, dict) and isinstance(v.get("runner"), str)}
+        return sorted(found)
+
+    try:
+        declared = imports.declared(prov.get("import"), f"{where}.import")
+    except imports.NotAllowed as e:
+        raise ConfigError(str(e)) from None
+    try:
+        imports.check_runner(prov["runner"], declared, valid)
+    except imports.NotAllowed as e:
+        raise ConfigError(f"{where}.runner: {e}") from None
 
 
 def engine_providers(p: dict) -> list[str]:

@@ -20,6 +20,12 @@ model-dtype, another per-cell stage) need no change here. A failing cell is repo
 stage, the tail of its log) and the others keep running; the run then exits 1. Progress goes to
 stderr, one line per finished cell.
 
+Signals: every dvc child runs in its own session (process group), so the group holds the stage
+processes DVC spawns too. SIGINT/SIGTERM to `parity repro` stops starting cells and sends SIGINT to
+every group (DVC then stops its stage and releases its lock as on Ctrl-C); a group still alive after
+GRACE_S gets SIGTERM, then SIGKILL; a second signal kills at once. parity waits for every group to be
+gone and exits 128+signal (130, 143).
+
     python -m parity.parallel -j 2 [--provider P ...] [--model M ...] [--dtype D ...]
 """
 
@@ -30,6 +36,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -40,6 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
+GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
+KILL_S = 5.0     # after SIGTERM, before SIGKILL
+NOT_STARTED = "not started: parity repro was stopped"
 RUNNING = re.compile(r"^Running stage '([^']+)'", re.M)
 FAILED_STAGE = re.compile(r"failed to reproduce '([^']+)'")
 
@@ -84,9 +94,94 @@ def _env(threads: int | None = None) -> dict:
     return e
 
 
+class Children:
+    """The dvc processes this run started, each the leader of its own session/process group (so a
+    signal reaches the stage processes DVC spawns). After stop(), nothing new starts."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.groups: dict[int, subprocess.Popen] = {}
+        self.signum = 0
+        self.timers: list[threading.Timer] = []
+
+    def run(self, cmd: list[str], **kw) -> subprocess.CompletedProcess:
+        with self.lock:
+            if self.signum:
+                return subprocess.CompletedProcess(cmd, 128 + self.signum, "", NOT_STARTED)
+            p = subprocess.Popen(cmd, start_new_session=True, **kw)
+            self.groups[p.pid] = p
+        try:
+            out, err = p.communicate()
+        finally:
+            with self.lock:
+                self.groups.pop(p.pid, None)
+            _killpg(p.pid, signal.SIGKILL)  # the leader is gone: nothing of its group may outlive it
+            _wait_gone(p.pid)
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+    def stop(self, signum: int, frame=None) -> None:
+        """The signal handler: first signal SIGINT to every group and escalate on timers; a second
+        signal SIGKILLs at once."""
+        with self.lock:
+            again = bool(self.signum)
+            self.signum = self.signum or signum
+            pgids = list(self.groups)
+        if again:
+            self._send(signal.SIGKILL)
+            return
+        for g in pgids:
+            _killpg(g, signal.SIGINT)
+        for delay, sig in ((GRACE_S, signal.SIGTERM), (GRACE_S + KILL_S, signal.SIGKILL)):
+            t = threading.Timer(delay, self._send, (sig,))
+            t.daemon = True
+            t.start()
+            self.timers.append(t)
+
+    def _send(self, sig: int) -> None:
+        with self.lock:
+            pgids = list(self.groups)
+        for g in pgids:
+            _killpg(g, sig)
+
+    def close(self) -> None:
+        for t in self.timers:
+            t.cancel()
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`, from /proc (Linux; [] elsewhere)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # state ppid pgrp session ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            pids.append(int(d.name))
+    return pids
+
+
+def _wait_gone(pgid: int, timeout: float = 10.0) -> None:
+    """Until SIGKILL has taken every member of the group (a few ms; bounded)."""
+    end = time.monotonic() + timeout
+    while group_members(pgid) and time.monotonic() < end:
+        time.sleep(0.02)
+
+
+_CHILDREN = Children()
+
+
 def _dvc(args: list[str], root: Path, threads: int | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, env=_env(threads),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return _CHILDREN.run([sys.executable, "-m", "dvc", *args], cwd=root, env=_env(threads),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _select(params: dict, kind: str, wanted: Sequence[str]) -> list[str]:
@@ -166,9 +261,35 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
     providers/models/dtypes: keep only cells with these values (empty = all); an unknown value is a
     SelectionError-style failure (returncode 2, message on `progress`). report: run the downstream
     stages (report): None = only when every cell is selected; True/False force it.
-    Returns a Result; its returncode is what `parity repro` should exit with.
+    Returns a Result; its returncode is what `parity repro` should exit with (128+signal when
+    SIGINT/SIGTERM stopped it: every dvc process group it started is gone by then).
     """
+    global _CHILDREN
     out = progress if progress is not None else sys.stderr
+    _CHILDREN = kids = Children()
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {sig: signal.signal(sig, kids.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        res = _repro(jobs, providers, models, dtypes, Path(root), report, out)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        kids.close()
+    if kids.signum:
+        name = signal.Signals(kids.signum).name
+        res.returncode = 128 + kids.signum
+        print(f"parity: stopped by {name}: no dvc process left running "
+              f"({len(res.failed)} cell(s) or phase(s) not completed)", file=out, flush=True)
+    return res
+
+
+def _stopped() -> bool:
+    return bool(_CHILDREN.signum)
+
+
+def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: Sequence[str], root: Path,
+           report: bool | None, out: TextIO) -> Result:
     root = Path(root).resolve()
     t0 = time.perf_counter()
     res = Result(0)
@@ -177,6 +298,8 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
     except (SelectionError, FileNotFoundError, KeyError) as e:
         print(f"parity: repro: {e}", file=out)
         return Result(2)
+    if _stopped():
+        return res
     if not pl.cells:
         print("parity: repro: the filters select no cell", file=out)
         return Result(2)
@@ -192,6 +315,9 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
         r = _dvc(["repro", "-k", *pl.upstream], root)
         ran = RUNNING.findall(r.stdout)
         res.ran += ran
+        if r.returncode and _stopped():
+            res.failed["upstream"] = f"stopped by {signal.Signals(_CHILDREN.signum).name}"
+            return res
         if r.returncode:
             bad = set(FAILED_STAGE.findall(r.stdout)) or set(pl.upstream)
             res.failed["upstream"] = f"{', '.join(sorted(bad))} failed"
@@ -201,6 +327,8 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
             blocked = {c for c in pl.cells if pl.needs[c] & bad}
         print(f"parity: upstream: {len(ran)} stage(s) ran in {time.perf_counter() - t:.1f}s "
               f"({', '.join(ran) or 'none'})", file=out, flush=True)
+    if _stopped():
+        return res
 
     # 2. cells: only those with a stale stage get a process
     runnable = [c for c in pl.cells if c not in blocked]
@@ -238,7 +366,11 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
                 cell, r, secs = f.result()
                 ran = RUNNING.findall(r.stdout)
                 res.ran += ran
-                if r.returncode:
+                if r.returncode and _stopped():
+                    sig = signal.Signals(_CHILDREN.signum).name
+                    res.failed[cell] = f"not started ({sig})" if r.stderr == NOT_STARTED else f"stopped by {sig}"
+                    prog.cell(cell, False, secs, ran, res.failed[cell])
+                elif r.returncode:
                     stage = (FAILED_STAGE.findall(r.stdout) or [ran[-1] if ran else pl.cell_stages[cell][0]])[0]
                     res.failed[cell] = f"{stage} exited {r.returncode}"
                     prog.cell(cell, False, secs, ran, res.failed[cell])
@@ -246,6 +378,8 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
                 else:
                     prog.cell(cell, True, secs, ran)
 
+    if _stopped():
+        return res
     # 3. downstream (report)
     run_down = pl.complete if report is None else report
     cell_failed = [c for c in pl.cells if c in res.failed]
@@ -298,8 +432,8 @@ def _stale(root: Path, stages: list[str]) -> set[str] | None:
     """Stages `dvc status` calls changed (deps/params/outs/never run), or None if status failed."""
     if not stages:
         return set()
-    r = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", *stages], cwd=root, env=_env(),
-                       capture_output=True, text=True)
+    r = _CHILDREN.run([sys.executable, "-m", "dvc", "status", "--json", *stages], cwd=root, env=_env(),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode:
         return None
     try:

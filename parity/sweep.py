@@ -6,6 +6,10 @@ Comma lists are expanded here (their cartesian product), so every experiment is 
 With -j > 1 the first combination runs alone first (`dvc exp run --temp`), so the stages all
 experiments share (inputs, export, reference) run once and the others restore them from DVC's
 run-cache instead of racing to compute them.
+
+Before anything runs or is queued, every combination is composed (DVC's compose_and_dump with the
+parity Hydra plugin, as `parity compose` and `dvc exp run` do) into a temp file and validated: one
+bad combination fails the sweep with its config error and nothing queued.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -36,6 +42,33 @@ def _dvc(args: list[str], cwd: str) -> str:
     if p.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` failed:\n{(p.stderr or p.stdout).strip()}")
     return p.stdout
+
+
+def check_combo(combo: list[str], cwd: str = ".") -> str | None:
+    """The one-line config error composing conf/ with these overrides gives, or None (composed into a
+    temp file, validated with parity.config; params.yaml is not touched)."""
+    from dvc.utils.hydra import compose_and_dump
+
+    from parity import config
+
+    root = Path(cwd).resolve()
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td) / "params.yaml"
+        try:
+            compose_and_dump(tmp, str(root / "conf"), None, "config", str(root), list(combo))
+            config.load(tmp)
+        except Exception as e:  # Hydra/OmegaConf raise several types; all mean a bad config
+            msg = " ".join(str(e).split())
+            return msg if msg.startswith("parity:") else f"parity: config error: {msg}"
+    return None
+
+
+def check_all(combos: list[list[str]], cwd: str = ".") -> None:
+    """Raise ValueError naming the first combination that does not compose."""
+    for combo in combos:
+        msg = check_combo(combo, cwd)
+        if msg:
+            raise ValueError(f"{' '.join(combo)}: {msg} (nothing queued)")
 
 
 def _sets(combo: list[str]) -> list[str]:
@@ -95,6 +128,7 @@ def sweep(overrides: list[str], jobs: int = 1, cwd: str = ".", poll: float = 2.0
     combos = expand(overrides)
     keys = [o.partition("=")[0].lstrip("+") for o in overrides]
     names: list[str] = []
+    check_all(combos, cwd)
     print(f"parity sweep: {len(combos)} experiments over {', '.join(keys)} with {jobs} worker(s)", file=err)
     rest = combos
     if jobs > 1 and len(combos) > 1:

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     key = config.cell_key(a.model, a.dtype, a.provider)
     t0 = time.perf_counter()
     try:
-        cls = load_runner(pc["runner"])
+        cls = load_runner(pc["runner"], pc.get("import"))
     except ValueError as e:
         res = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>")
     else:

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         info = {"status": "UNSUPPORTED", "reason": f"provider {a.provider} supports dtypes {pc['dtypes']}, "
                                                    f"not {a.dtype} (conf/providers/{a.provider}.yaml)"}
     else:
-        mod = load_runner(pc["runner"]).__module__
+        mod = load_runner(pc["runner"], pc.get("import")).__module__
         import importlib
 
         backend = importlib.import_module(mod)

@@ -175,7 +175,9 @@ def test_a_bad_runner_path_names_the_problem():
     with pytest.raises(ValueError, match="cannot be imported"):
         load_runner("parity.backends.nope:Runner")
     with pytest.raises(ValueError, match="not a parity.backends.base.Runner"):
-        load_runner("parity.store:Tensor")
+        load_runner("parity.backends.base:CaptureJob")
+    with pytest.raises(ValueError, match="not a parity backend .* declares no `import:`"):
+        load_runner("parity.store:Tensor")  # outside the registry, undeclared: refused before importing
 
 
 def test_a_real_torch_compile_failure_is_compile_fail_not_a_crash(exported):

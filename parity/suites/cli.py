@@ -4,9 +4,12 @@
     python -m parity.suites.cli list critical
     python -m parity.suites.cli validate critical --file my_suite.yaml
 
-`list` is light (yaml only). `validate` also resolves every op / module / gradcheck target
-(aten::name must exist in torch.ops.aten, import paths must import) and every OpInfo name, which
-imports torch (and op_db for opinfo cases), but never runs a case.
+`list` is light (yaml only). `validate` also resolves every torch target (aten::name must exist in
+torch.ops.aten, torch.* names must exist) and every OpInfo name, which imports torch (and op_db for
+opinfo cases), but never runs a case. It never imports code of your own: a module declared with
+`import:` (and parity.suites.testops) is located and read for the name, not imported
+(parity.imports); both `list` and `validate` refuse a target outside the torch namespaces that no
+`import:` declares.
 """
 
 from __future__ import annotations
@@ -35,11 +38,13 @@ def list_cases(suite: str, root: str | Path | None = None) -> list[dict]:
 
 
 def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -> list[dict]:
-    """list_cases() plus target resolution (imports torch when resolve=True); raises SuiteError
-    naming the file, case id and key of the first problem."""
+    """list_cases() plus resolution of the torch targets (imports torch when resolve=True); raises
+    SuiteError naming the file, case id and key of the first problem. Declared modules were located
+    and read by list_cases(); nothing here imports them."""
     cases = list_cases(suite, root)
     if not resolve:
         return cases
+    from parity import imports as code
     from parity.suites import execute
 
     for c in cases:
@@ -49,11 +54,13 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
                 raise spec.SuiteError(c["file"], c["id"], "opinfo.name",
                                       f"unknown OpInfo {oi['name']!r} (variant {oi['variant']!r}) in this torch")
             continue
-        targets = ([(f"pair.{s}.{c['pair'][s]['kind']}", c["pair"][s]["target"]) for s in ("a", "b")]
-                   if c["kind"] == "pair" else [(c["kind"], c["target"])])
-        for key, t in targets:
+        targets = ([(f"pair.{s}.{c['pair'][s]['kind']}", c["pair"][s]["kind"], c["pair"][s]["target"])
+                    for s in ("a", "b")] if c["kind"] == "pair" else [(c["kind"], c["kind"], c["target"])])
+        for key, kind, t in targets:
+            if not (t.startswith("aten::") or code.torch_target(t, kind)):
+                continue  # our own / a declared module: located and read at expansion, never imported
             try:
-                obj = execute.resolve(t)
+                obj = execute.resolve(t, (), kind)
             except (ImportError, AttributeError, ValueError) as e:
                 what = "op" if t.startswith("aten::") else "import path"
                 raise spec.SuiteError(c["file"], c["id"], key, f"unknown {what} {t!r}: {type(e).__name__}: {e}") from None

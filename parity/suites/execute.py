@@ -53,26 +53,18 @@ def case_seed(seed: int, cid: str) -> int:
 
 
 # ------------------------------------------------------------------------------------ resolution
-def resolve(path: str):
-    """aten::name[.overload] -> torch.ops.aten op; 'pkg.mod:attr' or 'pkg.mod.attr' -> the object."""
+def resolve(path: str, imports=(), kind: str = "op"):
+    """aten::name[.overload] -> torch.ops.aten op; 'pkg.mod:attr' or 'pkg.mod.attr' -> the object.
+    A module outside the torch namespaces is imported only if `imports` (the case's `import:`)
+    declares it (parity.imports; the suite was checked at compose, this is checked again here)."""
     if path.startswith("aten::"):
         name, _, ov = path[6:].partition(".")
         pkt = getattr(torch.ops.aten, name)
         return getattr(pkt, ov) if ov else pkt
-    if ":" in path:
-        mod, attr = path.split(":", 1)
-        obj = importlib.import_module(mod)
-    else:
-        parts = path.split(".")
-        for i in range(len(parts) - 1, 0, -1):
-            try:
-                obj = importlib.import_module(".".join(parts[:i]))
-            except ImportError:
-                continue
-            attr = ".".join(parts[i:])
-            break
-        else:
-            raise ImportError(f"cannot import any module prefix of {path!r}")
+    from parity import imports as code
+
+    mod, attr = code.check_suite_target(path, kind, list(imports or ()), files=False)
+    obj = importlib.import_module(mod)
     for a in attr.split("."):
         obj = getattr(obj, a)
     return obj
@@ -158,9 +150,9 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------ callables
-def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None):
+def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None, imports=()):
     """(fn, module or None) for an op or module description."""
-    obj = resolve(desc["target"])
+    obj = resolve(desc["target"], imports, desc["kind"])
     if desc["kind"] == "module":
         torch.manual_seed(seed)
         m = obj(*ctor_args, **(ctor_kwargs or {}))
@@ -195,17 +187,20 @@ def build(case: dict, seed: int):
         for name in ("a", "b"):
             d = case["pair"][name]
             extra_a, extra_k = materialize(d["args"], rng), materialize(d["kwargs"], rng)
-            fn, mod = _build_callable(d, s, extra_a, extra_k) if d["kind"] == "module" else _build_callable(d, s)
+            imp = case.get("imports", ())
+            fn, mod = (_build_callable(d, s, extra_a, extra_k, imp) if d["kind"] == "module"
+                       else _build_callable(d, s, imports=imp))
             if mod is not None:
                 extra_a, extra_k = [], {}
             sides[name] = (fn, mod, extra_a, extra_k)
         return sides, args, kwargs
     if kind == "module":
         fn, mod = _build_callable({"kind": "module", "target": case["target"]}, s,
-                                  materialize(case["ctor_args"], rng), materialize(case["ctor_kwargs"], rng))
+                                  materialize(case["ctor_args"], rng), materialize(case["ctor_kwargs"], rng),
+                                  case.get("imports", ()))
         mod.train(bool(case.get("train")))
         return {"main": (fn, mod, [], {})}, args, kwargs
-    fn, _ = _build_callable({"kind": "op", "target": case["target"]}, s)
+    fn, _ = _build_callable({"kind": "op", "target": case["target"]}, s, imports=case.get("imports", ()))
     return {"main": (fn, None, [], {})}, args, kwargs
 
 
@@ -366,7 +361,7 @@ PROVIDER_EXECUTOR = {"torch_cpu": "torch", "ort_cpu": "ort", "ort_cpu_noopt": "o
 
 # -------------------------------------------------------------------------------------------- case
 def _gradcheck(case, cell, seed):
-    fn = resolve(case["target"])
+    fn = resolve(case["target"], case.get("imports", ()), "gradcheck")
     fn = getattr(fn, "apply", fn)
     rng = np.random.default_rng(case_seed(seed, case["id"]))
     args = tmap(materialize(case["call_args"], rng),

@@ -26,6 +26,12 @@ A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
              inputs: [x]}                                                   # A vs B, same backend
           - {id: fd, gradcheck: pkg.mod:MyFunction, inputs: [x]}           # float64 gradcheck
           - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
+          - {id: mine, op: mypkg.ops:fused_gelu, import: mypkg.ops, inputs: [x]}  # code of your own
+
+Targets resolve only in torch namespaces (aten::, torch.*, torch.nn.functional.*, torch.special.*,
+torch.linalg.*, torch.fft.*; torch.nn.<Module> for module cases) and parity.suites.testops, unless
+the case or the suite's spec declares `import: <module>` (or a list): the module, and the packages
+under it, that the suite may import and run. Checking never imports it (parity.imports).
 
 Expansion gives plain JSON-able dicts (one per case). Errors are SuiteError naming the file, the
 case id and the key.
@@ -44,10 +50,10 @@ from pathlib import Path
 import yaml
 
 SUITE_KEYS = {"tolerances", "spec"}
-SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases"}
+SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases", "import"}
 KINDS = ("op", "module", "pair", "gradcheck", "opinfo")
 CASE_KEYS = {"id", *KINDS, "inputs", "args", "kwargs", "vars", "only", "skip", "grad", "loss", "train",
-             "timeout_s"}
+             "timeout_s", "import"}
 PAIR_SIDE_KEYS = {"op", "module", "args", "kwargs"}
 PRESET_KEYS = {"shape", "dtype", "init"}
 PRESET_DTYPES = ("float", "int", "bool")
@@ -305,6 +311,7 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         for k, v in body.items():
             c[k] = _subst(v, env, lambda m, k=k: cerr(m, k))
         dims, presets = ctx["dims"], ctx["presets"]
+        imports = _declared_imports(c, ctx, cerr)
         case = {"id": cid, "kind": kind, "file": file,
                 "grad": bool(c.get("grad", ctx["grad"])), "loss": c.get("loss", ctx["loss"]),
                 "train": bool(c.get("train", False)),
@@ -356,6 +363,7 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
                     sides[s] = d
                 case.update(pair=sides, call_args=ins, call_kwargs={})
                 case["label"] = f"{sides['a']['target']} vs {sides['b']['target']}"
+        _check_code(case, imports, cerr)
         if cid in seen:
             cerr(f"duplicate case id (also in {seen[cid]})", "id")
         seen[cid] = file
@@ -391,6 +399,7 @@ def expand_section(name: str, section: dict, file: str, root: Path | None = None
             raise SuiteError(file, None, f"spec.presets.{k}", m)
         presets[k] = _check_preset(v, rdims, perr)
     ctx = {"dims": rdims, "presets": presets, "grad": bool(spec.get("grad", False)),
+           "imports": _spec_imports(spec, file),
            "loss": spec.get("loss", "sum"), "timeout_s": spec.get("timeout_s", default_timeout)}
     if ctx["timeout_s"] is not None and (not isinstance(ctx["timeout_s"], (int, float)) or ctx["timeout_s"] <= 0):
         raise SuiteError(file, None, "spec.timeout_s", f"expected a positive number, got {ctx['timeout_s']!r}")
@@ -412,6 +421,49 @@ def expand_section(name: str, section: dict, file: str, root: Path | None = None
     for rc in raw:
         cases += _expand_case(rc, ctx, file, seen)
     return cases
+
+
+# ------------------------------------------------------------------------------------ code in config
+def _spec_imports(spec: dict, file: str) -> list[str]:
+    """The suite-wide `spec.import` declaration (modules its cases may import and run)."""
+    from parity import imports
+
+    try:
+        return imports.declared(spec.get("import"), "spec.import")
+    except imports.NotAllowed as e:
+        raise SuiteError(file, None, "spec.import", str(e)) from None
+
+
+def _declared_imports(c: dict, ctx: dict, cerr) -> list[str]:
+    """A case's `import:` plus its suite's."""
+    from parity import imports
+
+    try:
+        own = imports.declared(c.get("import"), "import")
+    except imports.NotAllowed as e:
+        cerr(str(e), "import")
+    return own + [m for m in ctx["imports"] if m not in own]
+
+
+def _check_code(case: dict, declared: list[str], cerr) -> None:
+    """Every target of an expanded case is in the torch namespaces or under a declared import (whose
+    file is located and read for the name, never imported); the declaration travels with the case
+    (`imports`) so the worker checks it again before importing."""
+    from parity import imports
+
+    if case["kind"] == "pair":
+        targets = [(f"pair.{s}.{d['kind']}", d["kind"], d["target"]) for s, d in case["pair"].items()]
+    elif case["kind"] == "opinfo":
+        targets = []
+    else:
+        targets = [(case["kind"], case["kind"], case["target"])]
+    for key, kind, target in targets:
+        try:
+            imports.check_suite_target(target, kind, declared)
+        except imports.NotAllowed as e:
+            cerr(str(e), key)
+    if declared:
+        case["imports"] = declared
 
 
 def check_tolerances(rules, file: str) -> None:
