@@ -160,7 +160,7 @@ def tolerance_changes(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> d
     with _dvc_repo(cwd) as repo:
         d = repo.params.diff(a_rev=rev_a, b_rev=rev_b or WORKSPACE)
     out = {}
-    for _file, params in (d or {}).items():
+    for _file, params in ((d or {}).get("diff") or {}).items():
         for key, v in params.items():
             if TOLERANCE_PARAM.match(key):
                 out[key] = (v.get("old"), v.get("new"))
