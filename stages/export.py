@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-LEAFSPEC_WARNING = r".*isinstance\(treespec, LeafSpec\)"  # set once the message is confirmed
+LEAFSPEC_WARNING = r".*isinstance\(treespec, LeafSpec\)"  # torch 2.x pytree deprecation (FutureWarning)
 
 
 class ExportFailed(Exception):
