@@ -149,9 +149,11 @@ def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[
         raise RuntimeError(f"dvc metrics of {rev_a}, {rev_b}: {_first_line(e)}") from None
     out = []
     for rev in (rev_a, rev_b):
-        if rev not in shown:
+        # DVC keys its result by the names given, comma-joined when several name one commit
+        key = next((k for k in shown if rev in k.split(",")), None)
+        if key is None:
             raise RuntimeError(f"unknown revision '{rev}' (git cannot resolve it)")
-        out.append(_rev_metrics(rev, shown[rev], root, remote))
+        out.append(_rev_metrics(rev, shown[key], root, remote))
     return out[0], out[1]
 
 

@@ -42,6 +42,10 @@ def test_compare_names_the_regressed_cell_and_gates_ci(two_commits):
 def test_compare_with_no_change_says_so(two_commits):
     p = two_commits.run(["parity", "compare", "HEAD", "--fail-on-regression"])
     assert "nothing changed (2 cells, identical metrics)" in p.stdout
+    # two names of one commit (DVC reports them as one revision "same,HEAD")
+    two_commits.run(["git", "branch", "-f", "same", "HEAD"])
+    p = two_commits.run(["parity", "compare", "same", "HEAD", "--fail-on-regression"])
+    assert "nothing changed (2 cells, identical metrics)" in p.stdout
 
 
 def test_compare_prints_fp32_sized_errors_with_enough_digits(two_commits):
