@@ -67,7 +67,9 @@ class MetricsUnavailable(RuntimeError):
 
 WORKSPACE = "workspace"
 TOLERANCE_PARAM = re.compile(r"^(dtypes\.[^.]+\.(tol\.|mode$)|models\.[^.]+\.tolerances|diff\.max_mismatch$)")
-TOLERANCE_METRIC = re.compile(r"^(verdict_mode$|tol|tolerance)")
+# a cell's own verdict settings in its metrics.json (verdict_mode, atol/rtol keys): not tol_ratio,
+# which is a measurement (error / tolerance)
+TOLERANCE_METRIC = re.compile(r"^(verdict_mode|(.*\.)?(atol|rtol))$|^(tol|tolerance)\.")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -98,3 +98,14 @@ def test_sweep_rejects_a_malformed_override(tmp_path):
     r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), compose=False)
     p = r.run(["parity", "sweep", "dtypes"], check=False)
     assert p.returncode == 2 and "not key=value" in p.stderr
+
+
+def test_a_verdict_mode_or_tolerance_change_in_the_metrics_is_named_not_its_measurements():
+    from parity.history import Change, tolerance_moved
+
+    params = {"dtypes.fp16.tol.atol": (1e-5, 1e-3), "models.other.tolerances": ([], [{}])}
+    c = Change("mlp-fp16-ort_cpu", {"verdict": "FAIL", "verdict_mode": "all_layers", "output.tol_ratio": 2.0},
+               {"verdict": "PASS", "verdict_mode": "output", "output.tol_ratio": 0.5})
+    assert tolerance_moved(c, params) == ["dtypes.fp16.tol.atol", "verdict_mode"]
+    same = Change("mlp-fp32-ort_cpu", {"verdict": "PASS", "tol_ratio": 0.1}, {"verdict": "PASS", "tol_ratio": 0.2})
+    assert tolerance_moved(same, params) == []
