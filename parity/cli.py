@@ -28,12 +28,23 @@ def _check(args) -> int:
     return 0
 
 
+def _compose_error(e: Exception) -> str:
+    """The message of a failed composition: parity's own (one line) as it is; Hydra's and
+    OmegaConf's without their "full_key:" / "object_type=" context lines."""
+    msg = str(e)
+    i = msg.find("parity: config error:")
+    lines = [ln for ln in msg[max(i, 0):].splitlines()
+             if not ln.strip().startswith(("full_key:", "object_type=", "reference_type="))]
+    return ("" if i >= 0 else "parity: config error: ") + " ".join(ln.strip() for ln in lines)
+
+
 def _compose(args) -> int:
     import tempfile
 
     from dvc.utils.hydra import compose_and_dump
 
     from parity import config
+    from parity.io import write_text
 
     root = Path(args.root).resolve()
     # compose to a temp file first: a bad override leaves params.yaml untouched
@@ -42,15 +53,13 @@ def _compose(args) -> int:
         try:
             compose_and_dump(tmp, str(root / "conf"), None, "config", str(root), list(args.override))
         except Exception as e:  # Hydra/OmegaConf raise several types; all mean a bad config
-            msg = str(e)
-            print(msg if msg.startswith("parity:") else f"parity: config error: {msg}", file=sys.stderr)
+            print(_compose_error(e), file=sys.stderr)
             return 2
         try:
             p = config.load(tmp)
         except config.ConfigError as e:
             config.die(e)
-        out = root / args.params
-        out.write_text(tmp.read_text())
+        write_text(root / args.params, tmp.read_text())
     print(f"parity: composed conf/ -> {args.params}: {config.summary_line(p)}")
     return 0
 

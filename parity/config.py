@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import re
 from pathlib import Path
 
 import yaml
@@ -67,6 +68,34 @@ PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt")
 
 
+NAME = re.compile(r"[A-Za-z0-9_]+")  # option names become file paths and DVC stage names
+GROUPS = ("models", "dtypes", "providers", "suites")
+BOOLS = (("strict",), ("reference", "fp64"), ("suites_run", "grad"))
+
+# Provider `options:` per runner (conf/providers/<p>.yaml): key -> allowed values (a tuple), a type
+# (bool, int, str, dict, list), or a predicate with its description. A runner not listed here (a
+# user's own) gets only the mapping check.
+_ORT_OPTIONS = {"graph_optimization_level": ("disabled", "basic", "extended", "all"),
+                "provider_options": dict, "fallback": list}
+_QTYPES = ("QInt8", "QUInt8")
+_TORCH_DEVICE = (lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
+                 "cpu, cuda or cuda:<index>")
+RUNNER_OPTIONS = {
+    "parity.backends.ort_cpu:OrtCpuRunner": _ORT_OPTIONS,
+    "parity.backends.ort_gpu:OrtCudaRunner": _ORT_OPTIONS,
+    "parity.backends.ort_gpu:OrtTrtRunner": _ORT_OPTIONS,
+    "parity.backends.ort_int8:OrtInt8Runner": {
+        **_ORT_OPTIONS, "per_channel": bool, "reduce_range": bool, "weight_type": _QTYPES,
+        "activation_type": _QTYPES, "calibrate_method": ("MinMax", "Entropy", "Percentile")},
+    "parity.backends.torch_cpu:TorchCpuRunner": {"device": ("cpu",)},
+    "parity.backends.torch_cuda:TorchCudaRunner": {"device": _TORCH_DEVICE},
+    "parity.backends.torch_compile:TorchCompileRunner": {
+        "device": _TORCH_DEVICE, "backend": str, "fullgraph": bool, "dynamic": bool,
+        "mode": (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},
+    "parity.backends.trt:TrtRunner": {"workspace_mb": int, "strongly_typed": bool},
+}
+
+
 class ConfigError(ValueError):
     """A bad config. The message names the key and lists valid choices."""
 
@@ -101,12 +130,68 @@ def _tol(where: str, t: dict) -> None:
     _num(f"{where}.rtol", t["rtol"], lo=0)
 
 
+def _groups(p: dict) -> None:
+    """models, dtypes and providers each select at least one option; every option name is safe."""
+    if not isinstance(p, dict):
+        raise ConfigError(f"params: expected a mapping, got {type(p).__name__}")
+    for group in ("models", "dtypes", "providers"):
+        if not isinstance(p.get(group), dict) or not p[group]:
+            raise ConfigError(f"{group}: no option selected ({group}=[]); select at least one "
+                              f"(e.g. -S '{group}=[...]', one per conf/{group}/*.yaml)")
+    for group in GROUPS:
+        for name in p.get(group) or {}:
+            if not isinstance(name, str) or not NAME.fullmatch(name):
+                raise ConfigError(f"{group}.{name}: bad option name {name!r}: use only letters, digits and '_' "
+                                  f"([A-Za-z0-9_]; names become file paths and DVC stage names)")
+
+
+def _bools(p: dict) -> None:
+    for path in BOOLS:
+        node = p
+        for k in path[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path[-1] in node and not isinstance(node[path[-1]], bool):
+            raise ConfigError(f"{'.'.join(path)}: expected true or false, got {node[path[-1]]!r}")
+
+
+def _option_ok(rule, v) -> tuple[bool, str]:
+    """(v satisfies rule, what the rule allows)."""
+    if isinstance(rule, tuple) and len(rule) == 2 and callable(rule[0]):
+        return rule[0](v), rule[1]
+    if isinstance(rule, tuple):
+        return v in rule and not isinstance(v, bool), ", ".join("null" if x is None else str(x) for x in rule)
+    if rule is int:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"
+    if rule is str:
+        return isinstance(v, str) and bool(v), "a non-empty string"
+    names = {bool: "true or false", dict: "a mapping", list: "a list"}
+    return isinstance(v, rule), names[rule]
+
+
+def _provider_options(where: str, prov: dict) -> None:
+    """`options:` of a provider whose runner parity knows: known keys, known values."""
+    opts = prov.get("options")
+    if opts is None:
+        return
+    if not isinstance(opts, dict):
+        raise ConfigError(f"{where}.options: expected a mapping, got {opts!r}")
+    schema = RUNNER_OPTIONS.get(prov["runner"])
+    if schema is None:
+        return  # a user's own runner: its options are its business
+    for k, v in opts.items():
+        if k not in schema:
+            raise ConfigError(f"{where}.options: unknown option '{k}' for runner {prov['runner']}. "
+                              f"Valid: {_choices(schema)}")
+        ok, allowed = _option_ok(schema[k], v)
+        if not ok:
+            raise ConfigError(f"{where}.options.{k}: bad value {v!r}. Valid: {allowed}")
+
+
 def validate(p: dict) -> dict:
     """Raise ConfigError on the first problem; return p unchanged."""
+    _groups(p)
     _check_keys("params", p, TOP_KEYS, required=("models", "dtypes", "providers"))
-    for group in ("models", "dtypes", "providers"):
-        if not isinstance(p[group], dict) or not p[group]:
-            raise ConfigError(f"{group}: select at least one option (e.g. -S '{group}=[...]')")
+    _bools(p)
     for sec, keys in SECTION_KEYS.items():
         if sec in p:
             _check_keys(sec, p[sec], keys)
@@ -154,6 +239,7 @@ def validate(p: dict) -> dict:
                 raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(COMPONENTS)}")
         if not isinstance(prov.get("engine", False), bool):
             raise ConfigError(f"{where}.engine: expected true or false, got {prov['engine']!r}")
+        _provider_options(where, prov)
         if p.get("strict"):
             for dt in p["dtypes"]:
                 if dt not in prov["dtypes"]:
@@ -172,8 +258,6 @@ def validate(p: dict) -> dict:
 
     for name, m in p["models"].items():
         where = f"models.{name}"
-        if "-" in name:
-            raise ConfigError(f"{where}: model names must not contain '-' (it separates cell keys)")
         _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
         arch = m["arch"]
         _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))

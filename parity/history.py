@@ -1,6 +1,14 @@
-"""`parity compare REV_A [REV_B]`: what changed per cell between two revisions, built on
-`dvc metrics diff --all --json` over the diff stages' metrics (artifacts/diff/<cell>/metrics.json).
-Light: stdlib only.
+"""`parity compare REV_A [REV_B]`: what changed per cell between two revisions, built on DVC's
+metrics of the diff stages (artifacts/diff/<cell>/metrics.json, read per revision through DVC's API,
+the same as `dvc metrics diff`) and its params diff. Light: no torch, no numpy.
+
+Never passes silently: `dvc metrics diff` only warns ("failed to load some metrics") when a
+revision's metrics are not in the local cache, and every cell then looks "new". Here a revision
+whose cell metrics cannot be loaded is an error (exit 2, MetricsUnavailable: what to pull), and so
+is a revision with no cell metrics at all. A cell is "new" only when the baseline does not declare
+it. A tolerance change between the revisions (dtypes.<d>.tol, models.<m>.tolerances,
+diff.max_mismatch, a cell's verdict_mode or tolerance keys in its metrics) is printed, and a verdict
+flip of a cell whose tolerance changed is labelled "(tolerance changed)".
 
 A regression is a cell that passed in REV_A and does not in REV_B (FAIL, or a status such as
 INFER_FAIL), or a cell that ran in REV_A and no longer runs. `--fail-on-regression` makes it the
@@ -9,9 +17,7 @@ exit code, so CI can gate on it.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -24,6 +30,7 @@ class Change:
     cell: str
     old: dict
     new: dict
+    tolerance: bool = False  # a tolerance of this cell changed between the revisions
 
     def get(self, side: str, key: str):
         return (self.old if side == "old" else self.new).get(key)
@@ -54,24 +61,128 @@ class Change:
         return a is not None and a != "PASS" and b == "PASS"
 
 
-def metrics_diff(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> dict:
-    cmd = ["dvc", "metrics", "diff", rev_a, *([rev_b] if rev_b else []), "--all", "--json"]
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {(p.stderr or p.stdout).strip()}")
-    return json.loads(p.stdout or "{}")
+class MetricsUnavailable(RuntimeError):
+    """A revision's cell metrics cannot be loaded (not in the local cache, or not produced)."""
 
 
-def changes(diff: dict) -> list[Change]:
-    out = []
-    for path, metrics in sorted(diff.items()):
-        m = CELL_METRICS.match(path)
+WORKSPACE = "workspace"
+TOLERANCE_PARAM = re.compile(r"^(dtypes\.[^.]+\.(tol\.|mode$)|models\.[^.]+\.tolerances|diff\.max_mismatch$)")
+# a cell's own verdict settings in its metrics.json (verdict_mode, atol/rtol keys): not tol_ratio,
+# which is a measurement (error / tolerance)
+TOLERANCE_METRIC = re.compile(r"^(verdict_mode|(.*\.)?(atol|rtol))$|^(tol|tolerance)\.")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _first_line(e) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]
+
+
+def _locked_outputs(rev: str, root: str) -> set[str]:
+    """Paths of the outputs recorded in dvc.lock at `rev` (what DVC can restore from a cache)."""
+    import subprocess
+
+    import yaml
+
+    p = subprocess.run(["git", "show", f"{rev}:./dvc.lock"], cwd=root, capture_output=True, text=True)
+    lock = (yaml.safe_load(p.stdout) or {}) if p.returncode == 0 else {}
+    return {o["path"] for st in (lock.get("stages") or {}).values()
+            for o in (st.get("outs") or []) if isinstance(o, dict) and "path" in o}
+
+
+def _rev_metrics(rev: str, res: dict, root: str, remote: str | None) -> dict:
+    """{cell: flat metrics} of one revision of `dvc metrics show`'s result; MetricsUnavailable when
+    its cell metrics cannot be loaded or it has none."""
+    if res.get("error"):
+        raise RuntimeError(f"cannot read revision '{rev}': {_first_line(res['error'])}")
+    cells, missing = {}, []
+    for path, d in sorted((res.get("data") or {}).items()):
+        m = CELL_METRICS.match(path.replace("\\", "/"))
         if not m:
             continue
-        old = {k: v.get("old") for k, v in metrics.items() if v.get("old") is not None}
-        new = {k: v.get("new") for k, v in metrics.items() if v.get("new") is not None}
-        out.append(Change(m.group("cell"), old, new))
-    return out
+        if "error" in d:
+            missing.append((path, m.group("cell")))
+        else:
+            cells[m.group("cell")] = _flatten(d.get("data") or {})
+    if missing:
+        some = f"{len(missing)} of {len(missing) + len(cells)} cells: {', '.join(c for _, c in missing[:3])}" + (
+            ", ..." if len(missing) > 3 else "")
+        if rev == WORKSPACE:
+            raise MetricsUnavailable(f"metrics of the workspace are missing ({some}): run the pipeline "
+                                     f"(`dvc repro` or `parity repro`), or give a second revision")
+        locked = _locked_outputs(rev, root)
+        if not any(path in locked for path, _ in missing):
+            raise MetricsUnavailable(f"no cell metrics at {rev} ({some}): its dvc.lock records no diff "
+                                     f"results (the pipeline was not run and committed there)")
+        raise MetricsUnavailable(f"metrics of {rev} are not in the local cache ({some}): run "
+                                 f"`dvc pull -r {remote or '<remote>'} --all-commits` "
+                                 f"(or `dvc fetch -r {remote or '<remote>'} --all-commits`)")
+    if not cells:
+        raise MetricsUnavailable(f"no cell metrics at {rev} (artifacts/diff/*/metrics.json): it declares "
+                                 f"no diff stage")
+    return cells
+
+
+def _dvc_repo(cwd: str):
+    from dvc.repo import Repo
+
+    return Repo(cwd)
+
+
+def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[dict, dict]:
+    """({cell: metrics} at rev_a, the same at rev_b or the workspace)."""
+    from dvc.exceptions import DvcException
+
+    rev_b = rev_b or WORKSPACE
+    try:
+        with _dvc_repo(cwd) as repo:
+            shown = repo.metrics.show(revs=[rev_a, rev_b], hide_workspace=rev_b != WORKSPACE)
+            root, remote = repo.root_dir, repo.config["core"].get("remote")
+    except DvcException as e:
+        raise RuntimeError(f"dvc metrics of {rev_a}, {rev_b}: {_first_line(e)}") from None
+    out = []
+    for rev in (rev_a, rev_b):
+        # DVC keys its result by the names given, comma-joined when several name one commit
+        key = next((k for k in shown if rev in k.split(",")), None)
+        if key is None:
+            raise RuntimeError(f"unknown revision '{rev}' (git cannot resolve it)")
+        out.append(_rev_metrics(rev, shown[key], root, remote))
+    return out[0], out[1]
+
+
+def tolerance_changes(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> dict:
+    """{param key: (old, new)} of the params that decide verdicts, changed between the revisions."""
+    with _dvc_repo(cwd) as repo:
+        d = repo.params.diff(a_rev=rev_a, b_rev=rev_b or WORKSPACE)
+    out = {}
+    for _file, params in ((d or {}).get("diff") or {}).items():
+        for key, v in params.items():
+            if TOLERANCE_PARAM.match(key):
+                out[key] = (v.get("old"), v.get("new"))
+    return dict(sorted(out.items()))
+
+
+def changes(old: dict, new: dict) -> list[Change]:
+    return [Change(cell, old.get(cell, {}), new.get(cell, {})) for cell in sorted(set(old) | set(new))]
+
+
+def tolerance_moved(c: Change, params: dict) -> list[str]:
+    """Why this cell's verdict may have moved without its numbers moving: the tolerance params of
+    its dtype and model that changed, and its own tolerance/verdict-mode metrics that changed."""
+    model, dtype, _ = (c.cell.split("-") + ["", "", ""])[:3]
+    why = [k for k in params if k.startswith((f"dtypes.{dtype}.", f"models.{model}.", "diff."))]
+    why += [k for k in sorted(set(c.old) | set(c.new))
+            if TOLERANCE_METRIC.match(k) and c.old.get(k) != c.new.get(k) and c.old and c.new]
+    return why
 
 
 def _num(v) -> str:
@@ -90,7 +201,8 @@ def _pair(c: Change, key: str, num: bool = False) -> str:
 
 def table(rows: list[Change]) -> str:
     head = ["cell", "change", "verdict", "drift origin", "worst layer", "output max_abs", "output rel_l2"]
-    body = [[c.cell, c.kind + (" REGRESSION" if c.regression else ""), _pair(c, "verdict"),
+    body = [[c.cell, c.kind + (" REGRESSION" if c.regression else "")
+             + (" (tolerance changed)" if c.tolerance and c.verdicts[0] != c.verdicts[1] else ""), _pair(c, "verdict"),
              _pair(c, "drift_origin"), _pair(c, "worst_layer"), _pair(c, "output.max_abs", True),
              _pair(c, "output.rel_l2", True)] for c in rows]
     widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
@@ -98,19 +210,32 @@ def table(rows: list[Change]) -> str:
     return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
 
 
+def _fmt(v) -> str:
+    return "-" if v is None else str(v)
+
+
 def compare(rev_a: str, rev_b: str | None = None, show_all: bool = False, fail_on_regression: bool = False,
             cwd: str = ".", out=sys.stdout) -> int:
-    cs = changes(metrics_diff(rev_a, rev_b, cwd))
-    label = f"{rev_a}..{rev_b or 'workspace'}"
+    """Print the per-cell changes; 1 on a regression with fail_on_regression. Raises
+    MetricsUnavailable / RuntimeError (the CLI exits 2) when a revision's metrics cannot be read."""
+    old, new = load_metrics(rev_a, rev_b, cwd)
+    params = tolerance_changes(rev_a, rev_b, cwd)
+    cs = changes(old, new)
+    label = f"{rev_a}..{rev_b or WORKSPACE}"
+    for c in cs:
+        c.tolerance = bool(tolerance_moved(c, params))
+    for key, (a, b) in params.items():
+        print(f"tolerance changed: {key} {_fmt(a)} -> {_fmt(b)}", file=out)
+    for c in cs:
+        for k in tolerance_moved(c, {}):
+            print(f"tolerance changed: {c.cell} {k} {_fmt(c.old.get(k))} -> {_fmt(c.new.get(k))}", file=out)
     moved = [c for c in cs if c.kind != "same"]
     reg = [c for c in cs if c.regression]
-    if not cs:
-        print(f"parity compare {label}: no cell metrics in either revision (artifacts/diff/*/metrics.json);"
-              f" run the pipeline, or `dvc pull` the revisions' metrics", file=out)
-        return 0
     if not moved:
         print(f"parity compare {label}: nothing changed ({len(cs)} cells, identical metrics)", file=out)
         return 0
+    if params:
+        print(file=out)
     print(table(cs if show_all else moved), file=out)
     print(f"\nparity compare {label}: {len(cs)} cells, {len(reg)} regressed, "
           f"{sum(c.fixed for c in cs)} fixed, {sum(c.kind == 'changed' for c in cs)} with moved metrics, "

@@ -12,27 +12,38 @@ from pathlib import Path
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+TMP_SUFFIX = ".tmp"
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | Path):
-    """Yield a temp path beside `path`; rename it onto `path` only if the block succeeds."""
+def atomic_path(path: str | Path, allow_empty: bool = False):
+    """Yield a temp path beside `path`; rename it onto `path` only if the block ran to its end
+    without raising AND left a non-empty file (unless `allow_empty`). A block that returns early
+    before writing (or writes nothing) publishes nothing: the temp file is removed and `path` is
+    left as it was. An interrupted process (SIGKILL) can leave the hidden `.<name>.*.tmp` file
+    behind, never a partial `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts get the usual mode (shared caches)
     try:
         yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
+        if allow_empty or os.path.getsize(tmp) > 0:
+            os.replace(tmp, path)
+    finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        raise
+
+
+def is_temp(path: str | Path) -> bool:
+    """A temp file of atomic_path (never a published artifact)."""
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, allow_empty=True) as tmp:  # the caller's bytes, even b"", are the content
         tmp.write_bytes(data)
 
 

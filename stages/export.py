@@ -13,6 +13,49 @@ import sys
 import time
 from pathlib import Path
 
+LEAFSPEC_WARNING = r".*isinstance\(treespec, LeafSpec\)"  # torch 2.x pytree deprecation (FutureWarning)
+
+
+class ExportFailed(Exception):
+    """The exporter raised: EXPORT_FAIL (the message is the exporter's, first line)."""
+
+
+def input_error(model, example) -> str | None:
+    """Run the model eagerly once on the example inputs: None if it takes them, else the first
+    line of its error (a shape the model cannot take is a config error, not an export failure)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*example)
+    except Exception as e:  # any error of the model's own forward on these inputs
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return None
+
+
+def export_checked(model, example, input_names, path: Path, exporter: str, opset: int):
+    """Export the per-layer graph to `path` (published only when export and check succeed);
+    return (output names, checked ModelProto). ExportFailed when the exporter raises."""
+    import warnings
+
+    import onnx
+
+    from parity.export import export_layers, strip_paths
+    from parity.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        try:
+            with warnings.catch_warnings():
+                # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
+                warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
+                names = export_layers(model, example, input_names, tmp, exporter, opset)
+        except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
+            raise ExportFailed(f"{type(e).__name__}: {e}") from e
+        full = strip_paths(onnx.load(str(tmp)))
+        onnx.checker.check_model(full, full_check=True)
+        onnx.save(full, str(tmp))
+    return names, full
+
 
 def main(argv=None) -> int:
     from parity import config
@@ -25,7 +68,7 @@ def main(argv=None) -> int:
 
     import onnx
 
-    from parity.export import export_layers, layer_regions, op_inventory, prune_outputs, strip_paths
+    from parity.export import layer_regions, op_inventory, prune_outputs
     from parity.io import atomic_path, write_json
     from parity.models import build, example_inputs
     from parity.models.layers import module_types
@@ -36,21 +79,22 @@ def main(argv=None) -> int:
     exp = p.get("export", {})
     exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     model = build(m["arch"], p.get("seed", 0))
     example = example_inputs(m["input"], samples({**p, "inputs": {"samples": 1}}, a.model)[0])
+    bad = input_error(model, example)
+    if bad:
+        shapes = ", ".join(str(list(x.shape)) for x in example)
+        print(f"export@{a.model}: models.{a.model}.input: the model does not accept inputs of shape "
+              f"{shapes}: {bad}", file=sys.stderr)
+        return 1
     input_names = [s["name"] for s in m["input"]]
-    with atomic_path(out / "layers.onnx") as tmp:
-        try:
-            names = export_layers(model, example, input_names, tmp, exporter, opset)
-        except Exception as e:
-            print(f"export@{a.model}: EXPORT_FAIL with exporter={exporter} opset={opset} "
-                  f"<export.exporter, export.opset>: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-        full = strip_paths(onnx.load(str(tmp)))
-        onnx.checker.check_model(full, full_check=True)
-        onnx.save(full, str(tmp))
+    try:
+        names, full = export_checked(model, example, input_names, out / "layers.onnx", exporter, opset)
+    except ExportFailed as e:
+        print(f"export@{a.model}: EXPORT_FAIL with exporter={exporter} opset={opset} "
+              f"<export.exporter, export.opset>: {e}", file=sys.stderr)
+        return 1
     outputs = [n for n in names if is_output(n)]
     plain = prune_outputs(full, outputs)
     onnx.checker.check_model(plain, full_check=True)

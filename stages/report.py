@@ -1,7 +1,9 @@
 """report: one summary across every configured cell (read from params, not globbed: dvc.lock keeps
 stages that left the matrix). Writes report.md, report.html (self-contained: inline SVG, no
-scripts, no network) and summary.json (DVC metrics). With `strict: true`, fails naming every cell
-that did not run (UNAVAILABLE, UNSUPPORTED, EXPORT_FAIL, INFER_FAIL)."""
+scripts, no network), summary.json (DVC metrics: verdicts only, byte-stable, so `dvc metrics diff`
+shows no timing noise) and latency.json (a plain output: measured latency per cell, its ratio to
+torch_cpu fp32). With `strict: true`, fails naming every cell that did not run (UNAVAILABLE,
+UNSUPPORTED, EXPORT_FAIL, INFER_FAIL)."""
 
 from __future__ import annotations
 
@@ -43,8 +45,10 @@ def main(argv=None) -> int:
     summary = {"cells": len(cells), "passed": verdicts.count("PASS"), "failed": verdicts.count("FAIL")}
     summary["not_run"] = summary["cells"] - summary["passed"] - summary["failed"]
     summary["per_cell"] = {c["key"]: {"verdict": c["metrics"].get("verdict"),
-                                      "drift_origin": c["metrics"].get("drift_origin"),
-                                      "latency_ratio": c["latency_ratio"]} for c in cells}
+                                      "drift_origin": c["metrics"].get("drift_origin")} for c in cells}
+    latency = {"baseline": "-".join(BASELINE),
+               "per_cell": {c["key"]: {"median_ms": c["timing"].get("median_ms"), "p90_ms": c["timing"].get("p90_ms"),
+                                       "latency_ratio": c["latency_ratio"]} for c in cells}}
     env = {f.stem: read_json(f) for f in sorted((art / "env").glob("*.json"))
            if not f.stem.startswith(("provider-", "stage-"))}
     coverage = {}
@@ -56,6 +60,7 @@ def main(argv=None) -> int:
     write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage))
     write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage))
     write_json(out / "summary.json", summary)
+    write_json(out / "latency.json", latency)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
           f"{summary['not_run']} not run -> {out}/report.html")
     for c in cells:

@@ -102,6 +102,48 @@ def test_bad_values_name_the_key_and_the_choices(default, mutate, expected):
         assert s in msg, (s, msg)
 
 
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda p: p["providers"]["ort_cpu"]["options"].update(graph_optimization_level="bogus"),
+     ["providers.ort_cpu.options.graph_optimization_level", "'bogus'", "disabled, basic, extended, all"]),
+    (lambda p: p["providers"]["ort_cpu"]["options"].update(graph_optimisation_level="all"),
+     ["providers.ort_cpu.options", "unknown option 'graph_optimisation_level'", "graph_optimization_level"]),
+    (lambda p: p["providers"]["torch_cpu"]["options"].update(device="cuda"), ["providers.torch_cpu.options.device", "cpu"]),
+    (lambda p: p["providers"].update(torch_compile=composed("providers=[torch_compile]")["providers"]["torch_compile"])
+     or p["providers"]["torch_compile"]["options"].update(mode="fastest"),
+     ["providers.torch_compile.options.mode", "'fastest'", "max-autotune"]),
+    (lambda p: p["providers"].update(torch_compile=composed("providers=[torch_compile]")["providers"]["torch_compile"])
+     or p["providers"]["torch_compile"]["options"].update(fullgraph="yes"),
+     ["providers.torch_compile.options.fullgraph", "true or false"]),
+    (lambda p: p["providers"].update(ort_int8=composed("providers=[ort_int8]")["providers"]["ort_int8"])
+     or p["providers"]["ort_int8"]["options"].update(weight_type="QInt3"),
+     ["providers.ort_int8.options.weight_type", "QInt8, QUInt8"]),
+    (lambda p: p.update(strict="maybe"), ["strict", "true or false", "'maybe'"]),
+    (lambda p: p["reference"].update(fp64="no"), ["reference.fp64", "true or false"]),
+    (lambda p: p.update(providers={}), ["providers", "no option selected"]),
+    (lambda p: p.update(dtypes={}), ["dtypes", "no option selected"]),
+    (lambda p: p.pop("models"), ["models", "no option selected"]),
+    (lambda p: p["models"].update({"a/b": p["models"]["mlp"]}), ["models.a/b", "[A-Za-z0-9_]"]),
+    (lambda p: p["models"].update({"..": p["models"]["mlp"]}), ["models...", "letters, digits and '_'"]),
+    (lambda p: p["models"].update({"my model": p["models"]["mlp"]}), ["models.my model", "[A-Za-z0-9_]"]),
+    (lambda p: p["models"].update({"my-model": p["models"]["mlp"]}), ["models.my-model", "[A-Za-z0-9_]"]),
+    (lambda p: p["dtypes"].update({"fp/16": p["dtypes"]["fp16"]}), ["dtypes.fp/16", "[A-Za-z0-9_]"]),
+    (lambda p: p["providers"].update({"ort cpu": p["providers"]["ort_cpu"]}), ["providers.ort cpu", "[A-Za-z0-9_]"]),
+])
+def test_bad_values_refused_at_compose(default, mutate, expected):
+    """What `parity compose` / `dvc exp run` refuse (tests/test_bad_config.py runs them end to end)."""
+    msg = config_error(default, mutate)
+    assert "\n" not in msg, msg
+    for s in expected:
+        assert s in msg, (s, msg)
+
+
+def test_every_provider_of_conf_passes_its_option_schema():
+    p = composed("providers=[" + ",".join(options("providers")) + "]")
+    runners = {prov["runner"] for prov in p["providers"].values()}
+    assert runners <= set(config.RUNNER_OPTIONS), runners - set(config.RUNNER_OPTIONS)
+    config.validate(p)
+
+
 def test_missing_params_file_says_how_to_make_it(tmp_path):
     with pytest.raises(config.ConfigError, match="parity compose"):
         config.load(Path(tmp_path) / "params.yaml")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import make_repo
+from conftest import make_repo, run
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +31,21 @@ def test_compare_names_the_regressed_cell_and_gates_ci(two_commits):
     assert "pass->fail REGRESSION" in line and "PASS -> FAIL" in line and "- -> fc1" in line
     assert "tiny_mlp-fp32-ort_cpu" not in p.stdout.split("\n\n")[0]  # unchanged cells are not listed
     assert "1 regressed" in p.stdout and "regression in tiny_mlp-fp16-ort_cpu" in p.stderr
+    # the verdict moved because the tolerance did: said so, not passed off as a numeric regression
+    assert "tolerance changed: dtypes.fp16.tol.atol 1.0 -> 0.0" in p.stdout
+    assert "tolerance changed: dtypes.fp16.tol.rtol 1.0 -> 0.0" in p.stdout
+    assert "(tolerance changed)" in line
+    assert "dtypes.fp32" not in p.stdout
     # the same comparison without the gate reports but exits 0
     assert two_commits.run(["parity", "compare", "HEAD~1", "HEAD"]).returncode == 0
 
 
 def test_compare_with_no_change_says_so(two_commits):
     p = two_commits.run(["parity", "compare", "HEAD", "--fail-on-regression"])
+    assert "nothing changed (2 cells, identical metrics)" in p.stdout
+    # two names of one commit (DVC reports them as one revision "same,HEAD")
+    two_commits.run(["git", "branch", "-f", "same", "HEAD"])
+    p = two_commits.run(["parity", "compare", "same", "HEAD", "--fail-on-regression"])
     assert "nothing changed (2 cells, identical metrics)" in p.stdout
 
 
@@ -49,6 +58,26 @@ def test_compare_prints_fp32_sized_errors_with_enough_digits(two_commits):
 def test_compare_of_an_unknown_revision_is_a_clear_error(two_commits):
     p = two_commits.run(["parity", "compare", "no-such-rev"], check=False)
     assert p.returncode == 2 and "no-such-rev" in p.stderr
+
+
+def test_compare_in_a_clone_without_the_metrics_in_cache_exits_2(two_commits, tmp_path):
+    """A CI job's fresh clone has no DVC cache: `dvc metrics diff` only warns and would call every
+    cell "new". parity compare refuses: exit 2, one line saying what to pull."""
+    clone = tmp_path / "clone"
+    two_commits.run(["git", "clone", "-q", str(two_commits.path), str(clone)])
+    p = run(["parity", "compare", "HEAD~1", "HEAD", "--fail-on-regression"], clone, check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "metrics of HEAD~1 are not in the local cache" in p.stderr and "dvc pull" in p.stderr
+    # against the (empty) workspace the same: the baseline cannot be loaded
+    p = run(["parity", "compare", "HEAD"], clone, check=False)
+    assert p.returncode == 2 and "metrics of HEAD are not in the local cache" in p.stderr, p.stderr
+
+
+def test_compare_with_a_baseline_that_never_ran_says_no_metrics(two_commits):
+    p = two_commits.run(["parity", "compare", "HEAD~2", "HEAD", "--fail-on-regression"], check=False)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "no cell metrics at HEAD~2" in p.stderr and "new" not in p.stdout
 
 
 def test_sweep_over_three_dtypes_runs_three_experiments_sharing_export(tmp_path):
@@ -70,3 +99,14 @@ def test_sweep_rejects_a_malformed_override(tmp_path):
     r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), compose=False)
     p = r.run(["parity", "sweep", "dtypes"], check=False)
     assert p.returncode == 2 and "not key=value" in p.stderr
+
+
+def test_a_verdict_mode_or_tolerance_change_in_the_metrics_is_named_not_its_measurements():
+    from parity.history import Change, tolerance_moved
+
+    params = {"dtypes.fp16.tol.atol": (1e-5, 1e-3), "models.other.tolerances": ([], [{}])}
+    c = Change("mlp-fp16-ort_cpu", {"verdict": "FAIL", "verdict_mode": "all_layers", "output.tol_ratio": 2.0},
+               {"verdict": "PASS", "verdict_mode": "output", "output.tol_ratio": 0.5})
+    assert tolerance_moved(c, params) == ["dtypes.fp16.tol.atol", "verdict_mode"]
+    same = Change("mlp-fp32-ort_cpu", {"verdict": "PASS", "tol_ratio": 0.1}, {"verdict": "PASS", "tol_ratio": 0.2})
+    assert tolerance_moved(same, params) == []

@@ -14,18 +14,79 @@ namespace package, so importing this one:
    valid options. Hydra 1.3 lists them only for single-select groups ("Could not load 'models/zzz'"
    otherwise). This wraps hydra._internal.defaults_list.config_not_found_error (pinned
    hydra-core==1.3.8); if that private function moves, the wrap is skipped and Hydra's own message
-   stands.
+   stands;
+4. makes a YAML syntax error in a conf file one line, `parity: config error: FILE:LINE:COL: problem`
+   (Hydra lets the YAML parser's multi-line error through; DVC prints it after "unexpected error"),
+   and records the top-level keys of every conf/<group>/<option>.yaml Hydra loads, so `validate`
+   can refuse a file keyed with another name than its own (conf/models/foo.yaml holding `bar:`:
+   Hydra merges it as models.bar, and the option name no longer says which file it came from).
+   This wraps FileConfigSource.load_config (hydra-core 1.3.8), like 3.
+
+Errors raised while resolving `${parity_validate:}` are ParityConfigError: OmegaConf passes an
+initialised exception of its own through unwrapped, so the message stays one line (no
+"ValueError raised while resolving interpolation", no "full_key:" lines).
 """
+
+import os
+from pathlib import Path
 
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
+GROUPS = ("models", "dtypes", "providers", "suites")
+_LOADED: dict = {}  # "group/option" -> (file, [top-level keys]) of each conf file Hydra loaded
+_CONF_DIRS: list = []  # the file:// directories of the search path (conf/)
+
+
+class ParityConfigError(InterpolationResolutionError):
+    """A one-line config error that OmegaConf re-raises as it is."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg)
+        self._initialized = True
 
 
 class ParityConfPlugin(SearchPathPlugin):
-    """Present so Hydra's discovery has a plugin class here; the search path is left as is."""
+    """Sees each Hydra initialisation first: forgets the previous composition's records and notes
+    the conf directories (for the options a group offers). The search path is left as is."""
 
     def manipulate_search_path(self, search_path) -> None:  # noqa: D102
-        return None
+        _LOADED.clear()
+        _CONF_DIRS[:] = [_file_path(e.path) for e in search_path.get_path()
+                         if e.provider == "main" and "://" not in _file_path(e.path)]
+
+
+def _file_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _rel(path: str) -> str:
+    """`path` relative to the working directory (the repo root under DVC) when inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _available(group: str) -> str:
+    opts = sorted({f.stem for d in _CONF_DIRS for f in Path(d, group).glob("*.yaml")})
+    return f" Available options in '{group}': {', '.join(opts)}" if opts else ""
+
+
+def _check_loaded(p: dict) -> None:
+    """Every option of a group came from the conf file of the same name, keyed by that name."""
+    from parity.config import ConfigError
+
+    for source, (file, keys) in sorted(_LOADED.items()):
+        group, _, option = source.rpartition("/")
+        if group not in GROUPS:
+            continue
+        for k in keys:
+            if k != option and k in (p.get(group) or {}):
+                raise ConfigError(f"{_rel(file)}: the option '{option}' must hold one mapping keyed by its own "
+                                  f"name '{option}', found '{k}' (rename the key or the file)")
 
 
 def _validate(*, _root_) -> str:
@@ -34,9 +95,14 @@ def _validate(*, _root_) -> str:
     p = OmegaConf.to_container(_root_, resolve=False)
     p.pop("validated", None)
     try:
+        for g in ("models", "dtypes", "providers"):
+            if not p.get(g):
+                raise config.ConfigError(f"{g}: no option selected ({g}=[]); select at least one, e.g. "
+                                         f"-S '{g}=[...]'.{_available(g)}")
+        _check_loaded(p)
         config.validate(p)
     except config.ConfigError as e:
-        raise ValueError(f"parity: config error: {e}") from None
+        raise ParityConfigError(f"parity: config error: {e}") from None
     return config.summary_line(p)
 
 
@@ -72,7 +138,7 @@ def _wrap_missing_option_error() -> None:
             if not group or "Available options" in str(e):
                 raise
             options = repo.get_group_options(group, ObjectType.CONFIG)
-            msg = (f"parity: config error: unknown {group} option '{option}' (no conf/{path}.yaml).\n"
+            msg = (f"parity: config error: unknown {group} option '{option}' (no conf/{path}.yaml). "
                    f"Available options in '{group}': {', '.join(options)}")
             raise MissingConfigException(msg, missing_cfg_file=path, options=options) from None
 
@@ -80,4 +146,45 @@ def _wrap_missing_option_error() -> None:
     dl.config_not_found_error = config_not_found_error
 
 
+def _yaml_error(e, file: str) -> str:
+    """`FILE:LINE:COL: problem (context)` from a YAML parser error, on one line."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{_rel(file)}:{mark.line + 1}:{mark.column + 1}" if mark else _rel(file)
+    what = getattr(e, "problem", None) or str(e).splitlines()[0]
+    ctx = getattr(e, "context", None)
+    cm = getattr(e, "context_mark", None)
+    extra = f" ({ctx}{f' at line {cm.line + 1}, column {cm.column + 1}' if cm else ''})" if ctx else ""
+    return f"parity: config error: {where}: YAML syntax error: {what}{extra}"
+
+
+class ConfFileError(ValueError):
+    """A conf file Hydra cannot read (one line: file:line:col)."""
+
+
+def _wrap_load_config() -> None:
+    try:
+        import yaml
+        from hydra._internal.core_plugins.file_config_source import FileConfigSource
+    except ImportError:
+        return
+    orig = getattr(FileConfigSource, "load_config", None)
+    if orig is None or getattr(orig, "_parity_wrapped", False):
+        return
+
+    def load_config(self, config_path: str):
+        file = os.path.join(_file_path(self.path), self._normalize_file_name(config_path))
+        try:
+            result = orig(self, config_path)
+        except yaml.YAMLError as e:
+            raise ConfFileError(_yaml_error(e, file)) from None
+        cfg = result.config
+        keys = [str(k) for k in cfg.keys()] if OmegaConf.is_dict(cfg) else []
+        _LOADED[config_path[:-5] if config_path.endswith(".yaml") else config_path] = (file, keys)
+        return result
+
+    load_config._parity_wrapped = True
+    FileConfigSource.load_config = load_config
+
+
 _wrap_missing_option_error()
+_wrap_load_config()

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 def _providers(kind: str, *, _root_) -> list:
     from parity import config
 
-    p = {"providers": OmegaConf.to_container(_root_.providers, resolve=True)}
+    # no provider selected (providers=[]): an empty split; ${parity_validate:} then says what is wrong
+    p = {"providers": OmegaConf.to_container(_root_.providers, resolve=True) if "providers" in _root_ else {}}
     split = {"engine": config.engine_providers, "capture": config.capture_providers}
     if kind not in split:
         raise ValueError(f"parity_providers: unknown kind '{kind}' (valid: capture, engine)")

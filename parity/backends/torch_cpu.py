@@ -81,7 +81,8 @@ class TorchRunner(Runner):
         t = self.torch
         out = []
         for n in self.input_names:
-            x = t.from_numpy(np.ascontiguousarray(feeds[n])).to(self.dev)
+            # parity.store hands out read-only views; torch needs a writable buffer (a copy only then)
+            x = t.from_numpy(np.require(feeds[n], requirements=["C", "W"])).to(self.dev)
             out.append(x.to(self.dtype) if x.is_floating_point() else x)
         return out
 

@@ -523,6 +523,9 @@ def validate_params(p: dict) -> None:
     for name, sec in suites.items():
         if "-" in name or "/" in name:
             raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
+        if isinstance(sec, dict) and "tolerances" not in sec:
+            raise ConfigError(f"suites.{name}: missing key 'tolerances' (conf/suites/{name}.yaml): give "
+                              f"`tolerances: []` for none (the suite's diff stages depend on that key)")
         try:
             expand(name, copy.deepcopy(sec))
         except SuiteError as e:
