@@ -25,6 +25,9 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
            params.yaml to new values and empties DVC's run-cache (.dvc/cache/runs, so nothing is
            restored): every capture and diff re-runs, plus env and the report; upstream does not.
            params.yaml is restored and the pipeline re-synced at the end.
+  oracle   diff of resnet18 fp32 ort_cpu in oracle mode (vs fp64 relative to the baseline), with and
+           without each layer's own error, vs the tolerance-only diff (today's diff) on the same
+           capture; and the capture stage with own error (--reference) vs without.
 
 The benchmarks run in a scratch clone (default /tmp/parity-bench, a `git clone` of this checkout's
 HEAD, reused if present) so this checkout's artifacts are never touched; if the clone has no
@@ -139,6 +142,42 @@ def bench_capture(repo: Path, runs: int) -> dict:
     print(f"  (capture settings: warmup {cfg.get('warmup')}, repeats {cfg.get('repeats')}; "
           f"plain-graph latency median {cfg.get('median_ms', float('nan')):.1f} ms)")
     return res
+
+
+def bench_oracle(repo: Path, runs: int) -> dict:
+    """The extra cost of the oracle verdict and of each layer's own error, per cell (resnet18 fp32
+    ort_cpu), as ratios against today's diff (the tolerance check alone) and the capture without
+    own error. Whole processes, command lines as in dvc.yaml, outputs in a temp dir."""
+    import yaml
+
+    tmp = Path(tempfile.mkdtemp(prefix="parity-bench-oracle-"))
+    model, dtype, prov = CELL.split("-")
+    p = yaml.safe_load((repo / "params.yaml").read_text())
+    p.setdefault("diff", {})["verdict"] = "tolerance"
+    (tmp / "tolerance.yaml").write_text(yaml.safe_dump(p))
+    cell = ["--model", model, "--dtype", dtype, "--provider", prov]
+    capture = ["python", "-m", "stages.capture", *cell, "--model-dir", f"artifacts/models/{model}",
+               "--inputs", f"artifacts/inputs/{model}.parquet", "--timing", str(tmp / "timing.json")]
+    ref = ["--reference", f"artifacts/reference/{model}/fp64.parquet"]
+    diff = ["python", "-m", "stages.diff", *cell, "--reference", f"artifacts/reference/{model}",
+            "--baseline", f"artifacts/baseline/{model}/{dtype}", "--model-dir", f"artifacts/models/{model}"]
+    sh(capture + ["--out", str(tmp / "plain")], repo)
+    sh(capture + ref + ["--out", str(tmp / "own")], repo)
+    res = paired(runs, {
+        "tol": lambda: {"diff, tolerance only": sh(diff + ["--params", str(tmp / "tolerance.yaml"), "--capture",
+                                                            str(tmp / "own"), "--out", str(tmp / "d1")], repo)},
+        "acc": lambda: {"diff, oracle (accumulated)": sh(diff + ["--capture", str(tmp / "plain"), "--out",
+                                                                 str(tmp / "d2")], repo)},
+        "own": lambda: {"diff, oracle + own error": sh(diff + ["--capture", str(tmp / "own"), "--out",
+                                                               str(tmp / "d3")], repo)},
+    }, "diff, tolerance only")
+    table(f"6a. diff of {CELL}: oracle verdict vs today's tolerance-only diff (s, whole processes)", res, "s", "ratio")
+    res2 = paired(runs, {
+        "plain": lambda: {"capture": sh(capture + ["--out", str(tmp / "c1")], repo)},
+        "own": lambda: {"capture + own error": sh(capture + ref + ["--out", str(tmp / "c2")], repo)},
+    }, "capture")
+    table(f"6b. capture of {CELL} with and without each layer's own error (s, whole processes)", res2, "s", "ratio")
+    return {"diff": res, "capture": res2}
 
 
 def bench_store(repo: Path, runs: int) -> dict:
@@ -279,7 +318,7 @@ def main() -> int:
     print("bench: " + ", ".join(f"{k} {v}" for k, v in out["versions"].items()) + f"; repo {repo}; "
           f"{a.runs} runs per side after 1 warm-up, interleaved")
     benches = {"dvc": bench_dvc, "capture": bench_capture, "store": bench_store, "cold": bench_cold,
-               "parallel": bench_parallel}
+               "parallel": bench_parallel, "oracle": bench_oracle}
     for name in a.only.split(","):
         out[name] = benches[name.strip()](repo, a.runs)
     if a.json:

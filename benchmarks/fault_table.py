@@ -1,0 +1,109 @@
+"""Injected faults, located: the acceptance experiment of the oracle verdict (issue 9).
+
+For each fault, parity.analysis.faults writes a faulty copy of a model's exported graphs; the
+pipeline's own capture and diff stages then run one cell on it (command lines as in dvc.yaml, the
+fp64 reference and the baseline from the checkout's artifacts), and the table says whether the diff
+named the faulty layer (or the ops between leaves) as drift_origin, with its cause label.
+
+Run it in a checkout whose pipeline has run for the models below at the given dtype (export,
+reference with reference.fp64, baseline), e.g. after
+    parity compose -S 'models=[mlp,transformer_block,resnet18,mobilenet_v3_small]' -S 'dtypes=[fp32]' \
+        -S 'providers=[ort_cpu]' && dvc repro
+    python benchmarks/fault_table.py [--repo .] [--dtype fp32] [--provider ort_cpu] [--json out.json]
+Outputs go to a temp dir; the checkout's artifacts are only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# (id, model, fault, target, extra args, expected drift_origin, expected cause label or None)
+FAULTS = [
+    ("conv weight x1.05", "resnet18", "weight_scale", "layer1.0.conv1", ["--value", "1.05"], "layer1.0.conv1", "scale"),
+    ("BatchNorm eps 1e-5 -> 1e-3", "resnet18", "bn_epsilon", "layer2.0.bn1", ["--value", "1e-3"], "layer2.0.bn1", None),
+    ("one output channel x1.1", "resnet18", "channel_scale", "layer3.0.conv1", ["--value", "1.1", "--channel", "0"],
+     "layer3.0.conv1", "channel"),
+    ("GELU -> tanh", "transformer_block", "gelu_tanh", "act", [], "act", None),
+    ("bias +1e-3", "resnet18", "bias_shift", "fc", ["--value", "1e-3"], "fc", "offset"),
+    ("Hardswish -> Relu", "mobilenet_v3_small", "hardswish_relu", "features.4.block.0.2", [],
+     "features.4.block.0.2", None),
+    ("softmax axis -1 -> -2", "transformer_block", "softmax_axis", "Softmax", [], "between:out", None),
+    ("Transpose [0,1,3,2] after a conv", "resnet18", "transpose", "layer2.0.conv2", ["--perm", "0,1,3,2"],
+     "layer2.0.conv2", "layout"),
+    ("+5e-5 on one layer's output", "resnet18", "output_offset", "layer4.1.conv2", ["--value", "5e-5"],
+     "layer4.1.conv2", None),
+]
+
+
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def one(repo: Path, tmp: Path, spec, dtype: str, provider: str) -> dict:
+    name, model, fault, target, extra, want, want_cause = spec
+    d = tmp / name.replace(" ", "_").replace("/", "_")
+    py = sys.executable
+    r = run([py, "-m", "parity.analysis.faults", "--model-dir", f"artifacts/models/{model}", "--fault", fault,
+             "--target", target, *extra, "--out", str(d / "model")], repo)
+    if r.returncode:
+        return {"fault": name, "model": model, "error": "inject: " + (r.stderr or r.stdout).strip()[-300:]}
+    cell = [f"--model", model, "--dtype", dtype, "--provider", provider]
+    r = run([py, "-m", "stages.capture", *cell, "--model-dir", str(d / "model"),
+             "--inputs", f"artifacts/inputs/{model}.parquet", "--calibration", f"artifacts/inputs/{model}.calibration.parquet",
+             "--reference", f"artifacts/reference/{model}/fp64.parquet", "--out", str(d / "capture"),
+             "--timing", str(d / "timing.json")], repo)
+    if r.returncode:
+        return {"fault": name, "model": model, "error": "capture: " + r.stderr.strip()[-300:]}
+    r = run([py, "-m", "stages.diff", *cell, "--capture", str(d / "capture"), "--reference", f"artifacts/reference/{model}",
+             "--baseline", f"artifacts/baseline/{model}/{dtype}", "--model-dir", f"artifacts/models/{model}",
+             "--out", str(d / "diff")], repo)
+    if r.returncode:
+        return {"fault": name, "model": model, "error": "diff: " + r.stderr.strip()[-300:]}
+    m = json.loads((d / "diff" / "metrics.json").read_text())
+    cause = (m.get("drift_origin_cause") or {})
+    exact = m.get("drift_origin") == want and (want_cause is None or cause.get("label") == want_cause)
+    return {"fault": name, "model": model, "target": target, "verdict": m["verdict"],
+            "drift_origin": m.get("drift_origin"), "where": m.get("drift_origin_where"),
+            "cause": cause.get("summary"), "cause_label": cause.get("label"), "worst_layer": m.get("worst_layer"),
+            "layers_failed": m.get("layers_failed"), "expected": want, "expected_cause": want_cause, "exact": exact}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", default=".")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--provider", default="ort_cpu")
+    ap.add_argument("--only", default="", help="comma-separated fault numbers (1-9)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    repo = Path(a.repo).resolve()
+    picked = [FAULTS[int(i) - 1] for i in a.only.split(",") if i] or FAULTS
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="parity-faults-") as td:
+        for spec in picked:
+            row = one(repo, Path(td), spec, a.dtype, a.provider)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    print(f"| # | fault | model | drift_origin (expected) | cause | verdict | layers failing | exact |")
+    print("|---|---|---|---|---|---|---|---|")
+    for i, r in enumerate(rows, 1):
+        if "error" in r:
+            print(f"| {i} | {r['fault']} | {r['model']} | ERROR: {r['error']} | | | | no |")
+            continue
+        print(f"| {i} | {r['fault']} | {r['model']} | {r['where'] or r['drift_origin']} ({r['expected']}) | "
+              f"{r['cause'] or '-'} | {r['verdict']} | {r['layers_failed']} | {'yes' if r['exact'] else 'no'} |")
+    print(f"\n{sum(bool(r.get('exact')) for r in rows)} of {len(rows)} exact")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
