@@ -29,13 +29,34 @@ _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za
 
 def search_roots(cwd: str | Path | None = None) -> list[Path]:
     """Where `python -m stages.<x>` run from the repo root finds modules: the repo root (cwd), then
-    sys.path (PYTHONPATH, the standard library, site-packages)."""
+    sys.path (PYTHONPATH, the standard library, site-packages), then the source trees of editable
+    installs (`pip install -e`), whose finders import from outside sys.path."""
     roots = [Path(cwd or Path.cwd()).resolve()]
     for p in sys.path:
         r = Path(p or ".").resolve()
         if r not in roots and r.is_dir():
             roots.append(r)
+    for r in _editable_roots(list(roots)):
+        if r not in roots:
+            roots.append(r)
     return roots
+
+
+def _editable_roots(dirs) -> list[Path]:
+    """Parents of the packages setuptools' editable finders map (`MAPPING = {name: path}` in
+    site-packages/__editable___*_finder.py), read as data, never imported."""
+    out = []
+    for d in dirs:
+        for f in sorted(d.glob("__editable___*_finder.py")):
+            for node in ast.parse(f.read_bytes()).body:
+                target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+                if isinstance(target, ast.Name) and target.id == "MAPPING" and node.value is not None:
+                    try:
+                        mapping = ast.literal_eval(node.value)
+                    except ValueError:
+                        continue
+                    out += [Path(p).parent for p in mapping.values()]
+    return out
 
 
 def find_module(name: str, roots) -> tuple[Path, Path] | None:

@@ -21,7 +21,7 @@ from parity.io import write_json
 def main(argv=None) -> int:
     ap = config.stage_parser("stages.env", __doc__)
     ap.add_argument("--out", default="artifacts/env")
-    ap.add_argument("--code", default="artifacts/code")
+    ap.add_argument("--code", help="folder for the import models' code hashes (default: code/ beside --out)")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     out = Path(a.out)
@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
     for model, code in codedeps.models_code(p["models"]).items():
-        write_json(Path(a.code) / f"{model}.json", code)
+        write_json(Path(a.code or out.parent / "code") / f"{model}.json", code)
     for name, fp in comps.items():
         desc = ", ".join(f"{k}={v}" for k, v in fp.items())
         print(f"env: {name:12s} {desc}")

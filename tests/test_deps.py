@@ -141,6 +141,19 @@ def test_missing_import_module_is_a_config_error():
     assert "nosuchpkg/nets.py or nosuchpkg/nets/__init__.py" in msg and "\n" not in msg
 
 
+def test_compose_refuses_a_missing_import_module_in_one_line(tmp_path):
+    repo = make_repo(tmp_path / "repo", compose=False)
+    (repo.path / "conf/models/tiny_mlp.yaml").write_text(
+        (repo.path / "conf/models/tiny_mlp.yaml").read_text().replace("source: parity", "source: import")
+        .replace("name: mlp", "name: mynets.mlp:MLP"))
+    p = repo.run([f"{BIN}/parity", "compose"], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert "models.tiny_mlp.arch.name: cannot find module 'mynets.mlp'" in lines[0]
+    assert "mynets/mlp.py or mynets/mlp/__init__.py" in lines[0]
+    assert not (repo.path / "params.yaml").exists()
+
+
 def test_locating_a_user_module_never_imports_it(tmp_path):
     """Validation and hashing read files only: a package whose import would fail is still found."""
     pkg = tmp_path / "boom"
@@ -151,6 +164,21 @@ def test_locating_a_user_module_never_imports_it(tmp_path):
     code = codedeps.model_code("boom.net", [tmp_path])
     assert sorted(code["files"]) == ["boom/__init__.py", "boom/blocks.py", "boom/net.py"]
     assert "boom" not in sys.modules
+
+
+def test_editable_installs_are_found_without_importing(tmp_path):
+    """`pip install -e` of src-layout packages imports through a finder, not sys.path: its MAPPING
+    (read as data) gives the source tree to search."""
+    site, src = tmp_path / "site", tmp_path / "proj" / "src"
+    (src / "mynets").mkdir(parents=True)
+    (src / "mynets" / "__init__.py").write_text("")
+    (src / "mynets" / "mlp.py").write_text("raise SystemExit('imported!')\n")
+    site.mkdir()
+    (site / "__editable___mynets_0_1_finder.py").write_text(
+        f"import sys\nMAPPING: dict[str, str] = {{'mynets': {str(src / 'mynets')!r}}}\n")
+    roots = [site, *codedeps._editable_roots([site])]
+    assert codedeps.find_module("mynets.mlp", roots) == (src, src / "mynets" / "mlp.py")
+    assert sorted(codedeps.model_code("mynets.mlp", roots)["files"]) == ["mynets/__init__.py", "mynets/mlp.py"]
 
 
 # ----------------------------------------------------------------------------- real DVC, temp repo
@@ -225,8 +253,7 @@ def test_editing_a_user_model_makes_exactly_its_stages_stale(two_models):
 
 
 @pytest.mark.parametrize("rel", ["parity/io.py", "stages/inputs.py", "parity/store.py", "parity/export.py",
-                                 "parity/compare.py", "parity/suites/render.py", "parity/backends/trt.py",
-                                 "parity/models/zoo.py", "parity/fingerprint.py"])
+                                 "parity/suites/render.py", "parity/backends/trt.py", "parity/fingerprint.py"])
 def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
     """Over every stage of the repo: stale after the edit == the stages whose closure holds the file."""
     repo = two_models
