@@ -42,11 +42,15 @@ ifeq ($(PUSH),1)
 endif
 	@echo "parity: report at artifacts/report/report.html (Markdown: artifacts/report/report.md)"
 
+# pytest runs as on a user's machine: Python writes bytecode next to the code and output is buffered
+# (our CI shells set both variables; tests/test_deps.py checks bytecode makes no stage stale)
+PYTEST := env -u PYTHONDONTWRITEBYTECODE -u PYTHONUNBUFFERED $(BIN)/pytest
+
 test: setup
-	$(BIN)/pytest -q -m "not slow"
+	$(PYTEST) -q -m "not slow"
 
 test-all: setup
-	$(BIN)/pytest -q
+	$(PYTEST) -q
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from parity import codedeps
+
 PARAMS_FILE = "params.yaml"
 
 TOP_KEYS = {
@@ -270,8 +272,8 @@ def validate(p: dict) -> dict:
             raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
         if arch["source"] == "parity" and arch["name"] not in PARITY_ZOO:
             raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. Valid: {_choices(PARITY_ZOO)}")
-        if arch["source"] == "import" and ":" not in str(arch["name"]):
-            raise ConfigError(f"{where}.arch.name: expected 'package.module:callable', got {arch['name']!r}")
+        if arch["source"] == "import":
+            check_import_model(f"{where}.arch.name", arch["name"])
         if not isinstance(m["input"], list) or not m["input"]:
             raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
         for i, spec in enumerate(m["input"]):
@@ -330,6 +332,18 @@ def check_runner(where: str, prov: dict) -> None:
         imports.check_runner(prov["runner"], declared, valid)
     except imports.NotAllowed as e:
         raise ConfigError(f"{where}.runner: {e}") from None
+
+
+def check_import_model(where: str, name) -> None:
+    """An `arch.source: import` model names 'package.module:callable' whose module is a source file
+    under the repo root or sys.path. Located without importing anything (validation never runs user
+    code); its files are what the env stage hashes into the model's code dependency (parity.codedeps)."""
+    mod, _, attr = str(name).partition(":")
+    if not mod or not attr:
+        raise ConfigError(f"{where}: expected 'package.module:callable', got {name!r}")
+    if codedeps.find_module(mod, codedeps.search_roots()) is None:
+        raise ConfigError(f"{where}: cannot find module '{mod}': no {codedeps.searched(mod)} in the repo root "
+                          f"({Path.cwd()}) or on sys.path")
 
 
 def engine_providers(p: dict) -> list[str]:

@@ -4,6 +4,8 @@ Writes, under --out:
   <component>.json         versions / device identity of one component (parity.fingerprint.COMPONENTS)
   provider-<name>.json     what one provider's cells depend on (its `uses:` components)
   stage-<name>.json        what a shared stage depends on (parity.fingerprint.STAGE_USES)
+and under --code, <model>.json: the sha256 of an `import` model's source files (parity.codedeps), a
+dependency of that model's stages, so editing the user's model code re-runs exactly those.
 Identical machines give identical bytes, so downstream stages re-run only when something they use
 changed.
 """
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import config, fingerprint
+from parity import codedeps, config, fingerprint
 from parity.io import write_json
 
 
 def main(argv=None) -> int:
     ap = config.stage_parser("stages.env", __doc__)
     ap.add_argument("--out", default="artifacts/env")
+    ap.add_argument("--code", help="folder for the import models' code hashes (default: code/ beside --out)")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     out = Path(a.out)
@@ -29,6 +32,8 @@ def main(argv=None) -> int:
         write_json(out / f"provider-{prov}.json", {c: comps[c] for c in sorted(pc["uses"])})
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
+    for model, code in codedeps.models_code(p["models"]).items():
+        write_json(Path(a.code or out.parent / "code") / f"{model}.json", code)
     for name, fp in comps.items():
         desc = ", ".join(f"{k}={v}" for k, v in fp.items())
         print(f"env: {name:12s} {desc}")

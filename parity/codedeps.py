@@ -1,0 +1,180 @@
+"""Which source files a module's code is made of, found without importing anything.
+
+Two users:
+- the env stage hashes the source of every `arch.source: import` model (models.<m>.arch.name
+  'package.module:callable') into a per-model file that the model's stages depend on, so editing a
+  user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json);
+- tests/test_deps.py computes each stage's import closure and checks it equals the stage's `deps:`.
+
+Static analysis (ast) only: `import a.b`, `from a import b` (b may be a submodule), relative imports,
+imports inside functions, and string constants naming a module ('pkg.mod' or 'pkg.mod:attr', as
+passed to `python -m` or importlib). Modules are located by walking search roots for
+pkg/mod.py or pkg/mod/__init__.py, never with importlib (find_spec on a dotted name imports its
+parents, which would run user code).
+
+Not covered: modules imported by a computed name, extension modules (.so), data files a module reads,
+and installed third-party packages (their versions are in the env fingerprints).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import sys
+from pathlib import Path
+
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_]\w*:[A-Za-z_][\w.]*$")
+
+
+def search_roots(cwd: str | Path | None = None) -> list[Path]:
+    """Where `python -m stages.<x>` run from the repo root finds modules: the repo root (cwd), then
+    sys.path (PYTHONPATH, the standard library, site-packages), then the source trees of editable
+    installs (`pip install -e`), whose finders import from outside sys.path."""
+    roots = [Path(cwd or Path.cwd()).resolve()]
+    for p in sys.path:
+        r = Path(p or ".").resolve()
+        if r not in roots and r.is_dir():
+            roots.append(r)
+    for r in _editable_roots(list(roots)):
+        if r not in roots:
+            roots.append(r)
+    return roots
+
+
+def _editable_roots(dirs) -> list[Path]:
+    """Parents of the packages setuptools' editable finders map (`MAPPING = {name: path}` in
+    site-packages/__editable___*_finder.py), read as data, never imported."""
+    out = []
+    for d in dirs:
+        for f in sorted(d.glob("__editable___*_finder.py")):
+            for node in ast.parse(f.read_bytes()).body:
+                target = getattr(node, "target", None) or (getattr(node, "targets", None) or [None])[0]
+                if isinstance(target, ast.Name) and target.id == "MAPPING" and node.value is not None:
+                    try:
+                        mapping = ast.literal_eval(node.value)
+                    except ValueError:
+                        continue
+                    out += [Path(p).parent for p in mapping.values()]
+    return out
+
+
+def find_module(name: str, roots) -> tuple[Path, Path] | None:
+    """(root, file) of module `name` (pkg/mod.py or pkg/mod/__init__.py) under the first root that
+    holds it, or None."""
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        return None
+    rel = Path(*name.split("."))
+    for root in roots:
+        for f in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+            if f.is_file():
+                return Path(root), f
+    return None
+
+
+def searched(name: str) -> str:
+    """The files find_module looks for, for error messages."""
+    rel = "/".join(name.split("."))
+    return f"{rel}.py or {rel}/__init__.py"
+
+
+def _parents(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def imported_names(path: Path, modname: str) -> set[str]:
+    """Module names `path` (module `modname`) may import, as written: every import statement (at any
+    depth), `from x import y` as both x and x.y, and module names in an import position as strings
+    (`"-m", "pkg.mod"` in an argv list, `import_module("pkg.mod")`)."""
+    tree = ast.parse(path.read_bytes(), filename=str(path))
+    package = modname if path.name == "__init__.py" else modname.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*up, base] if base else up)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+        elif isinstance(node, (ast.List, ast.Tuple)):  # [sys.executable, "-m", "pkg.mod", ...]
+            elts = node.elts
+            for a, b in zip(elts, elts[1:]):
+                if _const(a) == "-m" and _const(b) and _DOTTED.match(_const(b)):
+                    names.add(_const(b))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            if node.args and _const(node.args[0]) and _DOTTED.match(_const(node.args[0])):
+                names.add(_const(node.args[0]).partition(":")[0])
+    return {n for n in names if n}
+
+
+def _const(node) -> str | None:
+    """A string constant's value (None for anything else). Only strings in an import position count
+    as imports (`-m pkg.mod` in an argv list, importlib.import_module("pkg.mod")): a module name as
+    data (a table keyed by runner paths, an allow-list of namespaces) is not an import."""
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def closure(modules, roots, keep=lambda root, f: True) -> dict[str, Path]:
+    """{module name: file} for `modules`, their parent packages and everything they import in turn,
+    as far as find_module resolves a name under `roots` and keep(root, file) accepts it."""
+    found: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        hit = find_module(name, roots)
+        if hit is None or not keep(*hit):
+            continue
+        found[name] = hit[1]
+        todo.extend(_parents(name))
+        todo.extend(imported_names(hit[1], name))
+    return found
+
+
+def _installed(root: Path) -> bool:
+    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    return "site-packages" in root.parts or any(root == p or p in root.parents for p in prefixes)
+
+
+def model_code(module: str, roots=None) -> dict:
+    """What an `import` model's stages depend on: sha256 of the module's file, its packages'
+    __init__.py, and the modules it imports in turn from the same source tree (for a module installed
+    in site-packages: from its own top-level package only). Paths are relative to the root the module
+    was found under, so the same code gives the same bytes on every machine.
+
+    Raises LookupError if the module's file cannot be found."""
+    roots = search_roots() if roots is None else roots
+    hit = find_module(module, roots)
+    if hit is None:
+        raise LookupError(f"cannot find module '{module}' (searched {searched(module)} under "
+                          f"{', '.join(map(str, roots))})")
+    home, top = hit[0], module.split(".")[0]
+
+    def keep(root: Path, f: Path) -> bool:
+        if root != home:
+            return False
+        return not _installed(home) or f.relative_to(home).parts[0] in (top, f"{top}.py")
+
+    files = closure([module], roots, keep).values()
+    return {"source": "import", "module": module,
+            "files": {f.relative_to(home).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+                      for f in sorted(files)}}
+
+
+def models_code(models: dict, roots=None) -> dict[str, dict]:
+    """{model: what its stages depend on} for every model of params `models`. parity and torchvision
+    models get a constant: their code is parity/models (a file dep of the stages) and torchvision
+    (whose version is in the torch fingerprint)."""
+    out = {}
+    for name, m in sorted(models.items()):
+        arch = m["arch"]
+        if arch["source"] == "import":
+            out[name] = model_code(str(arch["name"]).partition(":")[0], roots)
+        else:
+            out[name] = {"source": arch["source"]}
+    return out
