@@ -251,8 +251,7 @@ def test_compiled_and_int8_runners_say_own_error_is_not_measured(cases):
 
 def test_pipeline_writes_own_values_for_each_cell_from_the_fp64_reference(tmp_path):
     repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"))
-    repo.edit("conf/config.yaml", "fp64: false", "fp64: true")
-    repo.exp_run()
+    repo.repro()  # reference.fp64 is on by default
     art = repo.path / "artifacts"
     ref = store.read_dict(art / "reference/tiny_mlp/fp64.parquet")
     assert (0, "pre:fc2") in ref
