@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from parity import store
-from parity.backends.base import CaptureJob
+from parity.backends.base import CaptureJob, run_capture
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.backends.torch_compile import TorchCompileRunner
 from parity.backends.torch_cpu import TorchCpuRunner
@@ -247,6 +247,18 @@ def test_compiled_and_int8_runners_say_own_error_is_not_measured(cases):
     job.dtype, job.dtype_cfg = "int8", {"torch": "float32", "mode": "int8_static"}
     assert "int8" in OrtCpuRunner(job).own_unsupported
     assert OrtCpuRunner(case.job()).own_unsupported is None
+
+
+def test_capture_without_fp64_reference_says_own_error_is_not_measured(cases, tmp_path):
+    case = cases["mlp"]
+    job = case.job("torch_cpu")
+    job.provider_cfg = {"dtypes": ["fp32"]}
+    job.reference = tmp_path / "fp64.parquet"  # reference.fp64: false writes none
+    res = run_capture(TorchCpuRunner, job, [{"input": case.x}], 0, 1)
+    assert res.status == "OK" and res.own is None and "reference.fp64: true" in res.own_reason
+    store.write(job.reference, [store.Tensor(0, n, i, v) for i, (n, v) in enumerate(case.ref.items())])
+    res = run_capture(TorchCpuRunner, job, [{"input": case.x}], 0, 1)
+    assert res.own_reason == "" and [n for n, _ in res.own[0]][:2] == ["between:fc1", "fc1"]
 
 
 def test_pipeline_writes_own_values_for_each_cell_from_the_fp64_reference(tmp_path):
