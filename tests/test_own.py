@@ -18,7 +18,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from parity import store
-from parity.backends.base import CaptureJob
+from parity.backends.base import CaptureJob, run_capture
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.backends.torch_compile import TorchCompileRunner
 from parity.backends.torch_cpu import TorchCpuRunner
@@ -249,6 +249,18 @@ def test_compiled_and_int8_runners_say_own_error_is_not_measured(cases):
     assert OrtCpuRunner(case.job()).own_unsupported is None
 
 
+def test_capture_without_fp64_reference_says_own_error_is_not_measured(cases, tmp_path):
+    case = cases["mlp"]
+    job = case.job("torch_cpu")
+    job.provider_cfg = {"dtypes": ["fp32"]}
+    job.reference = tmp_path / "fp64.parquet"  # reference.fp64: false writes none
+    res = run_capture(TorchCpuRunner, job, [{"input": case.x}], 0, 1)
+    assert res.status == "OK" and res.own is None and "reference.fp64: true" in res.own_reason
+    store.write(job.reference, [store.Tensor(0, n, i, v) for i, (n, v) in enumerate(case.ref.items())])
+    res = run_capture(TorchCpuRunner, job, [{"input": case.x}], 0, 1)
+    assert res.own_reason == "" and [n for n, _ in res.own[0]][:2] == ["between:fc1", "fc1"]
+
+
 def test_pipeline_writes_own_values_for_each_cell_from_the_fp64_reference(tmp_path):
     repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"))
     repo.repro()  # reference.fp64 is on by default
@@ -268,3 +280,41 @@ def test_pipeline_writes_own_values_for_each_cell_from_the_fp64_reference(tmp_pa
                                                    "between:fc2", "between:output"}
         for (k, n), t in own.items():
             assert rel_l2(t.array, ref[(k, store.own_reference_name(n))].array) < NOISE, (provider, n)
+
+
+def _node(op, ins, outs, scope=None, **attrs):
+    n = helper.make_node(op, ins, outs, name=outs[0], **attrs)
+    if scope is not None:
+        p = n.metadata_props.add()
+        p.key, p.value = onnx_cut.SCOPES, repr(["", "model", f"model.{scope}", op.lower()])
+    return n
+
+
+def test_cut_graph_on_a_hand_built_graph_feeds_leaves_and_between_ops_from_the_reference():
+    """onnx only: a = relu(x); b = relu(a + x) (module `a` called once, `r` twice); `d` a leaf with
+    no node in the metadata (skipped, named)."""
+    f = lambda n: helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 3])  # noqa: E731
+    nodes = [_node("Relu", ["x"], ["a"], "a"), _node("Add", ["a", "x"], ["s"]),
+             _node("Relu", ["s"], ["r"], "r"), _node("Neg", ["r"], ["n"]), _node("Relu", ["n"], ["r#1"], "r"),
+             _node("Identity", ["r#1"], ["d"]), _node("Identity", ["d"], ["output"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [f("x")], [f(o) for o in ("output", "a", "r", "r#1", "d")]),
+                          opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    lv = onnx_cut.analyse(m)
+    assert lv.inputs == {"a": "x", "r": "s", "r#1": "n"} and list(lv.skipped) == ["d"]
+    assert onnx_cut.regions(m)["r"] == {"after": ["a"], "ops": ["Add"]}
+    assert onnx_cut.regions(m)["r#1"] == {"after": ["r"], "ops": ["Neg"]}
+    cut = onnx_cut.cut(m, lv)
+    onnx.checker.check_model(cut, full_check=True)
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.array([[1, -2, 3], [-4, 5, -6]], np.float32)
+    ref = {"a": np.full((2, 3), 7, np.float32), "r": np.full((2, 3), -1, np.float32),
+           "r#1": np.full((2, 3), 9, np.float32), "d": np.full((2, 3), 9, np.float32),
+           "pre:a": -x, "pre:r": np.full((2, 3), -3, np.float32), "pre:r#1": np.full((2, 3), 2, np.float32)}
+    feed = {"x": x, **{i.name: ref[i.name.removeprefix(onnx_cut.REF)] for i in s.get_inputs() if i.name != "x"}}
+    got = dict(zip([o.name for o in s.get_outputs()], s.run(None, feed)))
+    np.testing.assert_array_equal(got["a"], np.maximum(-x, 0))           # a on its reference input
+    np.testing.assert_array_equal(got["r#1"], np.full((2, 3), 2))         # r#1 on pre:r#1, not on -r
+    np.testing.assert_array_equal(got["between:r"], ref["a"] + x)         # the Add on the reference a
+    np.testing.assert_array_equal(got["between:r#1"], -ref["r"])          # the Neg on the reference r

@@ -216,11 +216,11 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
     if runner.own_unsupported:
         res.own_reason = runner.own_unsupported
         return
-    refs = reference_values(Path(job.reference))
-    if len(refs) != len(feeds):
-        res.own_reason = f"{job.reference} has {len(refs)} samples, the inputs {len(feeds)}"
-        return
     try:
+        refs = reference_values(Path(job.reference))
+        if len(refs) != len(feeds):
+            res.own_reason = f"{job.reference} has {len(refs)} samples, the inputs {len(feeds)}"
+            return
         own = [runner.infer_own(f, r) for f, r in zip(feeds, refs)]
     except Exception as e:
         res.own_reason = "own-error run failed: " + _reason(e)

@@ -5,11 +5,12 @@
 Captured values are upcast to float32 (exact) for storage.
 
 Own error (infer_own): two eager passes of the LayerRecorder at the cell's dtype and mode (autocast
-context included). Pass A feeds each leaf call's first floating input from the reference (`pre:<call>`,
-cast to the cell's dtype, cloned so in-place modules cannot overwrite it) and records the leaf outputs
-(`<leaf>`: what this backend makes of the exact input). Pass B replaces each leaf call's output by the
-reference's and records each leaf's input (`between:<leaf>`: what the ops between leaves make of exact
-leaf outputs; `between:output` for ops after the last leaf). Both reuse LayerRecorder's call naming."""
+context included). Pass A feeds each leaf call's first floating input from the reference
+(`pre:<call>`, cast to the cell's dtype, a fresh tensor per pass since in-place modules overwrite it)
+and records the leaf outputs (`<leaf>`: what this backend makes of the exact input). Pass B replaces
+each leaf call's output by the reference's and records only each leaf's input (`between:<leaf>`: what
+the ops between leaves make of exact leaf outputs; `between:output` for ops after the last leaf).
+Both reuse LayerRecorder's call naming."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ class TorchRunner(Runner):
 
     def _ref(self, ref: dict, prefix: str) -> dict:
         """Reference values whose names start with `prefix` (or, for "", every leaf output), by call
-        name, as tensors at the model's dtype on its device."""
+        name, as fresh tensors (modules may modify them in place) at the model's dtype on its device."""
         t = self.torch
         out = {}
         for n, v in ref.items():
@@ -136,12 +137,12 @@ class TorchRunner(Runner):
                 rec.feed_inputs = self._ref(ref, store.PRE)  # pass A: leaves on reference inputs
                 outs = rec(*xs)
                 own = [(n, self._np(v)) for n, v in zip(rec.names, outs) if not store.is_output(n)]
-                rec.feed_inputs, rec.inputs = None, True
+                rec.feed_inputs, rec.inputs, rec.outputs = None, True, False
                 rec.feed_outputs = self._ref(ref, "")  # pass B: between-leaf ops on reference outputs
                 outs = rec(*xs)
         finally:
             rec.feed_inputs = rec.feed_outputs = None
-            rec.inputs = False
+            rec.inputs, rec.outputs = False, True
         between = {n.removeprefix(store.PRE): self._np(v) for n, v in zip(rec.names, outs) if store.is_pre(n)}
         between.update((n, self._np(v)) for n, v in zip(rec.names, outs) if store.is_output(n))
         return interleave(own, between)

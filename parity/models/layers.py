@@ -10,8 +10,10 @@ and the per-layer ONNX export, so every side names layers identically.
 - `inputs=True` also records each leaf call's first floating input (forward pre-hook, cloned before
   an in-place module overwrites it) as `pre:<call name>` (the fp64 reference: own error).
 - `feed_inputs` / `feed_outputs` ({call name: tensor}) replace a call's first floating input (and
-  any positional argument that is the same tensor) / its output by a clone of the given tensor: the
-  torch runners' own-error passes (parity.backends). Other inputs of a multi-input leaf are not fed.
+  any positional argument that is the same tensor) / its output by the given tensor: the torch
+  runners' own-error passes (parity.backends). Other inputs of a multi-input leaf are not fed. The
+  tensors are used as given (an in-place module or `out += identity` may modify them), so pass fresh
+  ones for every run.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class LayerRecorder(nn.Module):
         self.model = model.eval()
         self.recording = True
         self.inputs = inputs
+        self.outputs = True  # record leaf outputs (off: only inputs, e.g. while outputs are fed)
         self.feed_inputs: dict[str, torch.Tensor] | None = None
         self.feed_outputs: dict[str, torch.Tensor] | None = None
         self.names: list[str] = []
@@ -92,7 +95,7 @@ class LayerRecorder(nn.Module):
                 self._buf.append((PRE + base, args[i].clone()))
             if self.feed_inputs is not None and base in self.feed_inputs:
                 # every positional argument that *is* that input (self-attention's q, k, v = x, x, x)
-                rep = self.feed_inputs[base].clone()
+                rep = self.feed_inputs[base]
                 return tuple(rep if a is args[i] else a for a in args)
             return None
         return hook
@@ -104,9 +107,10 @@ class LayerRecorder(nn.Module):
             k = self._calls.get(name, 0)
             self._calls[name] = k + 1
             base = self.call_name(name, k)
-            tensors = [t for t in flatten(out) if t.is_floating_point()]
-            for i, t in enumerate(tensors):
-                self._buf.append((base if i == 0 else f"{base}:{i}", t.clone()))
+            if self.outputs:
+                tensors = [t for t in flatten(out) if t.is_floating_point()]
+                for i, t in enumerate(tensors):
+                    self._buf.append((base if i == 0 else f"{base}:{i}", t.clone()))
             if self.feed_outputs is not None:
                 return _replaced(out, base, self.feed_outputs)
             return None
@@ -126,10 +130,10 @@ class LayerRecorder(nn.Module):
 
 
 def _replaced(out, base: str, feed: dict):
-    """`out` (a tensor or a tuple/list of tensors) with its floating tensors replaced by clones of
+    """`out` (a tensor or a tuple/list of tensors) with its floating tensors replaced by
     feed[`base`], feed[`base:1`], ... where given; None (keep) when nothing was replaced."""
     if isinstance(out, torch.Tensor):
-        return feed[base].clone() if out.is_floating_point() and base in feed else None
+        return feed[base] if out.is_floating_point() and base in feed else None
     if not isinstance(out, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in out):
         return None
     new, i, hit = [], 0, False
@@ -138,7 +142,7 @@ def _replaced(out, base: str, feed: dict):
             key = base if i == 0 else f"{base}:{i}"
             i += 1
             if key in feed:
-                t, hit = feed[key].clone(), True
+                t, hit = feed[key], True
         new.append(t)
     return type(out)(new) if hit else None
 

@@ -166,7 +166,7 @@ def _vi(name: str, like: onnx.TypeProto | None) -> onnx.ValueInfoProto:
 def cut(m: onnx.ModelProto, lv: Leaves) -> onnx.ModelProto:
     """The cut graph (module doc): inputs = the model's + `ref:<call>` + `pre:<call>`; outputs =
     `<call>` (own) per leaf, `between:<call>` per cut leaf input, `between:output[:i]`."""
-    g = _Graph(m.graph)
+    g = _Graph(onnx.shape_inference.infer_shapes(m).graph)  # types of the tensors now graph I/O
     src_of = {t: c for c, t in lv.src.items()}
     node_call = {i: c for c, s in lv.nodes.items() for i in s}
     used_ref: dict[str, str] = {}
