@@ -7,6 +7,9 @@ Options (conf/providers/<p>.yaml `options:`), shared by every ORT provider:
   provider_options          the execution provider's options (e.g. device_id, trt_fp16_enable)
   fallback                  further execution providers, in order (default: none, so a node the EP
                             cannot take fails the session instead of silently running elsewhere)
+
+Runner.mixed (the mixed-precision plan): the plain graph converted with chosen nodes left in float32
+(convert_float_to_float16's node_block_list; ort_int8: the quantizer's nodes_to_exclude).
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class OrtRunner(Runner):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
         return m.SerializeToString()
 
-    def _session(self, path):
+    def _session(self, path, model: bytes | None = None):
+        """A session on `path` converted to the cell's dtype, or on `model` (serialized) as it is."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -56,11 +60,54 @@ class OrtRunner(Runner):
         so.log_severity_level = 3
         if self.job.threads:
             so.intra_op_num_threads = self.job.threads
-        sess = ort.InferenceSession(self._convert(path), sess_options=so, providers=self._providers())
+        sess = ort.InferenceSession(self._convert(path) if model is None else model, sess_options=so,
+                                    providers=self._providers())
         if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
             raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
                               f"{sess.get_providers()}): the EP's libraries or device are missing")
         return sess
+
+    # -- mixed precision (Runner.mixed): items are node names of the plain graph, model.onnx --
+    plan_items = "onnx_nodes"
+
+    def _plan_source(self):
+        """model.onnx, loaded once for every mixed() call: value_info of initializers dropped (the
+        dynamo exporter records them; converters then insert casts twice or fail on stale shapes) and
+        shapes inferred once, so each conversion can skip shape inference."""
+        import onnx
+
+        if getattr(self, "_plan_src", None) is None:
+            m = onnx.load(str(self.job.model_dir / "model.onnx"))
+            inits = {t.name for t in m.graph.initializer}
+            keep = [v for v in m.graph.value_info if v.name not in inits]
+            del m.graph.value_info[:]
+            m.graph.value_info.extend(keep)
+            self._plan_src = onnx.shape_inference.infer_shapes(m)
+        return self._plan_src
+
+    def mixed(self, reduced, flip=()):
+        import onnx
+
+        src = self._plan_source()
+        nodes = {n.name for n in src.graph.node}
+        fp32 = set(flip) if reduced else nodes - set(flip)
+        m = onnx.ModelProto()
+        m.CopyFrom(src)
+        if fp32 != nodes:  # everything in fp32: the exported graph as it is
+            m = self._mixed_model(m, fp32)
+        self.plain = self._session(None, m.SerializeToString())
+        self.plain_names = [o.name for o in self.plain.get_outputs()]
+
+    def _mixed_model(self, m, fp32_nodes: set):
+        """`m` at the cell's dtype with the nodes `fp32_nodes` left in float32 (fp16:
+        convert_float_to_float16's node_block_list, Casts inserted around them)."""
+        if self.job.dtype != "fp16":
+            raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        m = convert_float_to_float16(m, keep_io_types=True, node_block_list=sorted(fp32_nodes),
+                                     disable_shape_infer=True)
+        return dedupe_nodes(m)
 
     def provider_options(self) -> dict:
         """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
@@ -90,3 +137,26 @@ class OrtRunner(Runner):
 
 class OrtCpuRunner(OrtRunner):
     pass
+
+
+def dedupe_nodes(m):
+    """Drop repeated identical nodes. convert_float_to_float16 (onnxruntime 1.31) inserts one
+    `<value>_cast_to_fp32` Cast per blocked consumer of an fp16 value, all with the same name, input
+    and output, which onnxruntime rejects ("two nodes with same node name")."""
+    seen, keep = set(), []
+    for n in m.graph.node:
+        key = n.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(n)
+    if len(keep) != len(m.graph.node):
+        del m.graph.node[:]
+        m.graph.node.extend(keep)
+        names, vi = set(), []
+        for v in m.graph.value_info:
+            if v.name not in names:
+                names.add(v.name)
+                vi.append(v)
+        del m.graph.value_info[:]
+        m.graph.value_info.extend(vi)
+    return m

@@ -30,6 +30,7 @@ def _is_compiler_error(e: BaseException) -> bool:
 
 class TorchCompileRunner(TorchRunner):
     device = "cpu"
+    plan_items = None  # no mixed-precision plan (Runner.mixed): the plan runs torch_cpu's eager model
 
     @classmethod
     def availability(cls, job):

@@ -1,0 +1,1 @@
+"""Analysis of captured values: the fp64 oracle verdict, each layer's own error, causes, plans."""
