@@ -164,7 +164,7 @@ def sensitivity(ev: Evaluator) -> list[dict]:
     for leaf, items in ev.units.items():
         r = ev.run(False, [leaf], n_samples=1, phase="sensitivity")
         rows.append({"layer": leaf, "rel_l2": r["rel_l2"], "tol_ratio": r["tol_ratio"],
-                     "max_abs": r["max_abs"], "items": len(items)})
+                     "max_abs": r["max_abs"], "n_items": len(items)})
     return sorted(rows, key=lambda r: (-r["rel_l2"], r["layer"]))
 
 
@@ -360,8 +360,8 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
                f"settings (providers.{plan['provider']}.options) and nodes_to_exclude=nodes_to_exclude")
         doc["nodes_to_exclude"] = nodes
     elif plan.get("items") == "onnx_nodes":
-        how = ("onnxruntime.transformers.float16.convert_float_to_float16(onnx.load('model.onnx'), "
-               "keep_io_types=True, node_block_list=node_block_list)")
+        how = ("parity.backends.ort_cpu.mixed_fp16(onnx.load('model.onnx'), node_block_list): onnxruntime's "
+               "convert_float_to_float16(keep_io_types=True, node_block_list=...) plus its Cast repairs")
         doc["node_block_list"] = nodes
     elif mode == "autocast":
         how = f"under torch.autocast(dtype={tdt}), run each module in keep_fp32 with autocast off on float32 inputs"

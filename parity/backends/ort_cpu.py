@@ -103,11 +103,7 @@ class OrtRunner(Runner):
         convert_float_to_float16's node_block_list, Casts inserted around them)."""
         if self.job.dtype != "fp16":
             raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
-        from onnxruntime.transformers.float16 import convert_float_to_float16
-
-        m = convert_float_to_float16(m, keep_io_types=True, node_block_list=sorted(fp32_nodes),
-                                     disable_shape_infer=True)
-        return dedupe_nodes(m)
+        return mixed_fp16(m, fp32_nodes, shapes_inferred=True)
 
     def provider_options(self) -> dict:
         """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
@@ -137,6 +133,44 @@ class OrtRunner(Runner):
 
 class OrtCpuRunner(OrtRunner):
     pass
+
+
+def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False):
+    """`m` in float16 with the nodes `fp32_nodes` computing in float32 (float32 graph I/O):
+    convert_float_to_float16's node_block_list, then two repairs. The converter stores every tensor
+    between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked input),
+    so nothing kept would see float32 values: each such Cast pair becomes an Identity of the float32
+    value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    m = convert_float_to_float16(m, keep_io_types=True, node_block_list=sorted(fp32_nodes),
+                                 disable_shape_infer=shapes_inferred)
+    return dedupe_nodes(fold_cast_pairs(m))
+
+
+def fold_cast_pairs(m):
+    """Cast(float32 -> float16) followed by Cast(-> float32): the second becomes Identity of the first's
+    float32 input (no rounding between float32 nodes); the first goes when nothing else reads it."""
+    from onnx import TensorProto
+
+    def to(n):
+        return next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast" else None
+
+    g = m.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    down = {n.output[0]: n for n in g.node if to(n) == TensorProto.FLOAT16
+            and types.get(n.input[0]) == TensorProto.FLOAT}
+    for n in g.node:
+        if to(n) == TensorProto.FLOAT and n.input[0] in down:
+            n.op_type, n.input[0] = "Identity", down[n.input[0]].input[0]
+            del n.attribute[:]
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [n for n in g.node if not (n.op_type == "Cast" and n.output[0] in down and n.output[0] not in read)]
+    if len(keep) != len(g.node):
+        del g.node[:]
+        g.node.extend(keep)
+    return m
 
 
 def dedupe_nodes(m):
