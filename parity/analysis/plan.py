@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from parity import compare, config, store
 from parity.backends import CaptureJob, load_runner
 from parity.backends.base import _reason, latency_stats
