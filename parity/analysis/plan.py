@@ -95,9 +95,10 @@ def leaves(model_dir: Path) -> list[str]:
 
 
 def onnx_units(model_path: Path, names: list[str]) -> dict[str, list[str]]:
-    """Leaf module -> the node names of `model_path` the dynamo exporter attributed to it (the deepest
-    module scope of a node's name_scopes metadata that is a leaf). Nodes outside every leaf (residual
-    adds, reshapes) belong to none and stay at the cell's precision in every plan."""
+    """Candidate -> node names of `model_path`, from the dynamo exporter's name_scopes metadata: a
+    leaf module gets the nodes whose deepest module scope is that leaf; the ops between leaves
+    (residual adds, flatten) are candidates of their own, named `<op> in <module>` (`add_3 in
+    layer2.1`, `view in model`), else they would stay at the reduced precision in every plan."""
     import onnx
 
     m = onnx.load(str(model_path), load_external_data=False)
@@ -107,8 +108,12 @@ def onnx_units(model_path: Path, names: list[str]) -> dict[str, list[str]]:
         scopes = next((p.value for p in node.metadata_props if p.key == SCOPES), None)
         if scopes is None:
             continue
-        mods = [s[len(MODULE_PREFIX):] for s in ast.literal_eval(scopes) if s.startswith(MODULE_PREFIX)]
+        scopes = ast.literal_eval(scopes)
+        mods = [s[len(MODULE_PREFIX):] for s in scopes if s.startswith(MODULE_PREFIX)]
         leaf = next((s for s in reversed(mods) if s in known), None)
+        if leaf is None and scopes and not scopes[-1].startswith(MODULE_PREFIX):
+            leaf = f"{scopes[-1]} in {mods[-1] if mods else 'model'}"
+            units.setdefault(leaf, [])
         if leaf is not None:
             units[leaf].append(node.name)
     return units
