@@ -369,8 +369,8 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
     elif mode == "autocast":
         how = f"under torch.autocast(dtype={tdt}), run each module in keep_fp32 with autocast off on float32 inputs"
     else:
-        how = (f"model.to({tdt}); each module in keep_fp32 .float(), its inputs cast to float32 and its "
-               f"outputs back to {tdt} (parity.backends.torch_cpu.TorchRunner.mixed)")
+        how = (f"every leaf module at {tdt} except those in keep_fp32 (float32), each casting its floating "
+               f"inputs to its own dtype; model inputs stay float32 (parity.backends.torch_cpu.TorchRunner.mixed)")
     head = (f"# Mixed-precision plan: {plan['model']} at {plan['dtype']} on {plan['provider']}: the leaf modules"
             f" to keep in float32 (evidence: plan.json).\n# Apply: {how}\n")
     if plan["status"] != "OK":
