@@ -35,6 +35,8 @@ TOP_KEYS = {
     "suites_run": "suite execution settings (workers, timeouts, gradient checks)",
     "capture_providers": "providers captured directly (resolved from `providers`; dvc.yaml capture matrix)",
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
+    "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",
+    "plan_dtypes": "dtypes that get a plan@model-dtype-provider stage (resolved from `analysis.plan`, `dtypes`)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -44,6 +46,7 @@ SECTION_KEYS = {
     "diff": {"max_mismatch", "verdict"},
     "report": {"coverage_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
+    "analysis": {"plan", "plan_target", "max_keep"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
@@ -250,13 +253,16 @@ def validate(p: dict) -> dict:
                         f"provider/dtype pairs; without it the cell is reported as UNSUPPORTED). "
                         f"{name} supports: {_choices(prov['dtypes'])} (conf/providers/{name}.yaml `dtypes:`). "
                         f"Drop '{dt}' or '{name}' from the selection, e.g. -S 'dtypes=[...]'")
-    for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p))):
+    _analysis(p)
+    for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
+                      ("plan_dtypes", plan_dtypes(p))):
         got = p.get(key)
         if isinstance(got, str) and got.startswith("${"):
             continue  # unresolved at compose time (the Hydra plugin validates before resolving)
         if key in p and list(got or []) != want:
-            raise ConfigError(f"{key}: {got!r} does not match the selected providers (expected {want}): "
-                              f"it is resolved from `providers`; compose params.yaml again (parity compose)")
+            src = "`analysis.plan` and `dtypes`" if key == "plan_dtypes" else "`providers`"
+            raise ConfigError(f"{key}: {got!r} does not match the selected {src} (expected {want}): "
+                              f"it is resolved from them; compose params.yaml again (parity compose)")
 
     for name, m in p["models"].items():
         where = f"models.{name}"
@@ -344,6 +350,30 @@ def check_import_model(where: str, name) -> None:
     if codedeps.find_module(mod, codedeps.search_roots()) is None:
         raise ConfigError(f"{where}: cannot find module '{mod}': no {codedeps.searched(mod)} in the repo root "
                           f"({Path.cwd()}) or on sys.path")
+
+
+def _analysis(p: dict) -> None:
+    """analysis: {plan: bool, plan_target: null | {atol, rtol}, max_keep: int >= 1}."""
+    a = p.get("analysis") or {}
+    if not isinstance(a.get("plan", False), bool):
+        raise ConfigError(f"analysis.plan: expected true or false, got {a['plan']!r}")
+    if a.get("plan_target") is not None:
+        _tol("analysis.plan_target", a["plan_target"])
+    _num("analysis.max_keep", a.get("max_keep", 16), lo=1, integer=True)
+
+
+# Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
+PLAN_MODES = ("cast", "autocast", "int8_dynamic", "int8_static")
+
+
+def plan_dtypes(p: dict) -> list[str]:
+    """Selected dtypes that get a plan@model-dtype-provider stage: with `analysis.plan: true`, the
+    reduced-precision ones (cast to float16/bfloat16, autocast, int8); else none, and dvc.yaml's plan
+    matrix is empty (no plan stage exists)."""
+    if (p.get("analysis") or {}).get("plan") is not True:
+        return []
+    return [n for n, d in p["dtypes"].items() if isinstance(d, dict) and d.get("mode", "cast") in PLAN_MODES
+            and not (d.get("mode", "cast") == "cast" and d.get("torch") in ("float32", "float64"))]
 
 
 def engine_providers(p: dict) -> list[str]:

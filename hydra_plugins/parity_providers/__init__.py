@@ -4,7 +4,10 @@ matrices (conf/config.yaml):
   capture_providers: ${parity_providers:capture}   # captured directly (capture@cell)
   engine_providers: ${parity_providers:engine}     # `engine: true`: engine@cell builds, capture_engine@cell runs
 
-An empty list gives an empty DVC matrix, so no engine stage exists unless e.g. trt is selected.
+  plan_dtypes: ${parity_plan:dtypes}               # analysis.plan: true -> the reduced-precision dtypes
+
+An empty list gives an empty DVC matrix, so no engine stage exists unless e.g. trt is selected, and
+no plan stage unless analysis.plan is true (parity.config.plan_dtypes).
 The split itself is parity.config.capture_providers / engine_providers. Hydra imports every module
 under hydra_plugins when it composes (dvc exp run, parity compose, tests), which registers these.
 """
@@ -25,5 +28,17 @@ def _providers(kind: str, *, _root_) -> list:
     return OmegaConf.create(split[kind](p))
 
 
+def _plan(kind: str, *, _root_) -> list:
+    from parity import config
+
+    if kind != "dtypes":
+        raise ValueError(f"parity_plan: unknown kind '{kind}' (valid: dtypes)")
+    p = {k: OmegaConf.to_container(_root_[k], resolve=True) if k in _root_ else None
+         for k in ("dtypes", "analysis")}
+    return OmegaConf.create(config.plan_dtypes(p))
+
+
+if not OmegaConf.has_resolver("parity_plan"):
+    OmegaConf.register_new_resolver("parity_plan", _plan)
 if not OmegaConf.has_resolver("parity_providers"):
     OmegaConf.register_new_resolver("parity_providers", _providers)

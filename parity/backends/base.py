@@ -26,6 +26,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection
 
 import numpy as np
 
@@ -121,6 +122,19 @@ class Runner:
 
     def deactivate(self) -> None:
         """Release sessions/devices."""
+
+    # Mixed precision (the plan stage, parity/analysis/plan.py). `plan_items` says what mixed() takes:
+    # "modules" (leaf module names: torch runners), "onnx_nodes" (node names of the plain graph,
+    # model.onnx: ORT runners), or None (this backend cannot run a mixed model).
+    plan_items: str | None = None
+
+    def mixed(self, reduced: bool, flip: Collection[str] = ()) -> None:
+        """Prepare the plain model (what infer_plain runs) with every item at the cell's precision
+        (reduced=True) or at float32 (reduced=False), except the items in `flip`, which take the other
+        one. mixed(True, keep) applies a keep-in-fp32 list; mixed(False, [layer's items]) runs only
+        that layer at the cell's precision (a sensitivity probe); mixed(False) is the plain fp32 model
+        on this backend. Called instead of activate(), any number of times; deactivate() after."""
+        raise NotImplementedError(f"{type(self).__name__} has no mixed-precision hook (Runner.mixed)")
 
 
 def _reason(e: BaseException) -> str:

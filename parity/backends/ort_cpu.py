@@ -11,6 +11,9 @@ Options (conf/providers/<p>.yaml `options:`), shared by every ORT provider:
 Own error (infer_own): one more session, on the cut graph of layers.onnx (parity.models.onnx_cut:
 each leaf fed from the reference's input to it, the ops between leaves from the reference's leaf
 outputs), converted like layers.onnx (fp16: same conversion, fp32 I/O), built at the first sample.
+
+Runner.mixed (the mixed-precision plan): the plain graph converted with chosen nodes left in float32
+(convert_float_to_float16's node_block_list; ort_int8: the quantizer's nodes_to_exclude).
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class OrtRunner(Runner):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
         return m.SerializeToString()
 
-    def _session(self, path):
+    def _session(self, path, model: bytes | None = None):
+        """A session on `path` converted to the cell's dtype, or on `model` (serialized) as it is."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -66,11 +70,50 @@ class OrtRunner(Runner):
         so.log_severity_level = 3
         if self.job.threads:
             so.intra_op_num_threads = self.job.threads
-        sess = ort.InferenceSession(self._convert(path), sess_options=so, providers=self._providers())
+        sess = ort.InferenceSession(self._convert(path) if model is None else model, sess_options=so,
+                                    providers=self._providers())
         if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
             raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
                               f"{sess.get_providers()}): the EP's libraries or device are missing")
         return sess
+
+    # -- mixed precision (Runner.mixed): items are node names of the plain graph, model.onnx --
+    plan_items = "onnx_nodes"
+
+    def _plan_source(self):
+        """model.onnx, loaded once for every mixed() call: value_info of initializers dropped (the
+        dynamo exporter records them; converters then insert casts twice or fail on stale shapes) and
+        shapes inferred once, so each conversion can skip shape inference."""
+        import onnx
+
+        if getattr(self, "_plan_src", None) is None:
+            m = onnx.load(str(self.job.model_dir / "model.onnx"))
+            inits = {t.name for t in m.graph.initializer}
+            keep = [v for v in m.graph.value_info if v.name not in inits]
+            del m.graph.value_info[:]
+            m.graph.value_info.extend(keep)
+            self._plan_src = onnx.shape_inference.infer_shapes(m)
+        return self._plan_src
+
+    def mixed(self, reduced, flip=()):
+        import onnx
+
+        src = self._plan_source()
+        nodes = {n.name for n in src.graph.node}
+        fp32 = set(flip) if reduced else nodes - set(flip)
+        m = onnx.ModelProto()
+        m.CopyFrom(src)
+        if fp32 != nodes:  # everything in fp32: the exported graph as it is
+            m = self._mixed_model(m, fp32)
+        self.plain = self._session(None, m.SerializeToString())
+        self.plain_names = [o.name for o in self.plain.get_outputs()]
+
+    def _mixed_model(self, m, fp32_nodes: set):
+        """`m` at the cell's dtype with the nodes `fp32_nodes` left in float32 (fp16:
+        convert_float_to_float16's node_block_list, Casts inserted around them)."""
+        if self.job.dtype != "fp16":
+            raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
+        return mixed_fp16(m, fp32_nodes, shapes_inferred=True)
 
     def provider_options(self) -> dict:
         """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
@@ -140,3 +183,64 @@ class OrtRunner(Runner):
 
 class OrtCpuRunner(OrtRunner):
     pass
+
+
+def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False):
+    """`m` in float16 with the nodes `fp32_nodes` computing in float32 (float32 graph I/O):
+    convert_float_to_float16's node_block_list, then two repairs. The converter stores every tensor
+    between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked input),
+    so nothing kept would see float32 values: each such Cast pair becomes an Identity of the float32
+    value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    m = convert_float_to_float16(m, keep_io_types=True, node_block_list=sorted(fp32_nodes),
+                                 disable_shape_infer=shapes_inferred)
+    return dedupe_nodes(fold_cast_pairs(m))
+
+
+def fold_cast_pairs(m):
+    """Cast(float32 -> float16) followed by Cast(-> float32): the second becomes Identity of the first's
+    float32 input (no rounding between float32 nodes); the first goes when nothing else reads it."""
+    from onnx import TensorProto
+
+    def to(n):
+        return next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast" else None
+
+    g = m.graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*g.input, *g.value_info, *g.output]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    down = {n.output[0]: n for n in g.node if to(n) == TensorProto.FLOAT16
+            and types.get(n.input[0]) == TensorProto.FLOAT}
+    for n in g.node:
+        if to(n) == TensorProto.FLOAT and n.input[0] in down:
+            n.op_type, n.input[0] = "Identity", down[n.input[0]].input[0]
+            del n.attribute[:]
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [n for n in g.node if not (n.op_type == "Cast" and n.output[0] in down and n.output[0] not in read)]
+    if len(keep) != len(g.node):
+        del g.node[:]
+        g.node.extend(keep)
+    return m
+
+
+def dedupe_nodes(m):
+    """Drop repeated identical nodes. convert_float_to_float16 (onnxruntime 1.31) inserts one
+    `<value>_cast_to_fp32` Cast per blocked consumer of an fp16 value, all with the same name, input
+    and output, which onnxruntime rejects ("two nodes with same node name")."""
+    seen, keep = set(), []
+    for n in m.graph.node:
+        key = n.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(n)
+    if len(keep) != len(m.graph.node):
+        del m.graph.node[:]
+        m.graph.node.extend(keep)
+        names, vi = set(), []
+        for v in m.graph.value_info:
+            if v.name not in names:
+                names.add(v.name)
+                vi.append(v)
+        del m.graph.value_info[:]
+        m.graph.value_info.extend(vi)
+    return m

@@ -18,6 +18,7 @@ class OrtTrtRunner(OrtRunner):
     (TensorRT picks fp16 kernels itself), rather than converting the graph."""
 
     ep = "TensorrtExecutionProvider"
+    plan_items = None  # precision is TensorRT's choice here (trt_fp16_enable): no per-node plan
 
     def provider_options(self) -> dict:
         po = super().provider_options()

@@ -16,6 +16,7 @@ calibrate_method (MinMax | Entropy | Percentile), plus the ORT options of ort_cp
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def calibration_feeds(path) -> list[dict]:
     for t in store.read(path):
         by_sample.setdefault(t.sample, {})[t.name] = t.array
     return [by_sample[k] for k in sorted(by_sample)]
+
+
+class _DropMessage(logging.Filter):
+    """Drops root-logger records containing `text` (onnxruntime.quantization's pre-processing hint,
+    logged twice per call: a plan quantizes once per candidate layer)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record) -> bool:
+        return self.text not in record.getMessage()
 
 
 class _Reader:
@@ -53,7 +66,10 @@ class OrtInt8Runner(OrtRunner):
     def _opts(self) -> dict:
         return self.job.provider_cfg.get("options") or {}
 
-    def activate(self) -> None:
+    def _prepare(self) -> None:
+        """Check the precision mode and load the calibration samples (int8_static); once."""
+        if getattr(self, "mode_", None):
+            return
         mode = self.job.dtype_cfg.get("mode", "cast")
         if mode not in INT8_MODES:
             raise ValueError(f"{type(self).__name__} runs precision modes {INT8_MODES}, not '{mode}' "
@@ -66,9 +82,27 @@ class OrtInt8Runner(OrtRunner):
             if not self.calib:
                 raise ValueError("int8_static: the calibration file has no samples (set inputs.calibration >= 1)")
         self.mode_ = mode
+
+    def activate(self) -> None:
+        self._prepare()
         super().activate()
 
     def _convert(self, path):
+        import onnx
+
+        # The dynamo exporter records value_info for initializers; the quantizer rewrites some
+        # weights (e.g. transposes Gemm's B) and strict shape inference then fails on the stale
+        # entries. Drop value_info: the quantizer infers shapes again.
+        src = onnx.load(str(path))
+        del src.graph.value_info[:]
+        m = self._quantize(src)
+        self._check_io(src, m, Path(path).name)
+        return m.SerializeToString()
+
+    def _quantize(self, src, exclude=None, calibration_cache=None):
+        """`src` (a ModelProto) quantized as this cell quantizes; `exclude`: node names left in float32
+        (the quantizer's nodes_to_exclude); `calibration_cache`: a JSON file of calibrated tensor
+        ranges, written by the first call and read by the next (onnxruntime's calibration_cache_path)."""
         import onnx
         from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
                                               quantize_static)
@@ -77,37 +111,51 @@ class OrtInt8Runner(OrtRunner):
         o = self._opts()
         common = {"per_channel": bool(o.get("per_channel", False)),
                   "reduce_range": bool(o.get("reduce_range", False)),
-                  "weight_type": getattr(QuantType, o.get("weight_type", "QInt8"))}
+                  "weight_type": getattr(QuantType, o.get("weight_type", "QInt8")),
+                  "nodes_to_exclude": sorted(exclude or [])}
         with tempfile.TemporaryDirectory(prefix="parity-int8-") as d:
-            # The dynamo exporter records value_info for initializers; the quantizer rewrites some
-            # weights (e.g. transposes Gemm's B) and strict shape inference then fails on the stale
-            # entries. Drop value_info: the quantizer infers shapes again.
-            src = onnx.load(str(path))
-            del src.graph.value_info[:]
             inp, out = Path(d) / "in.onnx", Path(d) / "q.onnx"
             onnx.save(src, str(inp))
             if self.mode_ == "int8_dynamic":
                 quantize_dynamic(str(inp), str(out), **common)
             else:
                 reader = type("Reader", (_Reader, CalibrationDataReader), {})(self.calib)
+                cache = {} if calibration_cache is None else {"calibration_cache_path": str(calibration_cache)}
                 quantize_static(str(inp), str(out), reader, quant_format=QuantFormat.QDQ,
                                 activation_type=getattr(QuantType, o.get("activation_type", "QInt8")),
                                 calibrate_method=getattr(CalibrationMethod, o.get("calibrate_method", "MinMax")),
-                                **common)
-            m = onnx.load(str(out))
-        self._check_io(path, m)
-        return m.SerializeToString()
+                                **common, **cache)
+            return onnx.load(str(out))
+
+    def _mixed_model(self, m, fp32_nodes):
+        """Runner.mixed for int8: quantized as the cell is, with `fp32_nodes` excluded. Calibration
+        runs once per runner (its ranges are cached for the next calls)."""
+        self._prepare()
+        if getattr(self, "_cal_dir", None) is None:
+            self._cal_dir = tempfile.TemporaryDirectory(prefix="parity-int8-cal-")
+        del m.graph.value_info[:]  # as _convert: the quantizer infers shapes itself
+        hint = _DropMessage("pre-processing before quantization")  # 2 lines a call, once per plan is plenty
+        logging.getLogger().addFilter(hint)
+        try:
+            q = self._quantize(m, fp32_nodes, Path(self._cal_dir.name) / "calibration.json")
+        finally:
+            logging.getLogger().removeFilter(hint)
+        self._check_io(m, q, "model.onnx")
+        return q
+
+    def deactivate(self) -> None:
+        super().deactivate()
+        if getattr(self, "_cal_dir", None) is not None:
+            self._cal_dir.cleanup()
+            self._cal_dir = None
 
     @staticmethod
-    def _check_io(path, q) -> None:
+    def _check_io(src, q, where: str) -> None:
         """The quantized graph must keep the fp32 graph's output names and float32 outputs."""
-        import onnx
-
-        src = onnx.load(str(path), load_external_data=False)
         want = [(o.name, o.type.tensor_type.elem_type) for o in src.graph.output]
         got = [(o.name, o.type.tensor_type.elem_type) for o in q.graph.output]
         if got != want:
             missing = sorted({n for n, _ in want} - {n for n, _ in got})
             retyped = [n for (n, t), (n2, t2) in zip(want, got) if n == n2 and t != t2]
-            raise ValueError(f"quantizing {Path(path).name} changed its outputs (missing {missing[:5]}, "
+            raise ValueError(f"quantizing {where} changed its outputs (missing {missing[:5]}, "
                              f"retyped {retyped[:5]})")

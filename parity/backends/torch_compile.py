@@ -34,6 +34,7 @@ class TorchCompileRunner(TorchRunner):
     # them per call (Dynamo traces them once, with the values guarded), so no own values here
     own_unsupported = ("torch.compile: own error not measured (the hooks that feed reference values "
                        "to each leaf do not survive compilation); accumulated error only")
+    plan_items = None  # no mixed-precision plan (Runner.mixed): the plan runs torch_cpu's eager model
 
     @classmethod
     def availability(cls, job):

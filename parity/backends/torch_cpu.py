@@ -46,11 +46,9 @@ class TorchRunner(Runner):
     def mode(self) -> str:
         return self.job.dtype_cfg.get("mode", "cast")
 
-    def activate(self) -> None:
+    def _configure(self) -> None:
+        """Threads, device, precision mode: what activate() and mixed() both need."""
         import torch
-
-        from parity.models import build
-        from parity.models.layers import LayerRecorder
 
         if self.job.threads:
             torch.set_num_threads(self.job.threads)
@@ -69,9 +67,55 @@ class TorchRunner(Runner):
         # autocast: weights and inputs stay fp32; the autocast context picks per-op precision
         self.amp = getattr(torch, self.job.dtype_cfg["torch"]) if mode == "autocast" else None
         self.dtype = torch.float32 if mode in ("autocast", "tf32") else getattr(torch, self.job.dtype_cfg["torch"])
+        self.input_names = [s["name"] for s in self.job.model_cfg["input"]]
+
+    def activate(self) -> None:
+        from parity.models import build
+        from parity.models.layers import LayerRecorder
+
+        self._configure()
         model = build(self.job.model_cfg["arch"], self.job.seed).to(device=self.dev, dtype=self.dtype)
         self.rec = LayerRecorder(model).eval()
-        self.input_names = [s["name"] for s in self.job.model_cfg["input"]]
+
+    # -- mixed precision (Runner.mixed): items are leaf module names --
+    plan_items = "modules"
+
+    def mixed(self, reduced, flip=()):
+        """cast mode: every leaf module computes at its own dtype (the cell's, or float32 for `flip`
+        when reduced; the reverse otherwise) on its floating inputs cast to that dtype, and its outputs
+        stay in it (torch's type promotion then joins mixed operands of the ops between leaves). The
+        model takes float32 inputs, as ORT's keep_io_types: a chain of float32 leaves, the first one
+        included, sees no rounding. autocast mode: the model runs under autocast (reduced) or not; a
+        `flip` leaf runs with autocast off on float32 inputs, or on with its outputs cast to float32."""
+        import copy
+
+        from parity.models import build
+        from parity.models.layers import LayerRecorder, leaf_modules
+
+        if getattr(self, "_fp32_model", None) is None:
+            self._configure()
+            self._low = self.amp or self.dtype
+            self._fp32_model = build(self.job.model_cfg["arch"], self.job.seed).to(device=self.dev)
+        t, low, autocast = self.torch, self._low, self.mode() == "autocast"
+        if self.mode() not in ("cast", "autocast") or low == t.float32:
+            raise ValueError(f"{type(self).__name__}: no mixed precision for dtype {self.job.dtype} "
+                             f"(mode {self.mode()}, {self.job.dtype_cfg['torch']})")
+        model, flip = copy.deepcopy(self._fp32_model), set(flip)
+        self.dtype, self.amp = t.float32, (low if autocast and reduced else None)
+        if autocast:
+            for name in sorted(flip):
+                _run_at(t, model.get_submodule(name), t.float32 if reduced else None, t.float32, self.dev,
+                        None if reduced else low)
+        elif reduced or flip:  # (else: the plain float32 model)
+            base = low if reduced else t.float32
+            leaves = dict(leaf_modules(model))
+            for m in model.modules():  # parameters of non-leaf modules (a class token) at the base dtype
+                if m is not model and m not in leaves.values():
+                    m._apply(lambda x: x.to(base) if x.is_floating_point() else x, recurse=False)
+            for name, m in leaves.items():  # each leaf cast once from float32: kept ones stay exact
+                at = (t.float32 if reduced else low) if name in flip else base
+                _run_at(t, m.to(at), at, None, self.dev)
+        self.rec = LayerRecorder(model).eval()
 
     def _ctx(self):
         if self.amp is None:
@@ -153,3 +197,24 @@ class TorchRunner(Runner):
 
 class TorchCpuRunner(TorchRunner):
     pass
+
+
+def _run_at(torch, module, dtype, out_dtype, device: str, amp=None) -> None:
+    """Wrap `module.forward` (an instance attribute: nn.Module.__call__ then calls it, hooks stay):
+    floating tensor arguments cast to `dtype`, floating outputs to `out_dtype` (None: as they come);
+    it runs under torch.autocast(dtype=amp) on `device`, or with autocast off when amp is None."""
+    fwd = module.forward
+
+    def cast(x, to):
+        if isinstance(x, torch.Tensor):
+            return x.to(to) if to is not None and x.is_floating_point() else x
+        if isinstance(x, (tuple, list)):
+            return type(x)(cast(v, to) for v in x)
+        return x
+
+    def forward(*args, **kwargs):
+        with torch.autocast(device_type=device.split(":")[0], dtype=amp, enabled=amp is not None):
+            out = fwd(*cast(args, dtype), **{k: cast(v, dtype) for k, v in kwargs.items()})
+        return cast(out, out_dtype)
+
+    module.forward = forward

@@ -1,0 +1,378 @@
+"""Mixed-precision plan for one cell (plan@model-dtype-provider): which leaf modules to keep in
+float32 so that the model's output at the cell's reduced precision passes a target, confirmed by a
+real run of the mixed model on the cell's backend.
+
+Target: every model output element satisfies |a - b| <= atol + rtol * |b| against the fp32 torch
+reference (the reference stage's values), on every input sample; (atol, rtol) =
+`analysis.plan_target` when set, else `dtypes.<d>.tol` (what the user accepts at that precision).
+
+Steps, each a real run of the plain graph on the cell's backend through Runner.mixed (the backend
+applies the precision: ORT float16 conversion with a node block list, onnxruntime.quantization with
+nodes_to_exclude, torch modules cast per module):
+1. full     the whole model at the cell's precision. If it passes, the plan keeps nothing.
+2. fp32     the whole model at float32 on the same backend. If even that misses the target, no plan
+            can pass: said so, no search.
+3. sensitivity  for each candidate (a leaf module the model calls; on ONNX backends, the nodes the
+            exporter attributed to it through the `pkg.torch.onnx.name_scopes` node metadata), only
+            that leaf at the cell's precision, the rest float32, on the first sample. Ranked by the
+            output's rel_l2 (tol_ratio, the worst single element, is shown beside it: noisier).
+4. greedy   from the full model, move leaves to float32 in decreasing sensitivity until every sample
+            passes (at most analysis.max_keep), then drop again, least sensitive first, any kept leaf
+            the pass does not need. Not reached: the plan says how far the output still is.
+5. confirm  a fresh runner applies the keep-list (as keep.yaml states it) and runs every sample.
+Latency (median of the plain graph: fp32, full, mixed) is measured, so it goes to the timing file,
+never to plan.json, whose bytes depend only on the inputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from parity import compare, config, store
+from parity.backends import CaptureJob, load_runner
+from parity.backends.base import _reason, latency_stats
+
+SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node
+MODULE_PREFIX = "model."  # the LayerRecorder wraps the model as `model`: scopes read model.layer1.0.conv1
+PLAN_DTYPES_HINT = "analysis.plan: true plans the selected reduced-precision dtypes (parity.config.plan_dtypes)"
+
+
+@dataclass
+class Target:
+    atol: float
+    rtol: float
+    source: str
+
+    def describe(self) -> dict:
+        return {"atol": self.atol, "rtol": self.rtol, "source": self.source,
+                "rule": "every model output element, every sample: |a - b| <= atol + rtol * |b|, "
+                        "b = the fp32 torch reference (reference stage)"}
+
+
+def target(p: dict, dtype: str) -> Target:
+    """analysis.plan_target if set, else the dtype's own tolerance."""
+    t = (p.get("analysis") or {}).get("plan_target")
+    if t:
+        return Target(float(t["atol"]), float(t["rtol"]), "analysis.plan_target")
+    t = p["dtypes"][dtype]["tol"]
+    return Target(float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol")
+
+
+def output_error(outs: list[dict], refs: list[dict], t: Target) -> dict:
+    """The target check over every sample and model output: tol_ratio (max |a-b| / (atol + rtol|b|),
+    <= 1 passes), rel_l2 over everything, max_abs, elements outside."""
+    sq_diff = sq_ref = 0.0
+    ratio = max_abs = 0.0
+    n_out = numel = 0
+    for got, want in zip(outs, refs):
+        for name, b in want.items():
+            if name not in got:
+                raise ValueError(f"the backend's plain graph has no output '{name}' (it gave {sorted(got)})")
+            m = compare.compare_arrays(got[name], b, t.atol, t.rtol)
+            sq_diff, sq_ref = sq_diff + m["sq_diff"], sq_ref + m["sq_ref"]
+            ratio, max_abs = max(ratio, m["tol_ratio"]), max(max_abs, m["max_abs"])
+            n_out, numel = n_out + m["n_outside"], numel + m["numel"]
+    rel = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
+    return {"tol_ratio": ratio, "rel_l2": rel, "max_abs": max_abs, "n_outside": n_out, "numel": numel,
+            "passes": bool(ratio <= 1.0)}
+
+
+def leaves(model_dir: Path) -> list[str]:
+    """Leaf modules the model calls, in first-call order (export's layers.json: `fc1`, `relu#1`,
+    `name:1` are calls and extra outputs of the leaves `fc1`, `relu`, `name`)."""
+    from parity.io import read_json
+
+    out: list[str] = []
+    for entry in read_json(model_dir / "layers.json")["layers"]:
+        name = entry["name"].split("#")[0].split(":")[0]
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def onnx_units(model_path: Path, names: list[str]) -> dict[str, list[str]]:
+    """Candidate -> node names of `model_path`, from the dynamo exporter's name_scopes metadata: a
+    leaf module gets the nodes whose deepest module scope is that leaf; the ops between leaves
+    (residual adds, flatten) are candidates of their own, named `<op> in <module>` (`add_3 in
+    layer2.1`, `view in model`), else they would stay at the reduced precision in every plan."""
+    import onnx
+
+    m = onnx.load(str(model_path), load_external_data=False)
+    known = set(names)
+    units: dict[str, list[str]] = {n: [] for n in names}
+    for node in m.graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == SCOPES), None)
+        if scopes is None:
+            continue
+        scopes = ast.literal_eval(scopes)
+        mods = [s[len(MODULE_PREFIX):] for s in scopes if s.startswith(MODULE_PREFIX)]
+        leaf = next((s for s in reversed(mods) if s in known), None)
+        if leaf is None and scopes and not scopes[-1].startswith(MODULE_PREFIX):
+            leaf = f"{scopes[-1]} in {mods[-1] if mods else 'model'}"
+            units.setdefault(leaf, [])
+        if leaf is not None:
+            units[leaf].append(node.name)
+    return units
+
+
+def units_for(items: str, model_dir: Path) -> dict[str, list[str]]:
+    """Candidate leaves -> what Runner.mixed takes for them (runner.plan_items)."""
+    names = leaves(model_dir)
+    if items == "modules":
+        return {n: [n] for n in names}
+    if items == "onnx_nodes":
+        return onnx_units(model_dir / "model.onnx", names)
+    raise ValueError(f"unknown plan_items '{items}' (valid: modules, onnx_nodes)")
+
+
+@dataclass
+class Evaluator:
+    """One runner, many mixed models: each run() prepares one (Runner.mixed) and runs `feeds`."""
+    runner: object
+    units: dict[str, list[str]]
+    feeds: list[dict]
+    refs: list[dict]
+    target: Target
+    runs: int = 0
+    seconds: dict = field(default_factory=dict)
+
+    def run(self, reduced: bool, flip: list[str], n_samples: int | None = None, phase: str = "") -> dict:
+        t0 = time.perf_counter()
+        self.runner.mixed(reduced, [i for leaf in flip for i in self.units[leaf]])
+        feeds = self.feeds[:n_samples] if n_samples else self.feeds
+        outs = [dict(self.runner.infer_plain(f)) for f in feeds]
+        self.runs += 1
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+        return output_error(outs, self.refs[:len(feeds)], self.target)
+
+    def latency(self, warmup: int, repeats: int) -> dict:
+        """Median etc. of the plain graph as last prepared, on the first sample."""
+        for _ in range(warmup):
+            self.runner.infer_plain(self.feeds[0])
+        ms = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            self.runner.infer_plain(self.feeds[0])
+            ms.append((time.perf_counter_ns() - t0) / 1e6)
+        return latency_stats(ms)
+
+
+def sensitivity(ev: Evaluator) -> list[dict]:
+    """Only one leaf at the cell's precision at a time (first sample), most sensitive first."""
+    rows = []
+    for leaf, items in ev.units.items():
+        r = ev.run(False, [leaf], n_samples=1, phase="sensitivity")
+        rows.append({"layer": leaf, "rel_l2": r["rel_l2"], "tol_ratio": r["tol_ratio"],
+                     "max_abs": r["max_abs"], "n_items": len(items)})
+    return sorted(rows, key=lambda r: (-r["rel_l2"], r["layer"]))
+
+
+def greedy(ev: Evaluator, ranking: list[str], max_keep: int) -> tuple[list[str], dict, list[dict]]:
+    """Keep leaves in fp32 in ranking order until the output passes; then drop unneeded ones.
+    Returns (keep, the last result, the steps taken)."""
+    keep: list[str] = []
+    steps, last = [], None
+    for leaf in ranking[:max_keep]:
+        keep.append(leaf)
+        last = ev.run(True, keep, phase="greedy")
+        steps.append({"step": "add", "layer": leaf, "kept": len(keep), "tol_ratio": last["tol_ratio"],
+                      "rel_l2": last["rel_l2"], "passes": last["passes"]})
+        if last["passes"]:
+            break
+    if last is None or not last["passes"]:
+        return keep, last, steps
+    for leaf in list(reversed(keep))[1:] if len(keep) > 1 else []:  # the last one added was needed
+        trial = [k for k in keep if k != leaf]
+        r = ev.run(True, trial, phase="prune")
+        steps.append({"step": "drop", "layer": leaf, "kept": len(trial), "tol_ratio": r["tol_ratio"],
+                      "rel_l2": r["rel_l2"], "passes": r["passes"]})
+        if r["passes"]:
+            keep, last = trial, r
+    return keep, last, steps
+
+
+@dataclass
+class Cell:
+    """What the plan stage passes in (paths from dvc.yaml)."""
+    model: str
+    dtype: str
+    provider: str
+    model_dir: Path
+    inputs: Path
+    reference: Path
+    calibration: Path | None = None
+
+
+def _feeds(path: Path) -> list[dict]:
+    by_sample: dict[int, dict] = {}
+    for t in store.read(path):
+        by_sample.setdefault(t.sample, {})[t.name] = t.array
+    return [by_sample[k] for k in sorted(by_sample)]
+
+
+def _refs(path: Path) -> list[dict]:
+    by_sample: dict[int, dict] = {}
+    for t in store.read(path):
+        if store.is_output(t.name):
+            by_sample.setdefault(t.sample, {})[t.name] = t.array
+    return [by_sample[k] for k in sorted(by_sample)]
+
+
+def _job(p: dict, c: Cell) -> CaptureJob:
+    return CaptureJob(model=c.model, model_cfg=p["models"][c.model], dtype=c.dtype,
+                      dtype_cfg=p["dtypes"][c.dtype], provider=c.provider, provider_cfg=p["providers"][c.provider],
+                      model_dir=Path(c.model_dir), seed=p.get("seed", 0),
+                      threads=(p.get("capture") or {}).get("threads", 0), calibration=c.calibration)
+
+
+def _not_run(p: dict, c: Cell) -> tuple[str, str] | None:
+    """(status, reason) when this cell cannot get a plan, else None."""
+    pc = p["providers"][c.provider]
+    if c.dtype not in config.plan_dtypes(p):
+        return "UNSUPPORTED", (f"dtype {c.dtype} is not a reduced precision a plan applies to "
+                               f"({PLAN_DTYPES_HINT})")
+    if c.dtype not in pc.get("dtypes", []):
+        return "UNSUPPORTED", (f"provider {c.provider} supports dtypes {pc.get('dtypes')}, not {c.dtype} "
+                               f"(conf/providers/{c.provider}.yaml)")
+    try:
+        cls = load_runner(pc["runner"])
+        why = cls.availability(_job(p, c))
+    except Exception as e:  # an availability probe that raises means: not available
+        return "UNAVAILABLE", _reason(e)
+    if why:
+        return "UNAVAILABLE", why
+    if cls.plan_items is None:
+        return "UNAVAILABLE", (f"{cls.__name__} cannot run a mixed-precision model (no Runner.mixed; "
+                               f"providers.{c.provider}.runner)")
+    return None
+
+
+def _confirm(cls, job: CaptureJob, units: dict, keep: list[str], feeds, refs, t: Target,
+             warmup: int, repeats: int) -> tuple[dict, dict, float]:
+    """A fresh runner applies the keep-list and runs every sample: (output error, latency, seconds)."""
+    t0 = time.perf_counter()
+    runner = cls(job)
+    try:
+        ev = Evaluator(runner, units, feeds, refs, t)
+        r = ev.run(True, keep, phase="confirm")
+        return r, ev.latency(warmup, repeats), time.perf_counter() - t0
+    finally:
+        runner.deactivate()
+
+
+def _summary(outcome: str, plan: dict, n: int, max_keep: int) -> str:
+    o, tgt = plan["outputs"], plan["target"]
+    rule = f"target {tgt['source']} (atol={tgt['atol']:g}, rtol={tgt['rtol']:g})"
+    if outcome == "full_passes":
+        return f"the full {plan['dtype']} model passes ({rule}, tol_ratio {o['full']['tol_ratio']:.3g}): keep nothing"
+    if outcome == "fp32_fails":
+        return (f"float32 on {plan['provider']} misses the {rule} already (tol_ratio {o['fp32']['tol_ratio']:.3g}):"
+                f" no plan can pass; loosen analysis.plan_target")
+    keep, m = plan["keep"], o["mixed"]
+    change = f"output tol_ratio {o['full']['tol_ratio']:.3g} -> {m['tol_ratio']:.3g}, rel_l2 " \
+             f"{o['full']['rel_l2']:.3g} -> {m['rel_l2']:.3g} ({rule})"
+    if outcome == "not_reached":
+        return (f"not reached with max_keep={max_keep} of {n} leaves in float32: {change}, still "
+                f"{m['tol_ratio']:.3g}x the limit; raise analysis.max_keep or loosen analysis.plan_target")
+    verdict = "confirmed" if m["passes"] else "NOT confirmed by the fresh run"
+    return f"keep {len(keep)} of {n} leaves in float32 ({', '.join(keep)}): {change}, {verdict}"
+
+
+def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
+    """Steps 1-5 (module docstring) for a cell that can run: (plan, timing)."""
+    cls = load_runner(p["providers"][c.provider]["runner"])
+    job, cap = _job(p, c), p.get("capture") or {}
+    warmup, repeats = int(cap.get("warmup", 0)), int(cap.get("repeats", 1))
+    max_keep = int((p.get("analysis") or {}).get("max_keep", 16))
+    all_units = units_for(cls.plan_items, Path(c.model_dir))
+    units = {k: v for k, v in all_units.items() if v}
+    if not units:
+        raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no node carries {SCOPES} metadata "
+                         f"naming a leaf module (export.exporter=legacy does not keep it; use dynamo)")
+    feeds, refs = _feeds(c.inputs), _refs(c.reference)
+    ev, lat = Evaluator(cls(job), units, feeds, refs, t), {}
+    try:
+        full = ev.run(True, [], phase="full")
+        lat["full"] = ev.latency(warmup, repeats)
+        fp32 = ev.run(False, [], phase="fp32")
+        lat["fp32"] = ev.latency(warmup, repeats)
+        sens, keep, steps = [], [], []
+        if full["passes"]:
+            outcome = "full_passes"
+        elif not fp32["passes"]:
+            outcome = "fp32_fails"
+        else:
+            sens = sensitivity(ev)
+            keep, last, steps = greedy(ev, [r["layer"] for r in sens], max_keep)
+            outcome = "planned" if last["passes"] else "not_reached"
+    finally:
+        ev.runner.deactivate()
+    mixed, lat["mixed"] = full, lat["full"]
+    if keep:
+        mixed, lat["mixed"], ev.seconds["confirm"] = _confirm(cls, job, units, keep, feeds, refs, t, warmup, repeats)
+    plan = {**head, "status": "OK", "items": cls.plan_items, "candidates": len(units),
+            "not_candidates": [k for k, v in all_units.items() if not v], "outcome": outcome,
+            "keep": keep, "keep_items": {k: units[k] for k in keep},
+            "passes": bool(mixed["passes"]) if outcome != "fp32_fails" else False,
+            "outputs": {"fp32": fp32, "full": full, "mixed": mixed}, "sensitivity": sens, "search": steps,
+            "runs": ev.runs + (1 if keep else 0)}
+    plan["summary"] = _summary(outcome, plan, len(units), max_keep)
+    med = {k: v.get("median_ms") for k, v in lat.items()}
+    ratio = {f"{a}_vs_{b}": (med[a] / med[b] if med[a] and med[b] else None)
+             for a, b in (("full", "fp32"), ("mixed", "fp32"), ("mixed", "full"))}
+    timing = {"latency": lat, "latency_ratio": ratio, "phases_s": ev.seconds, "runs": plan["runs"]}
+    return plan, timing
+
+
+def run_plan(p: dict, c: Cell) -> tuple[dict, str, dict]:
+    """(plan.json content, keep.yaml text, timing) for one cell. A cell that cannot run or fails is a
+    result (status UNSUPPORTED / UNAVAILABLE / FAILED with the reason), not an exception."""
+    key = config.cell_key(c.model, c.dtype, c.provider)
+    t = target(p, c.dtype)
+    head = {"cell": key, "model": c.model, "dtype": c.dtype, "provider": c.provider, "target": t.describe()}
+    t0 = time.perf_counter()
+    timing: dict = {}
+    skip = _not_run(p, c)
+    if skip:
+        plan = {**head, "status": skip[0], "reason": skip[1]}
+    else:
+        try:
+            plan, timing = _search(p, c, t, head)
+        except Exception as e:  # a conversion or run that fails is this cell's result
+            plan = {**head, "status": "FAILED", "reason": _reason(e)}
+    timing = {"cell": key, "status": plan["status"], **timing, "stage_s": time.perf_counter() - t0}
+    return plan, keep_yaml(plan, p["dtypes"][c.dtype]), timing
+
+
+def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
+    """The keep-list as a user applies it (keep.yaml), with how to apply it on this backend."""
+    import yaml
+
+    keep = plan.get("keep") or []
+    mode, tdt = dtype_cfg.get("mode", "cast"), dtype_cfg.get("torch")
+    doc = {"cell": plan["cell"], "status": plan["status"], "outcome": plan.get("outcome"),
+           "passes": plan.get("passes", False), "target": {k: plan["target"][k] for k in ("atol", "rtol", "source")},
+           "keep_fp32": keep}
+    nodes = sorted(n for k in keep for n in plan["keep_items"][k])
+    if plan.get("items") == "onnx_nodes" and mode.startswith("int8"):
+        how = ("onnxruntime.quantization quantize_static / quantize_dynamic on model.onnx with the cell's "
+               f"settings (providers.{plan['provider']}.options) and nodes_to_exclude=nodes_to_exclude")
+        doc["nodes_to_exclude"] = nodes
+    elif plan.get("items") == "onnx_nodes":
+        how = ("parity.backends.ort_cpu.mixed_fp16(onnx.load('model.onnx'), node_block_list): onnxruntime's "
+               "convert_float_to_float16(keep_io_types=True, node_block_list=...) plus its Cast repairs")
+        doc["node_block_list"] = nodes
+    elif mode == "autocast":
+        how = f"under torch.autocast(dtype={tdt}), run each module in keep_fp32 with autocast off on float32 inputs"
+    else:
+        how = (f"every leaf module at {tdt} except those in keep_fp32 (float32), each casting its floating "
+               f"inputs to its own dtype; model inputs stay float32 (parity.backends.torch_cpu.TorchRunner.mixed)")
+    head = (f"# Mixed-precision plan: {plan['model']} at {plan['dtype']} on {plan['provider']}: the leaf modules"
+            f" to keep in float32 (evidence: plan.json).\n# Apply: {how}\n")
+    if plan["status"] != "OK":
+        head += f"# No plan: {plan['status']}: {plan.get('reason', '')}\n"
+    return head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
