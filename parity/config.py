@@ -63,7 +63,7 @@ DTYPE_MODES = {
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
-COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt")
+COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt", "cpu")
 
 
 class ConfigError(ValueError):
