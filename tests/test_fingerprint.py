@@ -80,7 +80,7 @@ def _repro(repo, **extra) -> list[str]:
 def test_another_cpu_reruns_the_cpu_cells_not_the_inputs(tmp_path):
     """The pipeline reproduced on one CPU, then `dvc repro` as on a CPU with other ISA flags (the
     recorded AVX2-only cpuinfo), then with oneDNN masked to AVX2: the reference, the export (its
-    seeded weights come from ATen's ISA-dispatched normal_) and the torch/ORT captures re-run;
+    seeded weights come from ATen's ISA-dispatched random kernels) and the torch/ORT captures re-run;
     the inputs never do."""
     for k in fingerprint.CPU_ENV:
         assert k not in env(), f"{k} is set in the test environment"
