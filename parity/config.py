@@ -70,7 +70,7 @@ VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcel
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
-COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt")
+COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt", "cpu")
 
 
 NAME = re.compile(r"[A-Za-z0-9_]+")  # option names become file paths and DVC stage names

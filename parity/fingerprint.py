@@ -10,15 +10,43 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import os
 import re
 from pathlib import Path
 
-# What the shared stages' results depend on (besides their inputs and params).
+# What the shared stages' results depend on (besides their inputs and params). `cpu`: the reference
+# runs oneDNN/MKL/ATen kernels picked by the CPU's ISA, and the export's seeded weights come from
+# ATen's `normal_`, whose AVX2 kernel draws other values than its default one (measured: the ONNX
+# bytes change with ATEN_CPU_CAPABILITY; docs/sharing.md).
 STAGE_USES = {
     "inputs": ["numpy"],
-    "export": ["torch", "onnx"],
-    "reference": ["torch"],
+    "export": ["torch", "onnx", "cpu"],
+    "reference": ["torch", "cpu"],
 }
+
+# Where `cpu` reads the CPU from; a test points PARITY_CPUINFO at a recorded copy.
+CPUINFO = "/proc/cpuinfo"
+CPUINFO_ENV = "PARITY_CPUINFO"
+# Feature flags (as /proc/cpuinfo names them) that select CPU kernels: oneDNN and MKL (torch),
+# ATen's own dispatch (default/avx2/avx512), ONNX Runtime's MLAS (fp32 GEMM/conv, fp16, and the u8s8
+# int8 GEMMs, which saturate without VNNI). x86 first, then aarch64 (`Features:` line).
+ISA_FLAGS = (
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c",
+    "avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+    "avx512_fp16", "avx_vnni", "avx_vnni_int8", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16",
+    "asimd", "asimdhp", "asimddp", "fphp", "bf16", "i8mm", "sve", "sve2", "sme",
+)
+# Environment variables that change which CPU kernels run (and so the numbers). Those measured to
+# change bytes here are in docs/sharing.md; the rest are documented numerics switches of the same
+# libraries (oneDNN's old name, fp32 math mode, MKL's reproducibility mode).
+CPU_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY",
+           "ONEDNN_DEFAULT_FPMATH_MODE", "MKL_CBWR")
+# Identity fields of the first processor block (x86 names; aarch64 names after them). Never
+# MHz, bogomips, microcode or per-core ids: they vary between runs or cores of one machine.
+_CPU_FIELDS = {"vendor_id": "vendor", "model name": "model_name", "cpu family": "family",
+               "model": "model", "stepping": "stepping",
+               "CPU implementer": "implementer", "CPU part": "part", "CPU variant": "variant",
+               "CPU architecture": "architecture"}
 
 
 def _version(dist: str) -> str | None:
@@ -57,6 +85,31 @@ def _cuda() -> dict:
     return {"available": True, "driver": m.group(1) if m else "unknown", "gpus": gpus}
 
 
+def cpu_identity(cpuinfo_path: str | Path | None = None) -> dict:
+    """The CPU identity a CPU kernel's numbers depend on: vendor, model, the kernel-selecting ISA
+    flags present (ISA_FLAGS order), and the CPU_ENV masking variables that are set. Reads
+    `cpuinfo_path`, else $PARITY_CPUINFO, else /proc/cpuinfo (first processor block)."""
+    path = Path(cpuinfo_path or os.environ.get(CPUINFO_ENV) or CPUINFO)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        return {"available": False, "reason": f"cannot read {path}: {e.strerror}"}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields.get("processor") is not None and len(fields) > 1:
+                break  # end of the first processor block
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    ident = {out: fields[k] for k, out in _CPU_FIELDS.items() if fields.get(k)}
+    present = set((fields.get("flags") or fields.get("Features") or "").split())
+    ident["isa"] = [f for f in ISA_FLAGS if f in present]
+    ident["env"] = {k: os.environ[k] for k in CPU_ENV if os.environ.get(k)}
+    return ident
+
+
 def component(name: str) -> dict:
     if name == "numpy":
         return _versions("numpy")
@@ -72,6 +125,8 @@ def component(name: str) -> dict:
         return v or {"available": False, "reason": "onnxruntime is not installed"}
     if name == "cuda":
         return _cuda()
+    if name == "cpu":
+        return cpu_identity()
     if name == "tensorrt":
         v = {d: _version(d) for d in ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_libs")
              if _version(d)}
