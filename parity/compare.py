@@ -51,11 +51,15 @@ class LayerDiff:
         return asdict(self)
 
 
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    """x . y with a summation order fixed by numpy (pairwise), not by the machine: np.dot hands
-    large vectors to OpenBLAS, which splits them over its threads (OMP_NUM_THREADS, the core count,
-    `parity repro -j N`), so the last bits of rel_l2/cosine changed with the thread count."""
-    return float(np.add.reduce(x * y))
+def dot(x: np.ndarray, y: np.ndarray) -> float:
+    """x . y of 1-D float64 arrays, in a summation order fixed by numpy, not by the machine. np.dot
+    hands large vectors to OpenBLAS, which splits them over its threads (OMP_NUM_THREADS, the core
+    count, `parity repro -j N`): the last bits of rel_l2/cosine changed with the thread count, and a
+    threaded ddot was 25-100x slower on a loaded 2-core machine. einsum: one thread, no temporary."""
+    return float(np.einsum("i,i->", x, y))
+
+
+
 
 
 def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
@@ -94,10 +98,10 @@ def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: 
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = diff / absb
     rel = rel[absb > 0]
-    sq_ref = _dot(b, b)
-    sq_diff = _dot(diff, diff) if nonfinite_bad is None or not nonfinite_bad.any() else math.inf
-    na, nb = math.sqrt(_dot(a, a)), math.sqrt(sq_ref)
-    cosine = 1.0 if na == nb == 0.0 else (0.0 if na == 0.0 or nb == 0.0 else _dot(a, b) / (na * nb))
+    sq_ref = dot(b, b)
+    sq_diff = dot(diff, diff) if nonfinite_bad is None or not nonfinite_bad.any() else math.inf
+    na, nb = math.sqrt(dot(a, a)), math.sqrt(sq_ref)
+    cosine = 1.0 if na == nb == 0.0 else (0.0 if na == 0.0 or nb == 0.0 else dot(a, b) / (na * nb))
     out.update(
         max_abs=float(diff.max()) if diff.size else 0.0,
         mean_abs=(float(diff.mean()) if both is None else float(diff[both].mean()) if both.any() else 0.0),

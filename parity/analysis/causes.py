@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from parity.compare import dot as _dot
+
 LABELS = ("overflow", "layout", "precision", "scale", "offset", "channel", "unknown")
 
 LAYOUT_MAX_REL = 1e-3      # rel_l2 after the permutation (or the caller's limit, if larger)
@@ -135,12 +137,6 @@ def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: flo
     return ((_scale_or_offset(fits, rel) if a.size >= FIT_MIN_SIZE else None)
             or _channel(a, b, d, rel, channel_axes)
             or _unknown(a, b, d, rel, fits))
-
-
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    """<x, y> of two 1-D arrays. einsum, not BLAS: OpenBLAS's threaded ddot took 25-50 ms for 8e5
-    float64 elements on a busy 2-core machine (einsum: 0.3 ms)."""
-    return float(np.einsum("i,i->", x, y))
 
 
 def classify_samples(pairs, dtype: str = "fp32", **kwargs) -> Cause:

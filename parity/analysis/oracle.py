@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parity.compare import dot
+
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 DEFAULT_K = 4.0
 # precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
@@ -70,12 +72,6 @@ class Sq:
     @property
     def rms_ref(self) -> float:
         return math.sqrt(self.ref / self.n) if self.n else 0.0
-
-
-def dot(x: np.ndarray, y: np.ndarray) -> float:
-    """<x, y> of 1-D float64 arrays by einsum: multi-threaded BLAS ddot is 6x (up to 100x) slower
-    on a loaded 2-core machine (DESIGN.md; parity.analysis.causes measured the same)."""
-    return float(np.einsum("i,i->", x, y))
 
 
 def excess(err: Sq, floor: Sq | None, u: float) -> float:
