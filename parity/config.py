@@ -44,7 +44,7 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
-    "report": {"coverage_dep"},
+    "report": {"coverage_dep", "plan_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
     "analysis": {"plan", "plan_target", "max_keep"},
 }

@@ -124,6 +124,10 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
         for r in rows:
             lines.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
         lines.append("")
+    plans = [c for c in cells if c.get("plan")]
+    if plans:
+        lines += ["## Mixed-precision plans (keep these layers in float32)", ""]
+        lines += [f"- `{c['key']}`: {c['plan'].get('summary', c['plan'].get('outcome'))}" for c in plans] + [""]
     lines += coverage_markdown(coverage or {})
     lines += ["## Environment", ""]
     for name, fp in sorted(env.items()):
@@ -242,6 +246,30 @@ def matrix_html(cells: list[dict]) -> str:
     return "".join(h)
 
 
+def plan_html(plan: dict) -> str:
+    """A cell's mixed-precision plan: the outcome, the keep-list, and the output error and latency
+    of fp32, the full reduced model and the mixed one (plan.json, stages/plan.py)."""
+    e = html.escape
+    h = [f"<div class='plan'><h3>Mixed-precision plan</h3><p>{e(str(plan.get('summary') or plan.get('outcome')))}</p>"]
+    if plan.get("keep"):
+        h.append("<p>Keep in float32: " + ", ".join(f"<code>{e(str(k))}</code>" for k in plan["keep"])
+                 + " <small>(keep.yaml beside plan.json says how to apply it)</small></p>")
+    outs = plan.get("outputs") or {}
+    rows = [(k, v) for k, v in outs.items() if isinstance(v, dict)]
+    if rows:
+        keys = sorted({kk for _, v in rows for kk in v if isinstance(v[kk], (int, float))})[:6]
+        h.append("<table><tr><th>run</th>" + "".join(f"<th>{e(k)}</th>" for k in keys) + "</tr>")
+        for k, v in rows:
+            h.append(f"<tr><td>{e(k)}</td>" + "".join(f"<td>{fmt(v.get(kk))}</td>" for kk in keys) + "</tr>")
+        h.append("</table>")
+    lat = plan.get("latency_ratio") or {}
+    if lat:
+        h.append("<p>Latency: " + ", ".join(f"{e(k.replace('_', ' '))} {v:.2f}x" for k, v in lat.items()
+                                            if isinstance(v, (int, float))) + "</p>")
+    h.append("</div>")
+    return "".join(h)
+
+
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1f2328;max-width:1200px}
 table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
 th{background:#f6f8fa}.v{color:#fff;font-weight:600;border-radius:3px;padding:1px 6px}
@@ -292,6 +320,8 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
                     r[1] = f"<code>{r[1]}</code>"
                     h.append("<tr>" + "".join(f"<td>{x}</td>" for x in r) + "</tr>")
                 h.append("</table>")
+        if c.get("plan"):
+            h.append(plan_html(c["plan"]))
         h.append("</section>")
     for suite, cov in (coverage or {}).items():
         h.append(f"<section id='coverage-{e(suite)}' class='coverage'><h2>Op coverage: suite {e(suite)}</h2>")

@@ -17,6 +17,34 @@ from parity.io import read_json, write_json, write_text
 BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
 
 
+def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dict:
+    """What the report shows of one cell: its diff (metrics, layers, own errors), latency, module
+    types and, with analysis.plan, its mixed-precision plan."""
+    key = config.cell_key(model, dtype, provider)
+    d = art / "diff" / key
+    metrics = read_json(d / "metrics.json") if (d / "metrics.json").exists() else {
+        "verdict": "MISSING", "reason": f"{d}/metrics.json not found (run dvc repro)"}
+    lj_cell = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
+    tp = art / "timing" / f"{key}.json"
+    lj = art / "models" / model / "layers.json"
+    plan = art / "plan" / key / "plan.json"
+    return {"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
+            "layers": lj_cell.get("layers", []), "own": lj_cell.get("own", []),
+            "cause": lj_cell.get("drift_origin_cause"),
+            "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)),
+            "timing": read_json(tp) if tp.exists() else {},
+            "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},
+            "plan": _plan(p, plan)}
+
+
+def _plan(p: dict, plan: Path) -> dict | None:
+    """plan.json with its measured latencies (timing.json beside it), when analysis.plan is on."""
+    if not (p.get("analysis") or {}).get("plan") or not plan.exists():
+        return None
+    t = plan.parent / "timing.json"
+    return {**read_json(plan), "latency_ratio": read_json(t).get("latency_ratio") if t.exists() else None}
+
+
 def main(argv=None) -> int:
     ap = config.stage_parser("stages.report", __doc__)
     ap.add_argument("--artifacts", default="artifacts")
@@ -24,19 +52,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     art = Path(a.artifacts)
-    cells = []
-    for model, dtype, provider in config.cells(p):
-        key = config.cell_key(model, dtype, provider)
-        d = art / "diff" / key
-        metrics = read_json(d / "metrics.json") if (d / "metrics.json").exists() else {
-            "verdict": "MISSING", "reason": f"{d}/metrics.json not found (run dvc repro)"}
-        lj_cell = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
-        layers, own = lj_cell.get("layers", []), lj_cell.get("own", [])
-        tp = art / "timing" / f"{key}.json"
-        lj = art / "models" / model / "layers.json"
-        modules = {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {}
-        cells.append({"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
-                      "layers": layers, "own": own, "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)), "timing": read_json(tp) if tp.exists() else {}, "modules": modules})
+    cells = [cell_entry(p, art, model, dtype, provider) for model, dtype, provider in config.cells(p)]
     base = {c["model"]: c["timing"].get("median_ms") for c in cells if (c["dtype"], c["provider"]) == BASELINE}
     for c in cells:
         b, t = base.get(c["model"]), c["timing"].get("median_ms")
@@ -45,7 +61,10 @@ def main(argv=None) -> int:
     summary = {"cells": len(cells), "passed": verdicts.count("PASS"), "failed": verdicts.count("FAIL")}
     summary["not_run"] = summary["cells"] - summary["passed"] - summary["failed"]
     summary["per_cell"] = {c["key"]: {"verdict": c["metrics"].get("verdict"),
-                                      "drift_origin": c["metrics"].get("drift_origin")} for c in cells}
+                                      "drift_origin": c["metrics"].get("drift_origin"),
+                                      **({"plan_keep": len(c["plan"].get("keep") or []),
+                                          "plan_passes": c["plan"].get("passes")} if c["plan"] else {})}
+                           for c in cells}
     latency = {"baseline": "-".join(BASELINE),
                "per_cell": {c["key"]: {"median_ms": c["timing"].get("median_ms"), "p90_ms": c["timing"].get("p90_ms"),
                                        "latency_ratio": c["latency_ratio"]} for c in cells}}

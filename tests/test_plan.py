@@ -68,7 +68,7 @@ def test_full_model_within_target_keeps_nothing_and_int8_gets_a_confirmed_plan(r
     k = keep_yaml(repo, "int8_static", "ort_int8")
     assert k["keep_fp32"] == pl["keep"] and k["passes"] is True
     assert k["nodes_to_exclude"] == sorted(n for layer in pl["keep"] for n in pl["keep_items"][layer])
-    timing = json.loads((repo.path / "artifacts/plan_timing/tiny_mlp-int8_static-ort_int8.json").read_text())
+    timing = json.loads((repo.path / "artifacts/plan/tiny_mlp-int8_static-ort_int8/timing.json").read_text())
     assert timing["latency"]["mixed"]["median_ms"] > 0 and timing["stage_s"] > 0
 
 

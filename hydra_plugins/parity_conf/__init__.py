@@ -112,6 +112,14 @@ def _coverage_dep(*, _root_) -> str:
     return "artifacts/suites/coverage" if _root_.get("suites") else "conf/suites"
 
 
+def _plan_dep(*, _root_) -> str:
+    """The report's plan input: the plan stages' folder with analysis.plan, else conf/dtypes (a
+    path that always exists: DVC rejects a missing dependency)."""
+    return "artifacts/plan" if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
+
+
+if not OmegaConf.has_resolver("parity_plan_dep"):
+    OmegaConf.register_new_resolver("parity_plan_dep", _plan_dep)
 if not OmegaConf.has_resolver("parity_validate"):
     OmegaConf.register_new_resolver("parity_validate", _validate)
 if not OmegaConf.has_resolver("parity_coverage_dep"):
