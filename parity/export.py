@@ -120,3 +120,46 @@ def _numel(t) -> int:
     for d in t.dims:
         n *= d
     return n
+
+
+LEAFSPEC_WARNING = r".*isinstance\(treespec, LeafSpec\)"  # torch 2.x pytree deprecation (FutureWarning)
+
+
+class ExportFailed(Exception):
+    """The exporter raised: EXPORT_FAIL (the message is the exporter's, first line)."""
+
+
+def input_error(model, example) -> str | None:
+    """Run the model eagerly once on the example inputs: None if it takes them, else the first
+    line of its error (a shape the model cannot take is a config error, not an export failure)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*example)
+    except Exception as e:  # any error of the model's own forward on these inputs
+        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return None
+
+
+def export_checked(model, example, input_names, path: Path, exporter: str, opset: int):
+    """Export the per-layer graph to `path` (published only when export and check succeed);
+    return (output names, checked ModelProto). ExportFailed when the exporter raises."""
+    import warnings
+
+    import onnx
+
+    from parity.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        try:
+            with warnings.catch_warnings():
+                # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
+                warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
+                names = export_layers(model, example, input_names, tmp, exporter, opset)
+        except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
+            raise ExportFailed(f"{type(e).__name__}: {e}") from e
+        full = strip_paths(onnx.load(str(tmp)))
+        onnx.checker.check_model(full, full_check=True)
+        onnx.save(full, str(tmp))
+    return names, full
