@@ -57,6 +57,10 @@ def _k(p: dict, dtype: str) -> float:
     return float((p["dtypes"][dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K))
 
 
+def _slack(p: dict, dtype: str) -> float:
+    return float((p["dtypes"][dtype].get("oracle") or {}).get("slack", 0.0))
+
+
 def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
               baseline_dir: Path | None = None) -> CellDiff:
     status = read_json(capture_dir / "status.json")
@@ -72,14 +76,14 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
     if mode == "oracle":
         gold = store.read_dict(reference_dir / "fp64.parquet")
         base = store.read_dict(baseline_dir / "layers.parquet")
-        u, k = oracle.unit_roundoff(p["dtypes"][dtype]), _k(p, dtype)
+        u, lim = oracle.unit_roundoff(p["dtypes"][dtype]), (_k(p, dtype), _slack(p, dtype))  # (k, slack)
         ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
         for d in cd.layers:
-            d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, k, ref_sq)
+            d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, lim, ref_sq)
             d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
         if (capture_dir / OWN).exists() and (baseline_dir / OWN).exists():
             own = store.read_dict(capture_dir / OWN)
-            cd.own = own_records(own, store.read_dict(baseline_dir / OWN), gold, u, k, ref_sq)
+            cd.own = own_records(own, store.read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
     cd.summary = summarize(cd)
     if cd.summary.get("drift_origin"):
         cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
@@ -129,16 +133,16 @@ def _sq(values: dict, name: str, gold: dict, gold_name: str, ref_sq: dict) -> or
     return sq if sq.n else None
 
 
-def _judge(name: str, gold_name: str, act: dict, base: dict, gold: dict, u: float, k: float,
+def _judge(name: str, gold_name: str, act: dict, base: dict, gold: dict, u: float, lim: tuple,
            ref_sq: dict) -> dict | None:
     err = _sq(act, name, gold, gold_name, ref_sq)
     if err is None:
         return None
     floor = _sq(base, gold_name, gold, gold_name, ref_sq)
-    return oracle.judge(err, floor, u, k)
+    return oracle.judge(err, floor, u, *lim)
 
 
-def own_records(own: dict, base_own: dict, gold: dict, u: float, k: float, ref_sq: dict) -> list[dict]:
+def own_records(own: dict, base_own: dict, gold: dict, u: float, lim: tuple, ref_sq: dict) -> list[dict]:
     """Own error of every leaf call (`<leaf>`) and of the ops between leaves feeding it
     (`between:<leaf>`), in execution order (own.parquet's order), each judged like a layer."""
     recs = []
@@ -151,7 +155,7 @@ def own_records(own: dict, base_own: dict, gold: dict, u: float, k: float, ref_s
         floor = _sq(base_own, name, gold, gold_name, ref_sq)
         kind = "between" if name.startswith(BETWEEN) else "leaf"
         layer = name[len(BETWEEN):] if kind == "between" else name
-        recs.append({"name": name, "layer": layer, "kind": kind, **oracle.judge(err, floor, u, k)})
+        recs.append({"name": name, "layer": layer, "kind": kind, **oracle.judge(err, floor, u, *lim)})
     return recs
 
 
@@ -184,8 +188,8 @@ def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: 
         return None
     limit = None
     if rec and rec.get("ref_rms"):
-        k = _k(p, dtype)
-        limit = k * max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"]) / rec["ref_rms"]
+        floor = max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"])
+        limit = (_k(p, dtype) * floor + _slack(p, dtype)) / rec["ref_rms"]
     return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit).as_dict()
 
 
