@@ -93,7 +93,7 @@ def test_tolerance_resolution_order(default):
     (lambda p: p["dtypes"]["fp16"].update(torch="half"), ["dtypes.fp16.torch", "half", "bfloat16"]),
     (lambda p: p["providers"]["ort_cpu"].update(uses=["onnxruntime", "rocm"]), ["rocm", "tensorrt"]),
     (lambda p: p.update(models={}), ["models", "select at least one"]),
-    (lambda p: p.update(strict=True, dtypes={**p["dtypes"], "bf16": {"torch": "bfloat16", "tol": {"atol": 1e-5, "rtol": 1.6e-2}}}),
+    (lambda p: p.update(strict=True, dtypes={**p["dtypes"], "bf16": {"torch": "bfloat16", "tol": {"atol": 1e-5, "rtol": 1.6e-2}, "oracle": {"k": 4.0}}}),
      ["providers.ort_cpu", "bf16", "strict"]),
 ])
 def test_bad_values_name_the_key_and_the_choices(default, mutate, expected):

@@ -236,7 +236,7 @@ def test_editing_a_user_model_makes_exactly_its_stages_stale(two_models):
     assert sorted(code["files"]) == ["usermodels/__init__.py", "usermodels/blocks.py", "usermodels/net.py"]
     assert json.loads((repo.path / "artifacts/code/tiny_mlp.json").read_text()) == {"source": "parity"}
     mine = {"export@user_mlp", "reference@user_mlp", "capture@user_mlp-fp32-torch_cpu",
-            "capture@user_mlp-fp32-ort_cpu"}
+            "capture@user_mlp-fp32-ort_cpu", "baseline@user_mlp-fp32"}
     try:
         for rel, old, new in (("usermodels/blocks.py", "nn.SiLU()", "nn.GELU()"),  # imported in turn
                               ("usermodels/net.py", "self.fc1(x)", "self.fc1(x) * 1.0")):

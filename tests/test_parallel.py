@@ -63,6 +63,7 @@ def test_parallel_equals_sequential(pair):
     assert res.returncode == 0 and not res.failed, log
     ran = res.ran
     assert sorted(ran) == sorted(["env", "inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp", "report",
+                                  *(f"baseline@tiny_mlp-{d}" for d in sorted({c.split("-")[1] for c in CELLS})),
                                   *(f"{s}@{c}" for c in CELLS for s in ("capture", "diff"))]), ran
     assert len(ran) == len(set(ran))  # no stage ran twice
     assert ran.index("report") == len(ran) - 1 and ran[0] == "env"

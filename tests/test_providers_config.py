@@ -60,7 +60,7 @@ def default():
     return composed()
 
 
-AMP = {"torch": "float32", "mode": "autocast", "tol": {"atol": 1e-5, "rtol": 1e-3}}
+AMP = {"torch": "float32", "mode": "autocast", "tol": {"atol": 1e-5, "rtol": 1e-3}, "oracle": {"k": 4.0}}
 
 
 @pytest.mark.parametrize("mutate, expected", [

@@ -80,7 +80,8 @@ def test_report_renders_offline_with_matrix_and_curves(report, browser, tmp_path
     for svg in curves:
         assert svg.size["width"] > 300 and svg.size["height"] > 100  # laid out, not collapsed
         assert svg.find_elements(By.TAG_NAME, "polyline")
-        assert any("tolerance" in t.text for t in svg.find_elements(By.TAG_NAME, "text"))
+        # the pass limit is drawn and named: k for the oracle verdict (default), tol_ratio = 1 for tolerance
+        assert any("limit k =" in t.text or "tolerance" in t.text for t in svg.find_elements(By.TAG_NAME, "text"))
     assert "Environment" in browser.find_element(By.TAG_NAME, "body").text
     png = tmp_path / "report.png"
     assert browser.save_screenshot(str(png)) and png.stat().st_size > 10_000
