@@ -74,8 +74,8 @@ def test_full_model_within_target_keeps_nothing_and_int8_gets_a_confirmed_plan(r
 
 def test_fp16_plan_names_layers_to_keep_and_the_mixed_model_passes(repo):
     ran = set(repo.exp_run("analysis.plan=true", "analysis.plan_target={atol:1.0e-5,rtol:1.0e-2}")) - {"env"}
-    # the target is a plan parameter only: nothing else re-runs
-    assert ran == {f"plan@tiny_mlp-{d}-{p}" for d in DTYPES for p in PROVIDERS}
+    # the plans re-run, and the report that shows them; no capture or diff
+    assert ran == {f"plan@tiny_mlp-{d}-{p}" for d in DTYPES for p in PROVIDERS} | {"report"}
     for p in ("torch_cpu", "ort_cpu"):
         pl = plan(repo, "fp16", p)
         assert pl["outcome"] == "planned" and pl["passes"], pl["summary"]
