@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.backends.base import Runner, Unavailable
+from parity.io import write_bytes
 
 TRT_MODES = {"cast", "int8_static", "fp8"}
 PLAIN, LAYERS, BUILD = "plain.plan", "layers.plan", "build.json"
@@ -102,7 +103,7 @@ def _calibrator(trt, feeds: list[dict], input_names: list[str], cache: Path):
             return cache.read_bytes() if cache.exists() else None
 
         def write_calibration_cache(self, data):
-            cache.write_bytes(bytes(data))
+            write_bytes(cache, bytes(data))
 
     return Calibrator()
 
@@ -168,7 +169,7 @@ def build(model_dir: Path, dtype_cfg: dict, opts: dict, calib_feeds: list[dict] 
     for plan_name, onnx_name in ((PLAIN, "model.onnx"), (LAYERS, "layers.onnx")):
         plan, tc, outputs = _build_one(trt, logger, model_dir / onnx_name, prec, opts, tc, calib_feeds,
                                        out / "calibration.cache")
-        (out / plan_name).write_bytes(plan)
+        write_bytes(out / plan_name, plan)  # atomic: a killed build never leaves a partial engine
         info["engines"][plan_name] = {"from": onnx_name, "outputs": outputs}
         if plan_name == PLAIN:
             layers = _layer_info(trt, logger, plan)
@@ -176,8 +177,8 @@ def build(model_dir: Path, dtype_cfg: dict, opts: dict, calib_feeds: list[dict] 
                     for t in layer.get("Outputs", [])}
             info["plain_engine_layers"] = [layer.get("Name") for layer in layers]
             info["fused_away_in_plain"] = [n for n in layer_names if n not in made]
-    timing_cache.parent.mkdir(parents=True, exist_ok=True)
-    timing_cache.write_bytes(tc)
+    if tc:
+        write_bytes(timing_cache, tc)
     info["per_layer_values_from"] = f"{LAYERS} (every layer marked as an output; fusion differs from {PLAIN})"
     info["plain_output_and_latency_from"] = PLAIN
     return info
