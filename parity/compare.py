@@ -59,63 +59,152 @@ def dot(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.einsum("i,i->", x, y))
 
 
+# Elements per block of the fused compare: five float64 rows of 512 KiB (2.5 MiB, in L2/L3 cache),
+# large enough that numpy's per-call overhead (~1 us, ~25 calls a block) stays a few percent of the
+# work; 16K-element blocks (all in L2) were slower here for that overhead (benchmarks/diff_speed.py).
+CHUNK = 65536
 
+
+class _Sample:
+    """Running sums and extremes of one (actual, expected) pair, filled block by block. Every
+    element-wise value is computed exactly as an unblocked float64 pass would; only the sums
+    (|a-b|, (a-b)^2, b^2, a^2, a.b) are added per block, then across blocks, in a fixed order."""
+
+    def __init__(self, numel: int):
+        self.numel = numel
+        self.nan_a = self.inf_a = self.nan_b = self.inf_b = 0
+        self.n_out = 0
+        self.tol_ratio, self.worst = -1.0, 0
+        self.max_abs = 0.0
+        self.max_rel = -1.0  # none yet (no b != 0)
+        self.sum_abs, self.n_both = 0.0, 0
+        self.sq_diff = self.sq_ref = self.sq_act = self.prod = 0.0
+        self.bad = False  # a non-finite value that does not match (NaN, inf vs finite, +inf vs -inf)
+
+    def ratio(self, r: np.ndarray, offset: int) -> None:
+        """tol_ratio, its first index (NaN ranks highest, as np.argmax) and the count above 1."""
+        i = int(np.argmax(r))
+        v = float(r[i])
+        if (v != v and self.tol_ratio == self.tol_ratio) or v > self.tol_ratio:
+            self.tol_ratio, self.worst = v, offset + i
+        if v > 1.0 or v != v:
+            self.n_out += int(np.count_nonzero(r > 1.0))
+
+    def rel(self, rel: np.ndarray, absb: np.ndarray) -> None:
+        """max |a-b| / |b| over b != 0. `rel` holds inf (b == 0, a != b) and NaN (b == a == 0) there."""
+        m = float(np.fmax.reduce(rel)) if rel.size else math.nan
+        if m == math.inf:  # a b == 0 element, or a real overflow (float64 inputs): mask exactly
+            keep = absb > 0
+            m = float(rel[keep].max()) if keep.any() else math.nan
+        if m == m and m > self.max_rel:
+            self.max_rel = m
+
+    def result(self) -> dict:
+        sq_diff = math.inf if self.bad else self.sq_diff
+        na, nb = math.sqrt(self.sq_act), math.sqrt(self.sq_ref)
+        cosine = 1.0 if na == nb == 0.0 else (0.0 if na == 0.0 or nb == 0.0 else self.prod / (na * nb))
+        sq_ref = self.sq_ref
+        return {
+            "nan_actual": self.nan_a, "inf_actual": self.inf_a, "nan_expected": self.nan_b, "inf_expected": self.inf_b,
+            "max_abs": self.max_abs, "mean_abs": self.sum_abs / self.n_both if self.n_both else 0.0,
+            "max_rel": max(self.max_rel, 0.0),
+            "rel_l2": math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf),
+            "cosine": cosine, "tol_ratio": max(self.tol_ratio, 0.0) if self.tol_ratio == self.tol_ratio else math.nan,
+            "n_outside": self.n_out, "numel": self.numel, "sq_diff": sq_diff, "sq_ref": sq_ref,
+            "worst_flat": self.worst,
+        }
+
+
+def _block(s: _Sample, xy: np.ndarray, w: np.ndarray, offset: int, atol: float, rtol: float) -> bool:
+    """One block of finite values (xy: actual and expected rows, float64; w: 3 work rows). False,
+    with nothing added, when a sum of squares is not finite: a NaN/Inf (a float32/float16 square
+    cannot overflow a float64 sum), or float64 values near 1e154; _block_nonfinite takes those."""
+    x, y = xy
+    d, t, u = w[0, :x.size], w[1, :x.size], w[2, :x.size]
+    sq = np.add.reduce(np.multiply(xy, xy, out=w[1:, :x.size]), axis=1)  # a^2, b^2 (pairwise sums)
+    saa, sbb = float(sq[0]), float(sq[1])
+    np.subtract(x, y, out=d)
+    sdd = _sumsq(d, t)
+    if not math.isfinite(saa + sbb + sdd):
+        return False
+    s.sq_act += saa
+    s.sq_ref += sbb
+    s.sq_diff += sdd
+    s.prod += float(np.add.reduce(np.multiply(x, y, out=t)))
+    np.abs(d, out=d)
+    np.abs(y, out=u)
+    np.multiply(u, rtol, out=t)
+    t += atol
+    np.divide(d, t, out=t)
+    if atol <= 0:  # 0/0 where both the reference and the error are zero
+        t[np.isnan(t)] = 0.0
+    s.ratio(t, offset)
+    s.max_abs = max(s.max_abs, float(np.maximum.reduce(d)))
+    s.sum_abs += float(np.add.reduce(d))
+    s.n_both += x.size
+    np.divide(d, u, out=t)
+    s.rel(t, u)
+    return True
+
+
+def _sumsq(x: np.ndarray, tmp: np.ndarray) -> float:
+    """sum(x * x): a product pass into `tmp` and numpy's pairwise sum (one thread, a fixed order)."""
+    return float(np.add.reduce(np.multiply(x, x, out=tmp)))
+
+
+def _block_nonfinite(s: _Sample, x: np.ndarray, y: np.ndarray, offset: int, atol: float, rtol: float) -> None:
+    """A block with NaN/Inf (or huge float64 values): the unblocked algorithm's masked formulas."""
+    fin_a, fin_b = np.isfinite(x), np.isfinite(y)
+    both = fin_a & fin_b
+    s.nan_a += int(np.isnan(x).sum())
+    s.inf_a += int(np.isinf(x).sum())
+    s.nan_b += int(np.isnan(y).sum())
+    s.inf_b += int(np.isinf(y).sum())
+    # Non-finite values match only when both sides hold the same value (inf == inf); NaN never does.
+    bad = ~both & ~((x == y) & ~np.isnan(x))
+    diff = np.where(both, np.abs(x - y), 0.0)
+    absb = np.abs(np.where(both, y, 0.0))
+    x, y = np.where(both, x, 0.0), np.where(both, y, 0.0)
+    allowed = absb * rtol
+    allowed += atol
+    ratio = diff / allowed
+    if atol <= 0:
+        ratio[np.isnan(ratio)] = 0.0
+    ratio[bad] = np.inf
+    s.ratio(ratio, offset)
+    s.rel(diff / absb, absb)
+    s.bad = s.bad or bool(bad.any())
+    s.max_abs = max(s.max_abs, float(diff.max()) if diff.size else 0.0)
+    s.sum_abs += float(np.add.reduce(diff))
+    s.n_both += int(np.count_nonzero(both))
+    s.sq_diff += _sumsq(diff, allowed)
+    s.sq_ref += _sumsq(y, allowed)
+    s.sq_act += _sumsq(x, allowed)
+    s.prod += float(np.add.reduce(np.multiply(x, y, out=allowed)))
 
 
 def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
-    """Metrics for one pair of same-shape arrays (one sample of one layer)."""
-    a = np.asarray(actual, dtype=np.float64).ravel()
-    b = np.asarray(expected, dtype=np.float64).ravel()
-    fin_a, fin_b = np.isfinite(a), np.isfinite(b)
-    if fin_a.all() and fin_b.all():  # the common case: fewer passes over the data
-        both = None
-        diff = np.abs(a - b)
-        absb = np.abs(b)
-        nonfinite_bad = None
-        out = {"nan_actual": 0, "inf_actual": 0, "nan_expected": 0, "inf_expected": 0}
-    else:
-        both = fin_a & fin_b
-        out = {
-            "nan_actual": int(np.isnan(a).sum()), "inf_actual": int(np.isinf(a).sum()),
-            "nan_expected": int(np.isnan(b).sum()), "inf_expected": int(np.isinf(b).sum()),
-        }
-        # Non-finite values match only when both sides hold the same value (inf == inf); NaN never does.
-        nonfinite_bad = ~both & ~((a == b) & ~np.isnan(a))
-        with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.where(both, np.abs(a - b), 0.0)
-        absb = np.abs(np.where(both, b, 0.0))
-        a, b = np.where(both, a, 0.0), np.where(both, b, 0.0)
-    allowed = absb * rtol
-    allowed += atol
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = diff / allowed
-    if atol <= 0:  # 0/0 where both the reference and the error are zero
-        ratio[np.isnan(ratio)] = 0.0
-    if nonfinite_bad is not None:
-        ratio[nonfinite_bad] = np.inf
-    n_out = int(np.count_nonzero(ratio > 1.0))
-    worst = int(np.argmax(ratio)) if ratio.size else 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = diff / absb
-    rel = rel[absb > 0]
-    sq_ref = dot(b, b)
-    sq_diff = dot(diff, diff) if nonfinite_bad is None or not nonfinite_bad.any() else math.inf
-    na, nb = math.sqrt(dot(a, a)), math.sqrt(sq_ref)
-    cosine = 1.0 if na == nb == 0.0 else (0.0 if na == 0.0 or nb == 0.0 else dot(a, b) / (na * nb))
-    out.update(
-        max_abs=float(diff.max()) if diff.size else 0.0,
-        mean_abs=(float(diff.mean()) if both is None else float(diff[both].mean()) if both.any() else 0.0),
-        max_rel=float(rel.max()) if rel.size else 0.0,
-        rel_l2=(math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)),
-        cosine=cosine,
-        tol_ratio=float(ratio.max()) if ratio.size else 0.0,
-        n_outside=n_out,
-        numel=int(a.size),
-        sq_diff=sq_diff,
-        sq_ref=sq_ref,
-        worst_flat=worst,
-    )
-    return out
+    """Metrics for one pair of same-shape arrays (one sample of one layer), in one fused pass over
+    blocks of CHUNK elements: each input is read once (cast to float64 into a cache-resident
+    buffer) and every metric comes from that block while it is in cache. Reductions run on one
+    thread in numpy's own loops (no BLAS), so the bytes of every metric are the same run to run,
+    whatever the thread count. Max-type values, counts and the worst index equal an unblocked
+    float64 pass bit for bit; the sums (mean_abs, rel_l2, cosine) to a relative ~1e-13 (see
+    tests/test_compare.py)."""
+    a = np.ravel(actual)
+    b = np.ravel(expected)
+    s = _Sample(int(a.size))
+    step = min(CHUNK, max(int(a.size), 1))
+    buf = np.empty((5, step))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf/NaN are handled below
+        for lo in range(0, a.size, step):
+            hi = min(lo + step, a.size)
+            xy = buf[:2, :hi - lo]
+            np.copyto(xy[0], a[lo:hi], casting="unsafe")
+            np.copyto(xy[1], b[lo:hi], casting="unsafe")
+            if not _block(s, xy, buf[2:], lo, atol, rtol):
+                _block_nonfinite(s, xy[0], xy[1], lo, atol, rtol)
+    return s.result()
 
 
 def compare_layer(name: str, order: int, pairs: list[tuple[int, np.ndarray, np.ndarray]],
