@@ -183,6 +183,44 @@ def _block_nonfinite(s: _Sample, x: np.ndarray, y: np.ndarray, offset: int, atol
     s.prod += float(np.add.reduce(np.multiply(x, y, out=allowed)))
 
 
+def sum_sq(x: np.ndarray) -> float:
+    """sum(x * x) in float64, block by block (one thread, a fixed order, no full-size temporary)."""
+    x = np.ravel(x)
+    step = min(CHUNK, max(int(x.size), 1))
+    buf = np.empty((2, step))
+    total = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, x.size, step):
+            v = buf[0, :min(step, x.size - lo)]
+            np.copyto(v, x[lo:lo + step], casting="unsafe")
+            total += _sumsq(v, buf[1, :v.size])
+    return total
+
+
+def sq_error(actual: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
+    """(sum of (actual - expected)^2 over the elements where that difference is finite, how many
+    differences are NaN/Inf where `expected` is finite), in float64 block by block. The fp64
+    oracle's error sums (parity.analysis.oracle.Sq)."""
+    a, b = np.ravel(actual), np.ravel(expected)
+    step = min(CHUNK, max(int(a.size), 1))
+    buf = np.empty((2, step))
+    total, bad = 0.0, 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, a.size, step):
+            d, t = buf[0, :min(step, a.size - lo)], buf[1, :min(step, a.size - lo)]
+            np.copyto(d, a[lo:lo + step], casting="unsafe")
+            np.subtract(d, b[lo:lo + step], out=d)
+            s = _sumsq(d, t)
+            if not math.isfinite(s):
+                fin = np.isfinite(d)
+                if not fin.all():
+                    bad += int(np.count_nonzero(~fin & np.isfinite(b[lo:lo + step])))
+                    d[~fin] = 0.0
+                    s = _sumsq(d, t)
+            total += s
+    return total, bad
+
+
 def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> dict:
     """Metrics for one pair of same-shape arrays (one sample of one layer), in one fused pass over
     blocks of CHUNK elements: each input is read once (cast to float64 into a cache-resident

@@ -68,7 +68,8 @@ def read(path: str | Path) -> Iterator[Tensor]:
     table = pq.read_table(path, memory_map=True)
     if table.num_rows == 0:
         return
-    data = table.column("data").combine_chunks()
+    col = table.column("data")
+    data = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()  # combine_chunks copies even one chunk
     offsets = np.frombuffer(data.buffers()[1], dtype=np.int64)[data.offset:data.offset + len(data) + 1]
     values = data.buffers()[2]
     samples = table.column("sample").to_pylist()

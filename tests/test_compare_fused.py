@@ -229,3 +229,37 @@ def test_results_are_byte_identical_run_to_run():
     runs = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                            env=env()).stdout for _ in range(2)}
     assert len(runs) == 1, runs
+
+
+def old_sq_add(actual, gold):
+    """parity.analysis.oracle.Sq.add's sums before the blocked compare: (err, ref, nonfinite)."""
+    g = np.asarray(gold, dtype=np.float64).ravel()
+    d = np.asarray(actual, dtype=np.float64).ravel() - g
+    fin = np.isfinite(d)
+    bad = 0
+    if not fin.all():
+        bad = int((~fin & np.isfinite(g)).sum())
+        d = np.where(fin, d, 0.0)
+    return _old_dot(d, d), _old_dot(g, g), bad
+
+
+@pytest.mark.parametrize("n", (0, 1, 999, 70_000))
+def test_oracle_sums_match_the_old_ones(chunk, n):
+    """The fp64 oracle's sums (float32 values against float64 gold): relative 1e-12, counts exact."""
+    r = np.random.default_rng(n)
+    g = r.standard_normal(n) * 5
+    a = (g + r.standard_normal(n) * 1e-6).astype(np.float32)
+    cases = [(a, g)]
+    if n > 10:
+        x, y = a.copy(), g.copy()
+        x[::7], y[::5], y[1] = np.nan, np.inf, np.nan
+        x[2] = np.inf
+        cases.append((x, y))
+        cases.append((np.full(n, 3e38, np.float32), -g * 1e300))  # squares overflow to inf
+    for x, y in cases:
+        with np.errstate(all="ignore"):
+            err, ref, bad = old_sq_add(x, y)
+            got_err, got_bad = compare.sq_error(x, y)
+            got_ref = compare.sum_sq(y)
+        assert got_bad == bad
+        assert _close(got_err, err, 1e-12) and _close(got_ref, ref, 1e-12), (got_err, err, got_ref, ref)

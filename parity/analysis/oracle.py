@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity.compare import dot
+from parity.compare import sq_error, sum_sq
 
 UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 DEFAULT_K = 4.0
@@ -61,15 +61,12 @@ class Sq:
     nonfinite: int = 0  # NaN/Inf in the actual where fp64 is finite
 
     def add(self, actual: np.ndarray, gold: np.ndarray, ref_sq: float | None = None) -> "Sq":
-        g = np.asarray(gold, dtype=np.float64).ravel()
-        d = np.asarray(actual, dtype=np.float64).ravel() - g
-        fin = np.isfinite(d)
-        if not fin.all():
-            self.nonfinite += int((~fin & np.isfinite(g)).sum())
-            d = np.where(fin, d, 0.0)
-        self.err += dot(d, d)
-        self.ref += dot(g, g) if ref_sq is None else ref_sq
-        self.n += g.size
+        """Add one sample: float64 sums, block by block (parity.compare.sq_error, sum_sq)."""
+        err, bad = sq_error(actual, gold)
+        self.err += err
+        self.nonfinite += bad
+        self.ref += sum_sq(gold) if ref_sq is None else ref_sq
+        self.n += int(np.size(gold))
         return self
 
     @property
