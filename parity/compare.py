@@ -83,10 +83,10 @@ class _Sample:
 
     def ratio(self, r: np.ndarray, offset: int) -> None:
         """tol_ratio, its first index (NaN ranks highest, as np.argmax) and the count above 1."""
-        i = int(np.argmax(r))
-        v = float(r[i])
+        v = float(np.maximum.reduce(r))  # NaN if any (np.maximum propagates it)
         if (v != v and self.tol_ratio == self.tol_ratio) or v > self.tol_ratio:
-            self.tol_ratio, self.worst = v, offset + i
+            i = int(np.argmax(r))  # its first index; rarely needed after the first blocks
+            self.tol_ratio, self.worst = float(r[i]), offset + i
         if v > 1.0 or v != v:
             self.n_out += int(np.count_nonzero(r > 1.0))
 
@@ -130,7 +130,10 @@ def _block(s: _Sample, xy: np.ndarray, w: np.ndarray, offset: int, atol: float, 
     s.sq_act += saa
     s.sq_ref += sbb
     s.sq_diff += sdd
-    s.prod += float(np.add.reduce(np.multiply(x, y, out=t)))
+    if sdd <= (saa + sbb) / 4:  # a close to b: a.b from the sums above, to ~1e-14 relative
+        s.prod += (saa + sbb - sdd) / 2
+    else:  # far apart (or one much larger): that identity would cancel; a product pass
+        s.prod += float(np.add.reduce(np.multiply(x, y, out=t)))
     np.abs(d, out=d)
     np.abs(y, out=u)
     np.multiply(u, rtol, out=t)
