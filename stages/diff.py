@@ -13,14 +13,18 @@ import csv
 import io
 from pathlib import Path
 
-from parity import compare, config, store
-from parity.analysis import diffcell
+from parity import config
 from parity.io import read_json, write_json, write_text
+
+# numpy/pyarrow (parity.compare, store, analysis) are imported where used, so `--help` starts
+# in a fraction of the time (tests/test_light_stages.py)
 
 PLOT_FIELDS = ("order", "layer", "max_abs", "rel_l2", "tol_ratio", "excess", "bits_lost", "own_excess", "passed")
 
 
 def _output_metrics(d) -> dict:
+    from parity import compare
+
     if not d:
         return {}
     m = {k: getattr(d, k) for k in compare.METRICS + ("nan_actual", "inf_actual", "passed")}
@@ -30,6 +34,8 @@ def _output_metrics(d) -> dict:
 
 
 def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict) -> dict:
+    from parity import store
+
     status, summary = cd.status, cd.summary
     outputs = [d for d in cd.layers if store.is_output(d.name)]
     head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
@@ -55,6 +61,8 @@ def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict) -> dict:
 
 def where(name: str, layers_json: dict) -> str:
     """A readable place: 'Softmax, MatMul between qkv and out' for the ops between leaves."""
+    from parity.analysis import diffcell
+
     if not name.startswith(diffcell.BETWEEN):
         return name
     leaf = name[len(diffcell.BETWEEN):]
@@ -90,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model-dir", help="export output: layers.json names the ops between leaves")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    from parity.analysis import diffcell
+
     p = config.load_or_die(a.params)
     key = config.cell_key(a.model, a.dtype, a.provider)
     cd = diffcell.diff_cell(p, a.model, a.dtype, Path(a.capture), Path(a.reference),

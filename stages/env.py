@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import codedeps, config, fingerprint
+from parity import codedeps, config
 from parity.io import write_json
 
 
@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="artifacts/env")
     ap.add_argument("--code", help="folder for the import models' code hashes (default: code/ beside --out)")
     a = ap.parse_args(argv)
+    from parity import fingerprint  # importlib.metadata: not needed for --help
+
     p = config.load_or_die(a.params)
     out = Path(a.out)
     comps = fingerprint.collect(config.COMPONENTS)

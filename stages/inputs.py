@@ -8,15 +8,17 @@ different seed sequence, so a model is never calibrated on the samples it is eva
 
 from __future__ import annotations
 
+from parity import config
 
-import numpy as np
-
-from parity import config, store
+# numpy and parity.store (pyarrow) are imported where used, so `--help` starts in a fraction of
+# the time (tests/test_light_stages.py); other stages import load/samples from here
 
 CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct from evaluated samples)
 
 
 def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool = False) -> np.ndarray:
+    import numpy as np
+
     rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
     shape, dtype, init = tuple(spec["shape"]), np.dtype(spec.get("dtype", "float32")), spec.get("init", "normal")
     if init == "normal":
@@ -46,6 +48,8 @@ def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
 
 
 def load(path) -> list[dict[str, np.ndarray]]:
+    from parity import store
+
     by_sample: dict[int, dict[str, np.ndarray]] = {}
     for t in store.read(path):
         by_sample.setdefault(t.sample, {})[t.name] = t.array
@@ -58,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--calibration", help="also write the INT8 calibration samples (inputs.calibration) here")
     a = ap.parse_args(argv)
+    from parity import store
+
     p = config.load_or_die(a.params)
     specs = p["models"][a.model]["input"]
     rows = [store.Tensor(k, s["name"], i, arr[s["name"]])

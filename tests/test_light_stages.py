@@ -38,3 +38,16 @@ def test_env_probe_is_deterministic_and_per_provider(tmp_path):
     ort_fp = json.loads(outs[0]["provider-ort_cpu.json"])
     # a driver bump touches neither; both depend on the CPU their kernels were chosen for
     assert set(torch_fp) == {"torch", "cpu"} and set(ort_fp) == {"onnx", "onnxruntime", "cpu"}
+
+
+@pytest.mark.parametrize("module", ["stages.env", "stages.inputs", "stages.diff", "stages.report"])
+def test_light_stage_help_loads_no_numeric_library(module):
+    """`python -m stages.X --help` answers from argparse alone: numpy, pyarrow and torch (and the
+    env stage's importlib.metadata) are imported only once a stage runs, so --help starts in ~0.1 s
+    (benchmarks/bench.py --only help measures it)."""
+    code = (f"import runpy, sys; sys.argv = [{module!r}, '--help']\n"
+            f"try:\n    runpy.run_module({module!r}, run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "heavy = [m for m in ('numpy', 'pyarrow', 'torch', 'onnx') if m in sys.modules]\n"
+            "print(heavy, file=sys.stderr); sys.exit(1 if heavy else 0)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert p.returncode == 0 and "usage: python -m " + module in p.stdout, p.stdout[-500:] + p.stderr
