@@ -4,21 +4,31 @@ Every benchmark interleaves its two sides (A B A B ...) after one warm-up pair, 
 both alike; a ratio is computed per pair (A_i / B_i) and its median reported. Whole processes are
 timed with time.perf_counter around subprocess.run. Nothing here asserts a timing.
 
-  dvc      no-op `dvc repro` vs `dvc status`, on a repo after a full run. `dvc repro` always
-           re-runs the `env` stage (always_changed), so it is never quite a no-op; that is expected.
-  capture  per-layer capture + diff of resnet18 fp32 on ort_cpu: the two processes the pipeline runs
-           (command lines as in dvc.yaml, outputs to a temp dir) vs a plain onnxruntime inference
-           of the same model.onnx as one process (import, session, one run on [1,3,224,224] float32).
-           The capture keeps the pipeline's own settings (params.yaml capture.warmup/repeats: it
-           also times the plain graph), because that is what users run. Breakdown: capture, diff.
+  dvc      no-op `dvc repro` vs `dvc status`, on a repo after a full run.
+  capture  per-layer capture + diff of resnet18 fp32 on ort_cpu: the two stage processes with the
+           command lines DVC runs (read from dvc.yaml through DVC, whatever they are on the checkout
+           measured; run in place, outputs restored with `dvc checkout` at the end) vs Polygraphy's
+           per-layer run of the same plain ONNX (`polygraphy run model.onnx --onnxrt --onnx-outputs
+           mark all --save-outputs`, pinned in the dev extra) and a plain onnxruntime inference of
+           it as one process. Ratios against Polygraphy.
   store    in process: parity.store write/read of the real resnet18 reference tensors (~60 layers x
            2 samples) vs np.savez (uncompressed .npz) / np.load of the same arrays. Throughput in
            MB/s (1 MB = 1e6 bytes of tensor data); "touch" reads one element per tensor, "sum" runs
            np.sum over every tensor (forces a full read). Files sit in the page cache (warm reads).
-  cold     `dvc repro -f diff@resnet18-fp32-ort_cpu` (forces env, inputs, export, reference,
-           capture, diff; includes DVC caching the outputs) vs the re-run after changing
-           dtypes.fp32.tol.atol in params.yaml (`dvc repro diff@...` re-runs env + diff only).
-           params.yaml is restored and the cell re-synced at the end.
+  cold     `dvc repro -f diff@resnet18-fp32-ort_cpu` (forces every upstream stage; includes DVC
+           caching the outputs) vs benchmarks/floor.py (one process: the same seeded model, torch
+           forward hooks, ONNX export with every layer an output, ORT, a numpy diff; no DVC), and
+           the re-run after a real tolerance change: each run sets dtypes.fp32.tol.atol in
+           params.yaml to a value never used before (a counter from the clock), so DVC's run-cache
+           cannot restore it, and the script checks DVC's log that diff@<cell> ran ("Running
+           stage", not "is cached - skipping run"). params.yaml is restored and the cell re-synced
+           at the end.
+  diff     in process: parity.compare.compare_layer over every layer of the cell (capture vs fp32
+           reference, as the diff stage pairs them) vs one numpy pass (np.add.reduce) over the same
+           arrays, in GB/s of compared bytes (both float32 arrays); and the diff stage as a whole
+           process (command from dvc.yaml), so compare_layer's share of the stage is known.
+  help     `python -m stages.<s> --help` of the light stages (env, inputs, diff, report) vs a bare
+           `python -c pass`.
   parallel every cell of the default config (8: mlp + resnet18 x fp32, fp16 x torch_cpu, ort_cpu)
            re-run by a sequential `dvc repro` vs `python -m parity.parallel -j 2` (what
            `parity repro -j 2` runs). Each run first sets capture.warmup and diff.max_mismatch in
@@ -29,12 +39,15 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
            without each layer's own error, vs the tolerance-only diff (today's diff) on the same
            capture; and the capture stage with own error (--reference) vs without.
 
+Every benchmark records the load average (1/5/15 min) before and after it: absolute seconds move
+2-3x with load on a shared machine; same-run ratios much less.
+
 The benchmarks run in a scratch clone (default /tmp/parity-bench, a `git clone` of this checkout's
 HEAD, reused if present) so this checkout's artifacts are never touched; if the clone has no
 artifacts yet, a full `dvc repro` runs there first. PATH starts with this interpreter's bin dir, so
 `python` in dvc.yaml commands is the same (virtualenv) python.
 
-    python benchmarks/bench.py [--repo PATH] [--runs 5] [--only dvc,capture,store,cold,parallel] [--json OUT]
+    python benchmarks/bench.py [--repo PATH] [--runs 5] [--only dvc,capture,cold,diff,help,...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -54,21 +67,50 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 CELL = "resnet18-fp32-ort_cpu"
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-BASELINE_ORT = (
+BASELINE_ORT = (  # one plain inference of MODEL_ONNX on a random input of the model's input shape
     "import numpy as np, onnxruntime as ort; "
-    "s = ort.InferenceSession('artifacts/models/resnet18/model.onnx', providers=['CPUExecutionProvider']); "
-    "s.run(None, {s.get_inputs()[0].name: np.random.default_rng(0).standard_normal((1, 3, 224, 224), "
+    "s = ort.InferenceSession('MODEL_ONNX', providers=['CPUExecutionProvider']); i = s.get_inputs()[0]; "
+    "s.run(None, {i.name: np.random.default_rng(0).standard_normal([d if isinstance(d, int) else 1 for d in i.shape], "
     "dtype=np.float32)})")
 
 
-def sh(cmd: list[str], cwd: Path) -> float:
-    """Run one whole process; return its wall time in seconds. A failure aborts the benchmark."""
+def run(cmd: list[str] | str, cwd: Path) -> tuple[float, str]:
+    """Run one whole process (a string runs through the shell, as DVC runs a stage's cmd); return
+    its wall time in seconds and its output. A failure aborts the benchmark."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    r = subprocess.run(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       shell=isinstance(cmd, str))
     dt = time.perf_counter() - t0
     if r.returncode:
-        sys.exit(f"bench: {' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}")
-    return dt
+        shown = cmd if isinstance(cmd, str) else " ".join(cmd)
+        sys.exit(f"bench: {shown} failed ({r.returncode}):\n{r.stdout[-3000:]}")
+    return dt, r.stdout
+
+
+def sh(cmd: list[str] | str, cwd: Path) -> float:
+    return run(cmd, cwd)[0]
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def stage(repo: Path, name: str):
+    """(cmd, outs) of a stage as DVC reads it from the checkout's dvc.yaml (interpolated): the
+    benchmark runs what the pipeline runs, whatever that is on the revision measured."""
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        try:
+            st = r.stage.collect(name)[0]
+        except Exception as e:  # noqa: BLE001 - DVC raises several kinds; say which stage
+            sys.exit(f"bench: no stage {name!r} in {repo}/dvc.yaml ({type(e).__name__}: {e})")
+        return st.cmd, [str(o.def_path) for o in st.outs]
+
+
+def ran_stage(out: str, name: str) -> bool:
+    """DVC's log says `name` really ran (not restored from the run-cache, not skipped)."""
+    return f"Running stage '{name}'" in out and f"Stage '{name}' is cached" not in out
 
 
 def stats(xs: list[float]) -> dict:
@@ -77,7 +119,9 @@ def stats(xs: list[float]) -> dict:
 
 def paired(runs: int, sides: dict, base: str | None) -> dict:
     """Call each side's function once per run, in order (warm-up first, discarded); each returns a
-    dict of named values. Ratios are per run (value / `base` value of the same run), then summarized."""
+    dict of named values. Ratios are per run (value / `base` value of the same run), then summarized.
+    The load average before and after is kept under "load"."""
+    before = load()
     for f in sides.values():
         f()
     vals: dict[str, list[float]] = {}
@@ -89,16 +133,26 @@ def paired(runs: int, sides: dict, base: str | None) -> dict:
     for k in vals:
         if base in vals and k != base:
             out[k]["ratio"] = stats([a / b for a, b in zip(vals[k], vals[base])])
+    out["load"] = {"before": before, "after": load()}
     return out
+
+
+def ratio_of(res: dict, a: str, b: str) -> dict:
+    """Per-run a / b of two rows measured in the same runs, summarized."""
+    return stats([x / y for x, y in zip(res[a]["runs"], res[b]["runs"])])
 
 
 def table(title: str, res: dict, unit: str, ratio_label: str) -> None:
     print(f"\n{title}")
-    print(f"  {'':28} {'median':>9} {'min':>9} {'max':>9}   {ratio_label} (median [min-max])")
+    print(f"  {'':34} {'median':>9} {'min':>9} {'max':>9}   {ratio_label} (median [min-max])")
     for k, s in res.items():
+        if k == "load":
+            continue
         r = s.get("ratio")
         rt = f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]" if r else "(baseline)"
-        print(f"  {k:28} {s['median']:>8.3f}{unit} {s['min']:>8.3f}{unit} {s['max']:>8.3f}{unit}   {rt}")
+        print(f"  {k:34} {s['median']:>8.3f}{unit} {s['min']:>8.3f}{unit} {s['max']:>8.3f}{unit}   {rt}")
+    if "load" in res:
+        print(f"  load average (1/5/15 min) before {res['load']['before']}, after {res['load']['after']}")
 
 
 def ensure_repo(repo: Path) -> None:
@@ -115,32 +169,6 @@ def bench_dvc(repo: Path, runs: int) -> dict:
     res = paired(runs, {"dvc repro (no-op)": lambda: {"dvc repro (no-op)": sh(["dvc", "repro"], repo)},
                         "dvc status": lambda: {"dvc status": sh(["dvc", "status"], repo)}}, "dvc status")
     table("1. no-op dvc repro vs dvc status (s, whole processes; ratio = repro / status)", res, "s", "ratio")
-    return res
-
-
-def bench_capture(repo: Path, runs: int) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="parity-bench-cap-"))
-    model, dtype, prov = CELL.split("-")
-    capture = ["python", "-m", "stages.capture", "--model", model, "--dtype", dtype, "--provider", prov,
-               "--model-dir", f"artifacts/models/{model}", "--inputs", f"artifacts/inputs/{model}.parquet",
-               "--out", str(tmp / "capture"), "--timing", str(tmp / "timing.json")]
-    diff = ["python", "-m", "stages.diff", "--model", model, "--dtype", dtype, "--provider", prov,
-            "--capture", str(tmp / "capture"), "--reference", f"artifacts/reference/{model}",
-            "--out", str(tmp / "diff")]
-
-    def pipeline():
-        c, d = sh(capture, repo), sh(diff, repo)
-        return {"capture + diff": c + d, "  capture alone": c, "  diff alone": d}
-
-    res = paired(runs, {"pipeline": pipeline,
-                        "ort": lambda: {"plain ORT inference": sh(["python", "-c", BASELINE_ORT], repo)}},
-                 "plain ORT inference")
-    # ratios for the breakdown rows are also against the plain ORT process of the same run
-    table(f"2. per-layer capture + diff of {CELL} vs plain onnxruntime inference "
-          "(s, whole processes; ratio = x plain ORT)", res, "s", "ratio")
-    cfg = json.loads((tmp / "timing.json").read_text())
-    print(f"  (capture settings: warmup {cfg.get('warmup')}, repeats {cfg.get('repeats')}; "
-          f"plain-graph latency median {cfg.get('median_ms', float('nan')):.1f} ms)")
     return res
 
 
@@ -226,33 +254,162 @@ def bench_store(repo: Path, runs: int) -> dict:
     return {"tensors": len(tensors), "bytes": nbytes, **res}
 
 
+def restore(repo: Path, *stages: str) -> None:
+    """Put the stages' outputs back as DVC cached them (benchmarks run stage commands in place)."""
+    subprocess.run(["dvc", "checkout", "-f", *stages], cwd=repo, env=ENV, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.STDOUT)
+
+
+def plain_onnx(repo: Path, model: str) -> str:
+    """The shipped (plain) ONNX of `model`: the export stage's model.onnx out."""
+    _, outs = stage(repo, f"export@{model}")
+    onnx = [o for o in outs if o.endswith(".onnx")]
+    return next((o for o in onnx if o.endswith("/model.onnx")), onnx[0] if onnx else None) or sys.exit(
+        f"bench: export@{model} declares no .onnx out")
+
+
+def bench_capture(repo: Path, runs: int) -> dict:
+    model = CELL.split("-")[0]
+    capture, _ = stage(repo, f"capture@{CELL}")
+    diff, _ = stage(repo, f"diff@{CELL}")
+    onnx = plain_onnx(repo, model)
+    polygraphy = Path(sys.executable).parent / "polygraphy"
+    if not polygraphy.exists():
+        print(f"\n2. skipped: no {polygraphy} (pip install -e '.[dev]' pins polygraphy)")
+        return {}
+    tmp = Path(tempfile.mkdtemp(prefix="parity-bench-poly-"))
+    poly = [str(polygraphy), "run", onnx, "--onnxrt", "--onnx-outputs", "mark", "all",
+            "--save-outputs", str(tmp / "outputs.json")]
+    ort_one = BASELINE_ORT.replace("MODEL_ONNX", onnx)
+
+    def pipeline():
+        c, d = sh(capture, repo), sh(diff, repo)
+        return {"capture + diff (stage processes)": c + d, "  capture": c, "  diff": d}
+
+    try:
+        res = paired(runs, {"pipeline": pipeline,
+                            "poly": lambda: {"polygraphy run, every tensor": sh(poly, repo)},
+                            "ort": lambda: {"plain ORT inference": sh(["python", "-c", ort_one], repo)}},
+                     "polygraphy run, every tensor")
+    finally:
+        restore(repo, f"capture@{CELL}", f"diff@{CELL}")
+    table(f"2. per-layer capture + diff of {CELL} vs Polygraphy's per-layer run of {onnx} "
+          "(s, whole processes; ratio = x Polygraphy)", res, "s", "ratio")
+    print(f"  goal: capture + diff <= 0.5x Polygraphy; measured "
+          f"{res['capture + diff (stage processes)']['ratio']['median']:.2f}x")
+    return res
+
+
+def new_atol(params: Path, original: str, value: float) -> None:
+    """params.yaml with dtypes.<fp32>.tol.atol = value (the cell's dtype), everything else as it was."""
+    import yaml
+
+    p = yaml.safe_load(original)
+    p["dtypes"][CELL.split("-")[1]]["tol"]["atol"] = value
+    params.write_text(yaml.safe_dump(p, sort_keys=False))
+
+
 def bench_cold(repo: Path, runs: int) -> dict:
     params = repo / "params.yaml"
     original = params.read_text()
-    needle = "      atol: 0.0001\n"  # dtypes.fp32.tol.atol as params.yaml is written today
-    if original.count(needle) < 1:
-        print("\n4. skipped: cannot find dtypes.fp32.tol.atol in params.yaml")
-        return {}
-    flip = [0]
+    target = f"diff@{CELL}"
+    counter = [time.time_ns() // 1000 % 10**9]  # never a value an earlier run used: no run-cache hit
+    floor = ["python", str(HERE / "benchmarks" / "floor.py"), "--model", CELL.split("-")[0]]
+
+    def cold():
+        t, out = run(["dvc", "repro", "-f", target], repo)
+        if not ran_stage(out, target):
+            sys.exit(f"bench: `dvc repro -f {target}` did not run {target}:\n{out[-2000:]}")
+        return {"cold cell (dvc repro -f)": t}
 
     def retol():
-        flip[0] += 1
-        params.write_text(original.replace(needle, f"      atol: {1e-4 * (1 + flip[0] % 2)}\n", 1))
-        return {"re-run after atol change": sh(["dvc", "repro", f"diff@{CELL}"], repo)}
+        counter[0] += 1
+        new_atol(params, original, float(f"1.{counter[0]:09d}e-4"))
+        t, out = run(["dvc", "repro", target], repo)
+        if not ran_stage(out, target):
+            sys.exit(f"bench: after a new atol, `dvc repro {target}` did not run {target}:\n{out[-2000:]}")
+        return {"re-run after a new atol": t}
 
     try:
-        res = paired(runs, {"cold": lambda: {"cold (dvc repro -f)": sh(["dvc", "repro", "-f", f"diff@{CELL}"], repo)},
-                            "retol": retol}, "cold (dvc repro -f)")
+        res = paired(runs, {"cold": cold, "floor": lambda: {"floor.py (one process)": sh(floor, repo)},
+                            "retol": retol}, "floor.py (one process)")
     finally:
         params.write_text(original)
-        sh(["dvc", "repro", f"diff@{CELL}"], repo)
-    for k, target in (("cold (dvc repro -f)", 4.7), ("re-run after atol change", 1.9)):
-        res[k]["target_s"] = target
-    table(f"4. single cell diff@{CELL}: cold vs re-run after a tolerance change "
-          "(s, whole processes; ratio = x cold)", res, "s", "ratio")
-    print("  DESIGN targets: cold < 4.7 s (0.75 x 6.3 s), re-run after tolerance change < 1.9 s (0.3 x 6.3 s); "
-          f"measured medians {res['cold (dvc repro -f)']['median']:.1f} s / "
-          f"{res['re-run after atol change']['median']:.1f} s")
+        sh(["dvc", "repro", target], repo)
+    res["re-run after a new atol"]["ratio"] = ratio_of(res, "re-run after a new atol", "cold cell (dvc repro -f)")
+    table(f"4. single cell {target}: cold vs the floor script; re-run after a tolerance change vs cold "
+          "(s, whole processes; ratios: cold / floor, re-run / cold)", res, "s", "ratio")
+    print(f"  goals: cold <= 1.5x floor (measured {res['cold cell (dvc repro -f)']['ratio']['median']:.2f}x), "
+          f"re-run <= 0.3x cold (measured {res['re-run after a new atol']['ratio']['median']:.2f}x); "
+          f"every re-run checked in DVC's log: {target} ran, not restored")
+    return res
+
+
+def bench_diff(repo: Path, runs: int) -> dict:
+    """compare_layer's throughput in process on the cell's real tensors, and its share of the diff
+    stage (a whole process, as DVC runs it)."""
+    import shlex
+
+    import numpy as np
+
+    sys.path.insert(0, str(repo))
+    from parity import compare, store
+
+    cmd, _ = stage(repo, f"diff@{CELL}")
+    args = shlex.split(cmd)
+    cap, ref = Path(args[args.index("--capture") + 1]), Path(args[args.index("--reference") + 1])
+    act = store.read_dict(repo / cap / "layers.parquet")
+    exp = store.read_dict(repo / ref / "fp32.parquet")
+    pairs: dict[str, list] = {}
+    for (s, name), t in act.items():
+        r = exp.get((s, store.reference_name(name)))
+        if r is not None and r.array.shape == t.array.shape:
+            pairs.setdefault(name, []).append((s, t.array, r.array))
+    nbytes = sum(a.nbytes + b.nbytes for ps in pairs.values() for _, a, b in ps)
+
+    def fused():
+        t0 = time.perf_counter()
+        for i, (name, ps) in enumerate(pairs.items()):
+            compare.compare_layer(name, i, ps, 1e-5, 1e-3, "bench")
+        return {"compare_layer, every layer": time.perf_counter() - t0}
+
+    def one_pass():
+        t0 = time.perf_counter()
+        for ps in pairs.values():
+            for _, a, b in ps:
+                np.add.reduce(a, axis=None)
+                np.add.reduce(b, axis=None)
+        return {"one numpy pass (np.add.reduce)": time.perf_counter() - t0}
+
+    try:
+        res = paired(runs, {"fused": fused, "pass": one_pass,
+                            "stage": lambda: {"diff stage (whole process)": sh(cmd, repo)}},
+                     "diff stage (whole process)")
+    finally:
+        restore(repo, f"diff@{CELL}")
+    for k in ("compare_layer, every layer", "one numpy pass (np.add.reduce)"):
+        res[k]["GB/s"] = stats([nbytes / t / 1e9 for t in res[k]["runs"]])
+    table(f"3b. diff of {CELL}: {len(pairs)} layers, {nbytes / 1e6:.1f} MB compared "
+          "(s; ratio = share of the diff stage process)", res, "s", "share")
+    for k in ("compare_layer, every layer", "one numpy pass (np.add.reduce)"):
+        g = res[k]["GB/s"]
+        print(f"  {k}: {g['median']:.2f} GB/s [{g['min']:.2f}-{g['max']:.2f}]")
+    res["bytes"] = nbytes
+    return res
+
+
+LIGHT = ("env", "inputs", "diff", "report")
+
+
+def bench_help(repo: Path, runs: int) -> dict:
+    sides = {s: (lambda s=s: {f"stages.{s} --help": sh(["python", "-m", f"stages.{s}", "--help"], repo)})
+             for s in LIGHT}
+    sides["bare"] = lambda: {"python -c pass": sh(["python", "-c", "pass"], repo)}
+    res = paired(runs, sides, "python -c pass")
+    table("7. light stages: `python -m stages.<s> --help` (s, whole processes; ratio = x bare python)",
+          res, "s", "ratio")
+    print("  goal: <= 0.2 s each; measured medians " + ", ".join(
+        f"{s} {res[f'stages.{s} --help']['median']:.3f} s" for s in LIGHT))
     return res
 
 
@@ -307,9 +464,13 @@ def main() -> int:
     ap.add_argument("--repo", type=Path, default=Path(tempfile.gettempdir()) / "parity-bench",
                     help="scratch clone to benchmark in (cloned from this checkout if missing)")
     ap.add_argument("--runs", type=int, default=5, help="measured runs per side, after one warm-up")
-    ap.add_argument("--only", default="dvc,capture,store,cold,parallel", help="comma-separated subset")
+    ap.add_argument("--only", default="dvc,capture,cold,diff,help",
+                    help="comma-separated subset of dvc,capture,store,cold,diff,help,parallel,oracle")
     ap.add_argument("--json", type=Path, help="also write all figures here")
+    ap.add_argument("--cell", default=CELL, help="the cell measured (default: %(default)s; a smaller one to "
+                                                  "check the script quickly)")
     a = ap.parse_args()
+    globals()["CELL"] = a.cell
     repo = a.repo.resolve()
     if repo == HERE:
         sys.exit("bench: --repo must be a scratch clone, not this checkout (benchmarks change artifacts)")
@@ -318,7 +479,7 @@ def main() -> int:
     print("bench: " + ", ".join(f"{k} {v}" for k, v in out["versions"].items()) + f"; repo {repo}; "
           f"{a.runs} runs per side after 1 warm-up, interleaved")
     benches = {"dvc": bench_dvc, "capture": bench_capture, "store": bench_store, "cold": bench_cold,
-               "parallel": bench_parallel, "oracle": bench_oracle}
+               "diff": bench_diff, "help": bench_help, "parallel": bench_parallel, "oracle": bench_oracle}
     for name in a.only.split(","):
         out[name] = benches[name.strip()](repo, a.runs)
     if a.json:
