@@ -150,7 +150,7 @@ def table(title: str, res: dict, unit: str, ratio_label: str) -> None:
             continue
         r = s.get("ratio")
         rt = f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]" if r else "(baseline)"
-        print(f"  {k:34} {s['median']:>8.3f}{unit} {s['min']:>8.3f}{unit} {s['max']:>8.3f}{unit}   {rt}")
+        print(f"  {k:34} {s['median']:>8.4f}{unit} {s['min']:>8.4f}{unit} {s['max']:>8.4f}{unit}   {rt}")
     if "load" in res:
         print(f"  load average (1/5/15 min) before {res['load']['before']}, after {res['load']['after']}")
 
@@ -261,11 +261,11 @@ def restore(repo: Path, *stages: str) -> None:
 
 
 def plain_onnx(repo: Path, model: str) -> str:
-    """The shipped (plain) ONNX of `model`: the export stage's model.onnx out."""
+    """The shipped (plain) ONNX of `model`: the export stage's model.onnx (an out, or in an out folder)."""
     _, outs = stage(repo, f"export@{model}")
-    onnx = [o for o in outs if o.endswith(".onnx")]
-    return next((o for o in onnx if o.endswith("/model.onnx")), onnx[0] if onnx else None) or sys.exit(
-        f"bench: export@{model} declares no .onnx out")
+    found = [o for o in outs if o.endswith("model.onnx")] + [f"{o}/model.onnx" for o in outs
+                                                             if (repo / o / "model.onnx").is_file()]
+    return found[0] if found else sys.exit(f"bench: export@{model} has no model.onnx among its outs {outs}")
 
 
 def bench_capture(repo: Path, runs: int) -> dict:
@@ -480,8 +480,11 @@ def main() -> int:
           f"{a.runs} runs per side after 1 warm-up, interleaved")
     benches = {"dvc": bench_dvc, "capture": bench_capture, "store": bench_store, "cold": bench_cold,
                "diff": bench_diff, "help": bench_help, "parallel": bench_parallel, "oracle": bench_oracle}
-    for name in a.only.split(","):
-        out[name] = benches[name.strip()](repo, a.runs)
+    with tempfile.TemporaryDirectory(prefix="parity-bench-tmp-") as scratch:
+        tempfile.tempdir = scratch  # every benchmark's temp folders go here and are removed at the end
+        ENV["TMPDIR"] = scratch
+        for name in a.only.split(","):
+            out[name] = benches[name.strip()](repo, a.runs)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")
         print(f"\nbench: figures written to {a.json}")
