@@ -252,8 +252,8 @@ def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: 
     buffer) and every metric comes from that block while it is in cache. Reductions run on one
     thread in numpy's own loops (no BLAS), so the bytes of every metric are the same run to run,
     whatever the thread count. Max-type values, counts and the worst index equal an unblocked
-    float64 pass bit for bit; the sums (mean_abs, rel_l2, cosine) to a relative ~1e-13 (see
-    tests/test_compare.py)."""
+    float64 pass bit for bit; the sums (mean_abs, rel_l2, cosine) agree to a relative 1e-12
+    (tests/test_compare_fused.py)."""
     a = np.ravel(actual)
     b = np.ravel(expected)
     s = _Sample(int(a.size))
