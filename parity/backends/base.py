@@ -86,7 +86,6 @@ class Runner:
 
     def __init__(self, job: CaptureJob):
         self.job = job
-        self.is_active = False
 
     @classmethod
     def availability(cls, job: CaptureJob) -> str | None:
@@ -164,7 +163,6 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     runner = cls(job)
     try:
         runner.activate()
-        runner.is_active = True
     except Unavailable as e:
         return CaptureResult("UNAVAILABLE", str(e))
     except CompileError as e:
@@ -200,7 +198,6 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
         return res
     finally:
         runner.deactivate()
-        runner.is_active = False
 
 
 def interleave(own: list, between: dict) -> list:
