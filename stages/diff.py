@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     write_json(out / "metrics.json", metrics)
     write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
                                      "drift_origin_cause": cd.summary.get("drift_origin_cause"),
+                                     "hist_edges": list(compare.HIST_EDGES),  # each layer's `hist` bins
                                      "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
     write_text(out / "layers.csv", plot_csv(cd))
     print(f"diff@{key}: {summary_line(metrics, cd)}")
