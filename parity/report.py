@@ -100,7 +100,12 @@ def worst_element(d: dict) -> list[str]:
     exp = _num(d["worst_expected"])
     allowed = d["atol"] + d["rtol"] * abs(exp) if math.isfinite(exp) else math.nan
     return [f"sample {d['worst_sample']} [{', '.join(str(i) for i in d['worst_index'])}]",
-            fmt(_num(d["worst_actual"]), 6), fmt(exp, 6), fmt(allowed)]
+            value(d["worst_actual"]), value(exp), fmt(allowed)]
+
+
+def value(v) -> str:
+    """A tensor element: 8 significant digits (float32 needs up to 9 to round-trip; fp16 5)."""
+    return f"{_num(v):.8g}"
 
 
 WORST_HEAD = ["worst element", "actual", "expected", "allowed"]

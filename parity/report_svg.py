@@ -71,8 +71,8 @@ def _xlabels(names: list[str], x, base: float, origin: int | None) -> list[str]:
         text = name if len(name) <= 24 else "…" + name[-23:]
         colour = ORIGIN_COLOUR if i == origin else "#1f2328"
         out.append(f'<text class="xl" x="{x(i):.1f}" y="{base:.1f}" font-size="9" fill="{colour}" text-anchor="end" '
-                   f'transform="rotate(-35 {x(i):.1f} {base:.1f})"><title>{html.escape(name)}</title>'
-                   f'{html.escape(text)}</text>')
+                   f'transform="rotate(-35 {x(i):.1f} {base:.1f})">'
+                   f'{f"<title>{html.escape(name)}</title>" if text != name else ""}{html.escape(text)}</text>')
     return out
 
 
@@ -106,8 +106,8 @@ def curve_svg(cv: Curve, width: int = 900, height: int = 300, css: str = "curve"
     for s in cv.series:
         pts = [(i, num(v)) for i, v in enumerate(s.values) if num(v) is not None]
         path = " ".join(f"{x(i):.1f},{pt(v):.1f}" for i, v in pts)
-        out.append(f'<polyline fill="none" stroke="{s.colour}" stroke-width="1.5" '
-                   f'{f"stroke-dasharray={chr(34)}{s.dash}{chr(34)} " if s.dash else ""}points="{path}">'
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        out.append(f'<polyline fill="none" stroke="{s.colour}" stroke-width="1.5"{dash} points="{path}">'
                    f'<title>{e(s.label)}</title></polyline>')
         for i, v in pts:
             bad = bool(s.failed and s.failed[i])
@@ -117,8 +117,8 @@ def curve_svg(cv: Curve, width: int = 900, height: int = 300, css: str = "curve"
     out += _xlabels(cv.names, x, height - B + 12, cv.origin)
     legend, lx = [], L
     for s in cv.series:
-        legend.append(f'<line x1="{lx}" x2="{lx + 18}" y1="{T - 9}" y2="{T - 9}" stroke="{s.colour}" stroke-width="2" '
-                      f'{f"stroke-dasharray={chr(34)}{s.dash}{chr(34)}" if s.dash else ""}/>'
+        dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        legend.append(f'<line x1="{lx}" x2="{lx + 18}" y1="{T - 9}" y2="{T - 9}" stroke="{s.colour}" stroke-width="2"{dash}/>'
                       f'<text class="legend" x="{lx + 22}" y="{T - 5}" font-size="10">{e(s.label)}</text>')
         lx += 30 + 6 * len(s.label)
     out += legend
@@ -151,7 +151,8 @@ def histogram_svg(groups: list[tuple[str, str, list[int]]], edges, width: int = 
            f'aria-label="element error histogram">',
            f'<rect x="{L + bw * first_out:.1f}" y="{T}" width="{bw * (nb - first_out):.1f}" height="{height - T - B}" '
            f'fill="#ffebe9"/>',
-           f'<text x="{L + bw * first_out + 3:.1f}" y="{T + 11}" font-size="10" fill="{FAIL_COLOUR}">outside the tolerance</text>',
+           f'<text x="{width - R}" y="{T - 5}" font-size="10" text-anchor="end" fill="{FAIL_COLOUR}">'
+           f'red background: outside the tolerance (|a-b|/allowed &gt; 1)</text>',
            f'<line x1="{L}" x2="{width - R}" y1="{height - B}" y2="{height - B}" stroke="#d0d7de"/>']
     for k in range(0, int(math.log10(top)) + 1):
         yy = height - B - h(10 ** k)
