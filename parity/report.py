@@ -313,7 +313,8 @@ def cell_curve(c: dict) -> svg.Curve:
     layers = c["layers"]
     failed = [not d["passed"] for d in layers]
     return svg.Curve(names=[d["name"] for d in layers],
-                     series=[svg.Series(lab, col, vs, failed=failed if i == 0 else []) for i, (lab, col, vs) in enumerate(series)],
+                     series=[svg.Series(lab, col, vs, failed=failed if i == 0 else [])
+                             for i, (lab, col, vs) in enumerate(series)],
                      limit=limit, limit_label=label, origin=origin_index(c),
                      origin_label=metric(c["metrics"], "drift_origin_where") or metric(c["metrics"], "drift_origin") or "",
                      tips=[f"rel_l2 vs fp32 {fmt(_num(d['rel_l2']))}, mismatched {mismatch(d)}"

@@ -37,6 +37,7 @@ def read_layers(rev: str | None, cells: list[str], root: Path) -> dict:
             f = root / LAYERS.format(cell=cell)
             out[cell] = json.loads(f.read_text()) if f.exists() else f"{f} not found (run the pipeline)"
         return out
+    from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
     with Repo.open(str(root), rev=rev, uninitialized=True) as repo:
@@ -44,7 +45,7 @@ def read_layers(rev: str | None, cells: list[str], root: Path) -> dict:
             try:
                 with repo.dvcfs.open(LAYERS.format(cell=cell), mode="r") as f:
                     out[cell] = json.load(f)
-            except Exception as e:  # not in the cache, or not an output at that revision
+            except (OSError, DvcException) as e:  # not in the cache, or not an output at that revision
                 out[cell] = f"{LAYERS.format(cell=cell)} at {rev}: {history._first_line(e)}"
     return out
 
