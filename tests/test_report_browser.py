@@ -217,3 +217,10 @@ def test_compare_page_draws_both_commits_curves_per_cell(two_commits, browser, t
     png = ROOT / "docs" / "compare.png"
     body = browser.find_element(By.TAG_NAME, "body")
     assert body.screenshot(str(png)) and png.stat().st_size > 10_000
+    # against the workspace (no REV_B): its layers.json files are read from disk
+    ws = tmp_path / "ws.html"
+    two_commits.run(["parity", "compare", "HEAD~1", "--html", str(ws)])
+    load(browser, ws.as_uri())
+    svg = browser.find_element(By.ID, "tiny_mlp-fp16-ort_cpu").find_element(By.CSS_SELECTOR, "svg.compare")
+    assert [t.text for t in svg.find_elements(By.CSS_SELECTOR, "text.legend")] == ["HEAD~1: tol_ratio",
+                                                                                 "workspace: tol_ratio"]
