@@ -162,6 +162,12 @@ def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
         head = ["#", "layer", "module", "mismatched", *WORST_HEAD, "max_abs", "max_rel", "rel_l2", "tol_ratio"]
         rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), mismatch(d), *worst_element(d), fmt(d["max_abs"]),
                  fmt(d["max_rel"]), fmt(d["rel_l2"]), fmt(d["tol_ratio"])] for d in layers]
+    lc = c.get("layer_causes") or {}  # causes a cell's settings explain per layer (layers.json, when given)
+    if lc:
+        if head[-1] != "cause":
+            head, rows = head + ["cause"], [r + [""] for r in rows]
+        for r in rows:
+            r[-1] = (lc.get(r[1]) or {}).get("summary") or r[-1]
     if multi:
         head.append("rule")
         by_name = {d["name"]: d for d in layers}
