@@ -4,7 +4,8 @@
 
 Writes, under --out: metrics.json (DVC metrics: verdict and its mode, drift_origin with its cause,
 worst layer, output-level metrics), layers.json (every layer's metrics, the tolerance key that
-applied, the oracle's excess/bits_lost, each layer's own error) and layers.csv (DVC plot data).
+applied, the worst element's index and values, a histogram of |a - b| / allowed per decade
+(`hist_edges`), the oracle's excess/bits_lost, each layer's own error) and layers.csv (DVC plot data).
 """
 
 from __future__ import annotations
