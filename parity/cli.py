@@ -68,7 +68,12 @@ def _compare(args) -> int:
     from parity.history import compare
 
     try:
-        return compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression)
+        rc = compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression)
+        if args.html:
+            from parity.report_compare import write_page
+
+            print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}")
+        return rc
     except RuntimeError as e:
         print(f"parity compare: {e}", file=sys.stderr)
         return 2
@@ -108,6 +113,7 @@ def main(argv=None) -> int:
     c.add_argument("--all", action="store_true", help="list unchanged cells too")
     c.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 if a cell passed in REV_A and does not in REV_B")
+    c.add_argument("--html", metavar="OUT", help="also write a page with both revisions' per-layer curves per cell")
     c.set_defaults(fn=_compare)
     from parity import parallel
 

@@ -136,3 +136,24 @@ def component(name: str) -> dict:
 
 def collect(components) -> dict:
     return {c: component(c) for c in sorted(set(components))}
+
+
+# Thread-count variables of the libraries the backends run on (OpenMP, MKL, OpenBLAS).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def host(os_release: str | Path = "/etc/os-release") -> dict:
+    """The machine as a reader of the report wants it: OS, kernel, Python, logical CPUs and the ones
+    this process may use, thread-count variables that are set. Not a fingerprint component (no stage
+    depends on it: only the report shows it), but as stable: no load, clock or free memory."""
+    import platform
+
+    try:
+        rel = dict(line.split("=", 1) for line in Path(os_release).read_text().splitlines() if "=" in line)
+    except OSError:
+        rel = {}
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"os": rel.get("PRETTY_NAME", "").strip('"') or platform.system(),
+            "kernel": f"{platform.system()} {platform.release()} {platform.machine()}",
+            "python": platform.python_version(), "cpus_logical": os.cpu_count(), "cpus_usable": usable,
+            "thread_env": {k: os.environ[k] for k in THREAD_ENV if os.environ.get(k)}}

@@ -30,11 +30,20 @@ def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dic
     plan = art / "plan" / key / "plan.json"
     return {"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
             "layers": lj_cell.get("layers", []), "own": lj_cell.get("own", []),
-            "cause": lj_cell.get("drift_origin_cause"),
+            "cause": lj_cell.get("drift_origin_cause"), "hist_edges": lj_cell.get("hist_edges"),
             "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)),
             "timing": read_json(tp) if tp.exists() else {},
             "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},
             "plan": _plan(p, plan)}
+
+
+def model_entry(art: Path, model: str) -> dict:
+    """A model's export as the report shows it: the op inventory (ops.json) and the leaf modules that
+    were never called (layers.json)."""
+    d = art / "models" / model
+    lj = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
+    return {"ops": read_json(d / "ops.json") if (d / "ops.json").exists() else {},
+            "exporter": lj.get("exporter"), "uncalled": lj.get("uncalled") or []}
 
 
 def _plan(p: dict, plan: Path) -> dict | None:
@@ -76,8 +85,10 @@ def main(argv=None) -> int:
         coverage[suite] = read_json(f) if f.exists() else None
     title = "parity report"
     out = Path(a.out)
-    write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage))
-    write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage))
+    models = {m: model_entry(art, m) for m in dict.fromkeys(c["model"] for c in cells)}
+    threads = (p.get("capture") or {}).get("threads")
+    write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage, models, threads))
+    write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage, models, threads))
     write_json(out / "summary.json", summary)
     write_json(out / "latency.json", latency)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
