@@ -51,6 +51,17 @@ HEADER = ["model", "dtype", "provider", "verdict", "mode", "failed/layers", "dri
           "latency ms (vs torch_cpu fp32)"]
 
 
+def settings_text(settings: dict | None) -> str:
+    """What the runner resolved for a cell (status.json `settings`): each `key=value (why)` that has a
+    `<key>_from`, and a warning when the settings put the cell at int8 saturation risk."""
+    s = settings or {}
+    parts = [f"{k}={str(v).lower() if isinstance(v, bool) else v} ({s[k + '_from']})"
+             for k, v in s.items() if k + "_from" in s]
+    if s.get("saturation_risk"):
+        parts.append("int8 saturation risk: u8 x s8 GEMMs with full-range weights on a CPU without VNNI")
+    return "; ".join(parts)
+
+
 def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
     """The failing layers of a cell (and, in oracle mode, the own-error records that fail), as a
     header and rows of plain strings: one builder for the Markdown and the HTML table."""
@@ -72,11 +83,17 @@ def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
         for r in rows:
             if r[1] == origin and cause:
                 r[-1] = cause.get("summary") or cause.get("label", "")
+            if r[1] in (c.get("layer_causes") or {}):
+                r[-1] = c["layer_causes"][r[1]]["summary"]
         return head, rows
     head = ["#", "layer", "module", "max_abs", "max_rel", "rel_l2", "frac outside", "tol_ratio", "tolerance (key)"]
-    return head, [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt(d["max_abs"]), fmt(d["max_rel"]),
-                   fmt(d["rel_l2"]), fmt(d["frac_outside"]), fmt(d["tol_ratio"]),
-                   f"atol={d['atol']:g} rtol={d['rtol']:g} {d['tol_source']}"] for d in layers]
+    rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt(d["max_abs"]), fmt(d["max_rel"]),
+             fmt(d["rel_l2"]), fmt(d["frac_outside"]), fmt(d["tol_ratio"]),
+             f"atol={d['atol']:g} rtol={d['rtol']:g} {d['tol_source']}"] for d in layers]
+    lc = c.get("layer_causes") or {}
+    if lc:  # causes the cell's settings explain (int8 saturation)
+        head, rows = head + ["cause"], [r + [(lc.get(r[1]) or {}).get("summary", "")] for r in rows]
+    return head, rows
 
 
 def coverage_markdown(coverage: dict) -> list[str]:
@@ -111,6 +128,8 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
     lines.append("")
     for c in cells:
         m = c["metrics"]
+        if settings_text(c.get("settings")):
+            lines.append(f"- `{c['key']}` settings: {settings_text(c.get('settings'))}")
         if m.get("verdict") != "FAIL":
             if m.get("reason"):
                 lines.append(f"- `{c['key']}` {m['verdict']}: {m['reason']}")
@@ -299,6 +318,8 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
                  f"{e(m.get('verdict', 'MISSING'))}</span></h2>")
         if m.get("reason"):
             h.append(f"<p>{e(m['reason'])}</p>")
+        if settings_text(c.get("settings")):
+            h.append(f"<p class='settings'>Settings: {e(settings_text(c.get('settings')))}</p>")
         if c["layers"]:
             mode = m.get("verdict_mode") or "tolerance"
             h.append(f"<p>Verdict by <b>{e(mode)}</b>{' (' + e(m['verdict_mode_reason']) + ')' if m.get('verdict_mode_reason') else ''}: "
