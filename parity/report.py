@@ -58,7 +58,8 @@ def settings_text(settings: dict | None) -> str:
     parts = [f"{k}={str(v).lower() if isinstance(v, bool) else v} ({s[k + '_from']})"
              for k, v in s.items() if k + "_from" in s]
     if s.get("saturation_risk"):
-        parts.append("int8 saturation risk: u8 x s8 GEMMs with full-range weights on a CPU without VNNI")
+        parts.append("int8 saturation risk: u8 x s8 GEMMs with full-range weights on a CPU without VNNI "
+                     f"(int8 flags: {', '.join(s.get('cpu_int8_flags') or []) or 'none'})")
     return "; ".join(parts)
 
 

@@ -283,8 +283,8 @@ def test_int8_settings_forced_and_saturation_risk(monkeypatch):
 
     forced = settings(CPUINFO_AVX2, "int8_dynamic", reduce_range=False)
     assert forced["reduce_range"] is False and forced["saturation_risk"] is True
-    assert forced["reduce_range_from"] == ("set <providers.ort_int8.options.reduce_range=false>; CPU without "
-                                           "VNNI (int8 flags: avx2, sse4_1)")
+    assert forced["reduce_range_from"] == "set <providers.ort_int8.options.reduce_range=false>"
+    assert forced["cpu_vnni"] is False and forced["cpu_int8_flags"] == ["avx2", "sse4_1"]
     assert settings(CPUINFO_VNNI, "int8_dynamic", reduce_range=False)["saturation_risk"] is False
     assert settings(CPUINFO_VNNI, "int8_dynamic", reduce_range=True)["reduce_range"] is True
     assert settings(CPUINFO_AVX2, "int8_static", reduce_range=False)["saturation_risk"] is False  # s8 x s8

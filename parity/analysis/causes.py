@@ -349,9 +349,10 @@ def int8_saturation(settings: dict | None, layer: dict, numeric: dict | None = N
           "u8s8": settings.get("u8s8"),
           **{k: layer.get(k) for k in ("rel_l2", "tol_ratio", "max_abs")},
           "numeric": {k: numeric.get(k) for k in ("label", "summary")} if numeric else None,
+          "why": "without VNNI, u8 x s8 kernels add pairs of products in int16 with saturation "
+                 "(2 x 255 x 127 > 32767)",
           "fix": "reduce_range: auto (or true): 7-bit weights cannot saturate the int16 pair sums"}
     nums = ", ".join(f"{k} {layer[k]:.3g}" for k in ("rel_l2", "tol_ratio") if isinstance(layer.get(k), (int, float)))
     return Cause("int8_saturation",
-                 f"{SATURATION}: u8 x s8 kernels without VNNI (int8 flags: {', '.join(flags) or 'none'}) add "
-                 f"pairs of products in int16 with saturation; {settings.get('reduce_range_from')}"
-                 f"{'; ' + nums if nums else ''}", ev)
+                 f"{SATURATION}: u8 x s8 GEMMs, reduce_range {settings.get('reduce_range_from')}, CPU int8 "
+                 f"flags {', '.join(flags) or 'none'}{'; ' + nums if nums else ''}", ev)

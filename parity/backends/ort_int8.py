@@ -49,11 +49,9 @@ def int8_settings(provider: str, mode: str, opts: dict, kernels: dict) -> dict:
     cpu = (f"CPU {'with' if vnni else 'without'} VNNI (int8 flags: {', '.join(flags) or 'none'})"
            if vnni is not None else f"VNNI unknown ({kernels.get('reason', 'CPU not read')})")
     if want == "auto":
-        rr = vnni is False
-        why = f"auto {key}: {cpu}"
+        rr, why = vnni is False, f"auto {key}: {cpu}"
     else:
-        rr = bool(want)
-        why = f"set {key}; {cpu}"
+        rr, why = bool(want), f"set {key}"
     u8s8 = opts.get("weight_type", "QInt8") == "QInt8" and (
         mode == "int8_dynamic" or opts.get("activation_type", "QInt8") == "QUInt8")
     return {"reduce_range": rr, "reduce_range_from": why, "cpu_vnni": vnni, "cpu_int8_flags": flags,
