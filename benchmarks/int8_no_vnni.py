@@ -3,7 +3,8 @@ measurement, not a timing; docs/providers.md "INT8 on CPUs without VNNI" quotes 
 
 The runner-contract model of tests/test_backends.py (mlp 16-32-8, two seeded [4, 16] samples, four
 calibration samples) is quantized by parity's own ort_int8 runner (OrtInt8Runner._convert) in each
-setting below, then every quantized graph runs twice in a child process that imports only
+setting below (`reduce_range: auto` resolved from a recorded /proc/cpuinfo in the first two), then
+every quantized graph runs twice in a child process that imports only
 onnxruntime and numpy: natively, and under `qemu-x86_64 -cpu Haswell` (user-mode emulation of an
 AVX2/FMA CPU without AVX-512 or VNNI, so MLAS dispatches its AVX2 u8 x s8 kernels). Per setting it
 prints the largest per-layer rel_l2 against the fp32 graph, native and emulated, and whether the two
@@ -16,6 +17,7 @@ native column is printed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 ARCH = {"source": "parity", "name": "mlp", "kwargs": {"in_features": 16, "hidden": 32, "out_features": 8}}
-SETTINGS = [  # (dtype, options), on top of conf/providers/ort_int8.yaml's
+SETTINGS = [  # (dtype, options), on top of conf/providers/ort_int8.yaml's (reduce_range: auto)
+    # auto, resolved from a recorded /proc/cpuinfo: the AVX2 one describes the emulated CPU truly, the
+    # VNNI one is what a result from a VNNI machine would carry there
+    ("int8_dynamic", {"cpuinfo": "cpuinfo-avx2.txt"}),
+    ("int8_dynamic", {"cpuinfo": "cpuinfo-avx512-vnni.txt"}),
     ("int8_dynamic", {"reduce_range": False}),
     ("int8_dynamic", {"reduce_range": True}),
     ("int8_dynamic", {"reduce_range": False, "per_channel": True}),
@@ -77,6 +83,8 @@ def _quantize(d: Path) -> dict:
     models = {"fp32.onnx": "fp32"}
     shutil.copy2(d / "layers.onnx", d / "fp32.onnx")
     for k, (dtype, opts) in enumerate(SETTINGS):
+        opts = dict(opts)
+        os.environ["PARITY_CPUINFO"] = str(ROOT / "tests/data" / opts.pop("cpuinfo", "cpuinfo-avx2.txt"))
         cfg = {**prov, "options": {**prov["options"], **opts}}
         dcfg = yaml.safe_load((ROOT / f"conf/dtypes/{dtype}.yaml").read_text())[dtype]
         job = CaptureJob(model="m", model_cfg={}, dtype=dtype, dtype_cfg=dcfg, provider="ort_int8",
@@ -84,7 +92,9 @@ def _quantize(d: Path) -> dict:
         r = OrtInt8Runner(job)
         r._prepare()
         (d / f"q{k}.onnx").write_bytes(r._convert(d / "layers.onnx"))
-        models[f"q{k}.onnx"] = f"{dtype} " + " ".join(f"{a}={b}" for a, b in opts.items())
+        shown = opts or {"reduce_range": f"auto->{str(r.settings_['reduce_range']).lower()} "
+                                          f"({Path(os.environ['PARITY_CPUINFO']).name})"}
+        models[f"q{k}.onnx"] = f"{dtype} " + " ".join(f"{a}={b}" for a, b in shown.items())
     (d / "models.json").write_text(json.dumps(models))
     return models
 
@@ -114,16 +124,16 @@ def main() -> int:
         _child(d, "native", [])
         qemu = shutil.which("qemu-x86_64")
         emulated = bool(qemu) and _child(d, "avx2", [qemu, "-cpu", "Haswell"])
-        print(f"{'setting':58s} {'native':>8s} {'AVX2 (qemu Haswell)':>20s}  same bytes")
+        print(f"{"setting":64s} {'native':>8s} {'AVX2 (qemu Haswell)':>20s}  same bytes")
         for f, name in models.items():
             if f == "fp32.onnx":
                 continue
             nat, nb = _worst_rel(d, f, "native")
             if emulated:
                 emu, eb = _worst_rel(d, f, "avx2")
-                print(f"{name:58s} {nat:8.4f} {emu:20.4f}  {'yes' if nb == eb else 'no'}")
+                print(f"{name:64s} {nat:8.4f} {emu:20.4f}  {'yes' if nb == eb else 'no'}")
             else:
-                print(f"{name:58s} {nat:8.4f} {'(no qemu-x86_64)':>20s}")
+                print(f"{name:64s} {nat:8.4f} {'(no qemu-x86_64)':>20s}")
     return 0
 
 
