@@ -124,7 +124,7 @@ def main() -> int:
         _child(d, "native", [])
         qemu = shutil.which("qemu-x86_64")
         emulated = bool(qemu) and _child(d, "avx2", [qemu, "-cpu", "Haswell"])
-        print(f"{"setting":64s} {'native':>8s} {'AVX2 (qemu Haswell)':>20s}  same bytes")
+        print(f"{'setting':64s} {'native':>8s} {'AVX2 (qemu Haswell)':>20s}  same bytes")
         for f, name in models.items():
             if f == "fp32.onnx":
                 continue
