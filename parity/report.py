@@ -132,6 +132,16 @@ def tolerance_legend(c: dict) -> str:
     if len(rules) == 1:
         return f"Tolerance of every layer: {rules[0][1]}."
     return "Tolerances (column rule): " + "; ".join(f"{t}: {r}" for t, r in rules) + "."
+def settings_text(settings: dict | None) -> str:
+    """What the runner resolved for a cell (status.json `settings`): each `key=value (why)` that has a
+    `<key>_from`, and a warning when the settings put the cell at int8 saturation risk."""
+    s = settings or {}
+    parts = [f"{k}={str(v).lower() if isinstance(v, bool) else v} ({s[k + '_from']})"
+             for k, v in s.items() if k + "_from" in s]
+    if s.get("saturation_risk"):
+        parts.append("int8 saturation risk: u8 x s8 GEMMs with full-range weights on a CPU without VNNI "
+                     f"(int8 flags: {', '.join(s.get('cpu_int8_flags') or []) or 'none'})")
+    return "; ".join(parts)
 
 
 def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
@@ -266,6 +276,8 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
     lines += md_table(HEADER, cell_rows(cells)) + [""]
     for c in cells:
         m = c["metrics"]
+        if settings_text(c.get("settings")):
+            lines.append(f"- `{c['key']}` settings: {settings_text(c.get('settings'))}")
         if verdict(c) != "FAIL":
             if metric(m, "reason"):
                 lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'reason')}")
@@ -456,6 +468,8 @@ def cell_html(c: dict) -> str:
     h = [f"<section id='{e(c['key'])}' class='cell'><h2>{e(c['key'])} {verdict_badge(verdict(c))}</h2>"]
     if metric(m, "reason"):
         h.append(f"<p>{e(metric(m, 'reason'))}</p>")
+    if settings_text(c.get("settings")):
+        h.append(f"<p class='settings'>Settings: {e(settings_text(c.get('settings')))}</p>")
     if c["layers"]:
         mode, why = metric(m, "verdict_mode") or "tolerance", metric(m, "verdict_mode_reason")
         cause = (metric(m, "drift_origin_cause") or {}).get("summary")

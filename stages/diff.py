@@ -5,7 +5,8 @@
 Writes, under --out: metrics.json (DVC metrics: verdict and its mode, drift_origin with its cause,
 worst layer, output-level metrics), layers.json (every layer's metrics, the tolerance key that
 applied, the worst element's index and values, a histogram of |a - b| / allowed per decade
-(`hist_edges`), the oracle's excess/bits_lost, each layer's own error) and layers.csv (DVC plot data).
+(`hist_edges`), the oracle's excess/bits_lost, each layer's own error, the capture's `settings` and the
+causes they explain per failing layer) and layers.csv (DVC plot data).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main(argv=None) -> int:
     write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
                                      "drift_origin_cause": cd.summary.get("drift_origin_cause"),
                                      "hist_edges": list(compare.HIST_EDGES),  # each layer's `hist` bins
+                                     "settings": cd.status.get("settings") or {}, "layer_causes": cd.layer_causes,
                                      "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
     write_text(out / "layers.csv", plot_csv(cd))
     print(f"diff@{key}: {summary_line(metrics, cd)}")

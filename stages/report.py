@@ -31,6 +31,7 @@ def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dic
     return {"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
             "layers": lj_cell.get("layers", []), "own": lj_cell.get("own", []),
             "cause": lj_cell.get("drift_origin_cause"), "hist_edges": lj_cell.get("hist_edges"),
+            "settings": lj_cell.get("settings") or {}, "layer_causes": lj_cell.get("layer_causes") or {},
             "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)),
             "timing": read_json(tp) if tp.exists() else {},
             "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},

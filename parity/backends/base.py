@@ -92,6 +92,13 @@ class Runner:
         """None if this runner can run here, else the reason it cannot."""
         return None
 
+    @classmethod
+    def settings(cls, job: CaptureJob) -> dict:
+        """Settings this runner resolves for the cell from the machine it runs on (e.g. ort_int8's
+        `reduce_range: auto`), JSON-safe and deterministic: the capture writes them to status.json
+        and the report shows them. {} when none."""
+        return {}
+
     def activate(self) -> None:
         """Load/convert/build the model for this backend at job.dtype."""
 
