@@ -17,7 +17,8 @@ experiment data (the same rows and order as `dvc exp show`):
   one column per cell   its verdict, with the drift origin when it fails (`FAIL @fc1`); --worst adds
                         the worst error ratio (1 is the limit)
 
-`--all-params` shows every param leaf (groups still collapsed). Formats: a plain table (default),
+`--all-params` shows every param leaf (groups still collapsed); `-T` transposes (one column per
+experiment: narrow however many cells there are). Formats: a plain table (default),
 `--md` (GitHub Markdown, as `dvc exp show --md`), `--csv`, `--json` (a list of row objects).
 Rows: `-n N` commits back from HEAD (`--rev REV` to start elsewhere), `-A` every commit.
 """
@@ -45,6 +46,8 @@ def add_arguments(ap) -> None:
     ap.add_argument("-A", "--all-commits", action="store_true", help="experiments of every commit")
     ap.add_argument("--all-params", action="store_true", help="every param, not only those that differ")
     ap.add_argument("--worst", action="store_true", help="a worst-error-ratio column per cell (1 is the limit)")
+    ap.add_argument("-T", "--transpose", action="store_true",
+                    help="one column per experiment, one row per param/total/cell (narrow for many cells)")
     fmt = ap.add_mutually_exclusive_group()
     fmt.add_argument("--md", action="store_true", help="GitHub Markdown, as dvc exp show --md")
     fmt.add_argument("--csv", action="store_true")
@@ -58,6 +61,8 @@ def run_from_args(args) -> int:
         print(f"parity exp: {e}", file=sys.stderr)
         return 2
     head, rows = view(rows_of(states), all_params=args.all_params, worst=args.worst)
+    if args.transpose:
+        head, rows = transpose(head, rows)
     out = sys.stdout
     if args.json:
         out.write(json.dumps([dict(zip(head, r)) for r in rows], indent=2) + "\n")
@@ -102,7 +107,7 @@ def _row(state: dict, name: str, kind: str, exec_state: str | None = None) -> di
     ts = data.get("timestamp")
     if isinstance(ts, str):
         ts = datetime.fromisoformat(ts)
-    return {"name": name, "kind": kind, "created": ts.strftime("%Y-%m-%d %H:%M") if ts else MISSING,
+    return {"name": name, "kind": kind, "created": ts.strftime("%b %d %H:%M") if ts else MISSING,
             "state": exec_state, "params": params, "totals": layout.totals(summary),
             "cells": layout.cells_of(summary), "error": bool(state.get("error"))}
 
@@ -184,6 +189,11 @@ def view(rows: list[dict], all_params: bool = False, worst: bool = False) -> tup
         if worst:
             cols.append((f"{cell}.worst", [_cell_text((r["cells"].get(cell) or {}).get("worst")) for r in rows]))
     return [h for h, _ in cols], [list(r) for r in zip(*(v for _, v in cols))]
+
+
+def transpose(head: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """Experiments as columns: the first column names what each row shows."""
+    return [head[0], *(r[0] for r in rows)], [[h, *(r[i] for r in rows)] for i, h in enumerate(head) if i]
 
 
 # -- rendering ----------------------------------------------------------------------------------------
