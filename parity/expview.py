@@ -1,8 +1,8 @@
 """`parity exp`: `dvc exp show`, narrowed to what a person compares across experiments.
 
-`dvc exp show` prints every param of params.yaml (about 90 leaves for the default config: each
-model's arch and inputs, each dtype's tolerances, each provider's options) and every metric. Its own
-flags do not get that under one screen: `--only-changed` drops every column equal across the rows
+`dvc exp show` prints every param leaf of params.yaml (58 columns for the CPU default: each model's
+arch and inputs, each dtype's tolerances, each provider's options), every metric and the hash of
+every dependency (~70: each stage's exact code deps). Its own flags do not get that under one screen: `--only-changed` drops every column equal across the rows
 shown, but a group option present in one experiment and absent in another (`dtypes.bf16.tol.atol`
 after `-S 'dtypes=fp32,fp16,bf16'`) counts as changed, so a 3-dtype sweep still shows each
 dtype's ~6 leaves; `--drop`/`--keep` need regexes the user must write. This view, over DVC's own
@@ -26,7 +26,6 @@ Rows: `-n N` commits back from HEAD (`--rev REV` to start elsewhere), `-A` every
 from __future__ import annotations
 
 import csv
-import io
 import json
 import sys
 from datetime import datetime
@@ -185,7 +184,7 @@ def view(rows: list[dict], all_params: bool = False, worst: bool = False) -> tup
     for t in ("passed", "failed", "not_run"):
         cols.append((t, [_cell_text(r["totals"].get(t)) if not r["error"] else "!" for r in rows]))
     for cell in dict.fromkeys(c for r in rows for c in r["cells"]):
-        cols.append((cell, [_verdict(r["cells"].get(cell)) for r in rows]))
+        cols.append((cell, [_verdict(r["cells"].get(cell)) if not r["error"] else "!" for r in rows]))
         if worst:
             cols.append((f"{cell}.worst", [_cell_text((r["cells"].get(cell) or {}).get("worst")) for r in rows]))
     return [h for h, _ in cols], [list(r) for r in zip(*(v for _, v in cols))]

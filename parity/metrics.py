@@ -28,7 +28,6 @@ summary.json; `cells_of` reads both. Light: no numpy.
 
 from __future__ import annotations
 
-import math
 import re
 
 SUMMARY = "summary.json"          # under the report stage's --out
@@ -56,7 +55,7 @@ def cell_entry(m: dict, plan: dict | None = None) -> dict:
     """summary.json's entry of one cell, from its metrics.json (and its plan.json)."""
     e = {"verdict": verdict(m)}
     w = m.get("worst_ratio")
-    if isinstance(w, (int, float)) and not (isinstance(w, float) and math.isnan(w)):
+    if w is not None:  # a number, or "inf"/"nan" as parity.io writes them (an error past any tolerance)
         e["worst"] = w
     if m.get("drift_origin"):
         e["origin"] = m["drift_origin"]
