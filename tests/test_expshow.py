@@ -63,6 +63,11 @@ def test_parity_exp_shows_only_what_differs_in_few_columns(exps):
     assert rows["fp16"]["tiny_mlp-bf16-ort_cpu"] == "-" and rows["bf16"]["tiny_mlp-fp16-ort_cpu"] == "-"
     assert rows["fp16"]["tiny_mlp-fp32-ort_cpu"].split()[0] in ("PASS", "FAIL")
     assert "| fp32,bf16 |" in out
+    # transposed: one column per row of the table above, however many cells there are
+    tr = exps.run(["parity", "exp", "-T", "--md"]).stdout
+    assert md_header(tr)[0] == "Experiment" and set(md_header(tr)[-2:]) == {"fp16", "bf16"}
+    assert [ln.split("|")[1].strip() for ln in tr.splitlines()[2:]][-6:] == [
+        c for c in head if c in CELLS]
     # everything on request: every param (groups still one column each)
     every = md_header(exps.run(["parity", "exp", "--md", "--all-params"]).stdout)
     assert "seed" in every and "models" in every and "capture_providers" not in every
