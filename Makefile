@@ -17,9 +17,9 @@ setup: $(VENV)/.installed remote plots
 # offline `dvc plots show/diff`: a page template with Vega inlined (parity/plots.py), set in the
 # git-ignored .dvc/config.local like the remote (DVC's own page loads Vega from a CDN)
 plots: .dvc/parity-plots.html
+	@$(BIN)/dvc config --local plots.html_template parity-plots.html
 .dvc/parity-plots.html: $(VENV)/.installed parity/plots.py
 	$(BIN)/python -m parity.plots --out $@
-	$(BIN)/dvc config --local plots.html_template parity-plots.html
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
