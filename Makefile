@@ -10,9 +10,16 @@ export PATH := $(BIN):$(PATH)
 PARITY_REMOTE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/parity/dvc-remote
 PUSH ?= 1
 
-.PHONY: setup remote push run test test-all bench clean
+.PHONY: setup remote plots push run test test-all bench clean
 
-setup: $(VENV)/.installed remote
+setup: $(VENV)/.installed remote plots
+
+# offline `dvc plots show/diff`: a page template with Vega inlined (parity/plots.py), set in the
+# git-ignored .dvc/config.local like the remote (DVC's own page loads Vega from a CDN)
+plots: .dvc/parity-plots.html
+	@$(BIN)/dvc config --local plots.html_template parity-plots.html
+.dvc/parity-plots.html: $(VENV)/.installed parity/plots.py
+	$(BIN)/python -m parity.plots --out $@
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

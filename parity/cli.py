@@ -6,6 +6,7 @@
   parity compare REV_A [REV_B]             per-cell verdict/metric changes between revisions
                                             (REV_B defaults to the workspace)
   parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination, a compact table
+  parity exp [--md] [-n N] [--all-params]  dvc exp show narrowed to what differs (parity/expview.py)
   parity repro -j N [--provider P ...]     dvc repro with N cells at once (shared stages first)
   parity suite list|validate SUITE ...     expand an op/module suite (conf/suites) without running it
 """
@@ -68,7 +69,12 @@ def _compare(args) -> int:
     from parity.history import compare
 
     try:
-        return compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression)
+        rc = compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression)
+        if args.html:
+            from parity.report_compare import write_page
+
+            print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}")
+        return rc
     except RuntimeError as e:
         print(f"parity compare: {e}", file=sys.stderr)
         return 2
@@ -108,6 +114,7 @@ def main(argv=None) -> int:
     c.add_argument("--all", action="store_true", help="list unchanged cells too")
     c.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 if a cell passed in REV_A and does not in REV_B")
+    c.add_argument("--html", metavar="OUT", help="also write a page with both revisions' per-layer curves per cell")
     c.set_defaults(fn=_compare)
     from parity import parallel
 
@@ -116,6 +123,12 @@ def main(argv=None) -> int:
     parallel.add_arguments(c)
     c.set_defaults(fn=parallel.run_from_args)
     sub.add_parser("suite", help="list|validate SUITE ...: expand an op/module suite without running it")
+    from parity import expview
+
+    c = sub.add_parser("exp", help="dvc exp show narrowed: differing params, totals, one verdict per cell",
+                       description=expview.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    expview.add_arguments(c)
+    c.set_defaults(fn=expview.run_from_args)
     c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
     c.add_argument("override", nargs="+", help="Hydra overrides; comma lists are swept, e.g. 'dtypes=fp32,fp16'")
     c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")

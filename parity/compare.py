@@ -6,16 +6,18 @@ finite. Metrics are computed in float64:
   max_abs   max |a - b|                      mean_abs  mean |a - b|
   max_rel   max |a - b| / |b| over b != 0    rel_l2    ||a - b|| / ||b||
   cosine    <a, b> / (||a|| ||b||)           tol_ratio max |a - b| / (atol + rtol |b|) (<= 1 passes)
-  frac_outside, n_outside, nan/inf counts of both sides, and the worst element's index.
+  frac_outside, n_outside, nan/inf counts of both sides, the worst element's index and its values
+  (worst_actual, worst_expected; allowed there = atol + rtol |worst_expected|), and `hist`: element
+  counts per decade of |a - b| / allowed (HIST_EDGES).
 
 Speed and precision: one fused pass per (actual, expected) pair, in blocks of CHUNK elements cast
 to float64 in cache (compare_arrays). Element-wise values are the unblocked float64 ones, so
-max_abs, max_rel, tol_ratio, n_outside, the NaN/Inf counts and the worst index are exact (bit for
-bit what one whole-array float64 pass gives); the sums behind mean_abs, rel_l2 and cosine are added
-per block with numpy's pairwise sum and then across blocks, which agrees with a whole-array sum to
-a relative 1e-12 (tests/test_compare_fused.py checks both against the implementation this replaced,
-on random and adversarial arrays). No BLAS: every reduction runs on one thread in a fixed order, so
-the same arrays give the same bytes whatever the thread count or the machine's load.
+max_abs, max_rel, tol_ratio, n_outside, hist, the NaN/Inf counts and the worst index are exact (bit
+for bit what one whole-array float64 pass gives); the sums behind mean_abs, rel_l2 and cosine are
+added per block with numpy's pairwise sum and then across blocks, which agrees with a whole-array
+sum to a relative 1e-12 (tests/test_compare_fused.py checks both against the implementation this
+replaced, on random and adversarial arrays). No BLAS: every reduction runs on one thread in a fixed
+order, so the same arrays give the same bytes whatever the thread count or the machine's load.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 METRICS = ("max_abs", "mean_abs", "max_rel", "rel_l2", "cosine", "tol_ratio", "frac_outside")
+# `hist` bins: |a - b| / allowed <= 1e-6, (1e-6, 1e-5], ..., (1e2, 1e3], > 1e3 (11 counts; the ones
+# above 1 sum to n_outside). Decades of the ratio to the tolerance: the same scale for every dtype.
+HIST_EDGES = tuple(10.0 ** e for e in range(-6, 4))
 
 
 @dataclass
@@ -52,6 +57,9 @@ class LayerDiff:
     inf_expected: int = 0
     worst_index: list[int] = field(default_factory=list)
     worst_sample: int = 0
+    worst_actual: float = 0.0      # the values at worst_sample/worst_index (the highest tol_ratio)
+    worst_expected: float = 0.0
+    hist: list[int] | None = None  # element counts per HIST_EDGES decade, summed over samples
     passed: bool = True            # by the cell's verdict mode (diff.verdict)
     problem: str = ""  # set when the layer could not be compared (missing, shape mismatch)
     passed_tolerance: bool = True  # the assert_close-style check, whatever the mode
@@ -73,6 +81,7 @@ def dot(x: np.ndarray, y: np.ndarray) -> float:
 # large enough that numpy's per-call overhead (~1 us, ~25 calls a block) stays a few percent of the
 # work. Best of 15 on an 802,816-element float32 pair here: 8K blocks 1.2 GB/s, 16K 1.5, 64K 1.8.
 CHUNK = 65536
+_ONE = HIST_EDGES.index(1.0) if 1.0 in HIST_EDGES else None  # the hist edge that is the pass/fail line
 
 
 _WORK = threading.local()
@@ -96,6 +105,7 @@ class _Sample:
         self.numel = numel
         self.nan_a = self.inf_a = self.nan_b = self.inf_b = 0
         self.n_out = 0
+        self.above = [0] * len(HIST_EDGES)  # elements with ratio > edge (NaN included), per HIST_EDGES
         self.tol_ratio, self.worst = -1.0, 0
         self.max_abs = 0.0
         self.max_rel = -1.0  # none yet (no b != 0)
@@ -104,13 +114,23 @@ class _Sample:
         self.bad = False  # a non-finite value that does not match (NaN, inf vs finite, +inf vs -inf)
 
     def ratio(self, r: np.ndarray, offset: int) -> None:
-        """tol_ratio, its first index (NaN ranks highest, as np.argmax) and the count above 1."""
+        """tol_ratio, its first index (NaN ranks highest, as np.argmax), the count above 1 and the
+        counts above each hist edge, counted only up to the block's largest ratio."""
         v = float(np.maximum.reduce(r))  # NaN if any (np.maximum propagates it)
         if (v != v and self.tol_ratio == self.tol_ratio) or v > self.tol_ratio:
             i = int(np.argmax(r))  # its first index; rarely needed after the first blocks
             self.tol_ratio, self.worst = float(r[i]), offset + i
-        if v > 1.0 or v != v:
-            self.n_out += int(np.count_nonzero(r > 1.0))
+        over_one = None
+        for k, e in enumerate(HIST_EDGES):
+            if v == v and not v > e:
+                break  # no element above this edge, nor above the larger ones
+            n = int(np.count_nonzero(r > e)) if v == v else int(np.count_nonzero(~(r <= e)))
+            self.above[k] += n
+            if k == _ONE and v == v:
+                over_one = n
+        if over_one is None and (v > 1.0 or v != v):
+            over_one = int(np.count_nonzero(r > 1.0))
+        self.n_out += over_one or 0
 
     def rel(self, rel: np.ndarray, absb: np.ndarray) -> None:
         """max |a-b| / |b| over b != 0. `rel` holds inf (b == 0, a != b) and NaN (b == a == 0) there."""
@@ -134,6 +154,7 @@ class _Sample:
             "cosine": cosine, "tol_ratio": max(self.tol_ratio, 0.0) if self.tol_ratio == self.tol_ratio else math.nan,
             "n_outside": self.n_out, "numel": self.numel, "sq_diff": sq_diff, "sq_ref": sq_ref,
             "worst_flat": self.worst,
+            "hist": [self.numel - self.above[0]] + [x - y for x, y in zip(self.above, self.above[1:])] + [self.above[-1]],
         }
 
 
@@ -290,6 +311,7 @@ def compare_layer(name: str, order: int, pairs: list[tuple[int, np.ndarray, np.n
             d.tol_ratio = m["tol_ratio"]
             d.worst_sample = sample
             d.worst_index = [int(i) for i in np.unravel_index(m["worst_flat"], expected.shape)] if expected.size else []
+        d.hist = [x + y for x, y in zip(d.hist or [0] * len(m["hist"]), m["hist"])]
         d.max_abs = max(d.max_abs, m["max_abs"])
         d.max_rel = max(d.max_rel, m["max_rel"])
         d.n_outside += m["n_outside"]
@@ -300,6 +322,10 @@ def compare_layer(name: str, order: int, pairs: list[tuple[int, np.ndarray, np.n
         sq_diff += m["sq_diff"]
         sq_ref += m["sq_ref"]
         cos.append(m["cosine"])
+    if d.numel:
+        _, actual, expected = next(p for p in pairs if p[0] == d.worst_sample)
+        d.worst_actual = float(actual[tuple(d.worst_index)])
+        d.worst_expected = float(expected[tuple(d.worst_index)])
     d.mean_abs = sum_abs / d.numel if d.numel else 0.0
     d.rel_l2 = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
     d.cosine = min(cos)

@@ -90,7 +90,8 @@ RUNNER_OPTIONS = {
     "parity.backends.ort_gpu:OrtCudaRunner": _ORT_OPTIONS,
     "parity.backends.ort_gpu:OrtTrtRunner": _ORT_OPTIONS,
     "parity.backends.ort_int8:OrtInt8Runner": {
-        **_ORT_OPTIONS, "per_channel": bool, "reduce_range": bool, "weight_type": _QTYPES,
+        **_ORT_OPTIONS, "per_channel": bool, "weight_type": _QTYPES,
+        "reduce_range": (lambda v: isinstance(v, bool) or v == "auto", "auto, true or false"),
         "activation_type": _QTYPES, "calibrate_method": ("MinMax", "Entropy", "Percentile")},
     "parity.backends.torch_cpu:TorchCpuRunner": {"device": ("cpu",)},
     "parity.backends.torch_cuda:TorchCudaRunner": {"device": _TORCH_DEVICE},

@@ -110,6 +110,31 @@ def cpu_identity(cpuinfo_path: str | Path | None = None) -> dict:
     return ident
 
 
+# x86 flags whose presence gives ONNX Runtime (MLAS) integer dot-product kernels for u8 x s8 GEMMs:
+# AVX-512 VNNI, AVX-VNNI (AVX2-class CPUs), AMX-INT8. Without one of them MLAS uses vpmaddubsw, which
+# adds pairs of u8 x s8 products in int16 with saturation: 2 x 255 x 127 = 64770 > 32767, so
+# full-range int8 weights can saturate, 7-bit ones (reduce_range) cannot (2 x 255 x 63 = 32130).
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+# The flags shown beside them: which u8 x s8 kernel family runs (MLAS dispatch order, best first).
+INT8_KERNEL_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx512f", "avx2", "sse4_1")
+_X86_MARKERS = ("sse4_1", "avx", "avx2", "avx512f")
+
+
+def int8_kernels(ident: dict | None = None) -> dict:
+    """What selects ONNX Runtime's int8 CPU kernels on this CPU (from cpu_identity(), the same one
+    function and $PARITY_CPUINFO fixture as the fingerprint): `vnni` true/false on x86, None where
+    that question does not arise (aarch64, whose int8 kernels widen instead of saturating) or the
+    CPU could not be read; `flags`: the INT8_KERNEL_FLAGS present; `reason` when unknown."""
+    ident = cpu_identity() if ident is None else ident
+    if ident.get("available") is False:
+        return {"vnni": None, "flags": [], "reason": ident.get("reason", "CPU unknown")}
+    isa = set(ident.get("isa") or [])
+    flags = [f for f in INT8_KERNEL_FLAGS if f in isa]
+    if not isa & set(_X86_MARKERS):
+        return {"vnni": None, "flags": flags, "reason": "not an x86 CPU with SSE4.1 or later"}
+    return {"vnni": bool(isa & set(VNNI_FLAGS)), "flags": flags}
+
+
 def component(name: str) -> dict:
     if name == "numpy":
         return _versions("numpy")
@@ -136,3 +161,24 @@ def component(name: str) -> dict:
 
 def collect(components) -> dict:
     return {c: component(c) for c in sorted(set(components))}
+
+
+# Thread-count variables of the libraries the backends run on (OpenMP, MKL, OpenBLAS).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def host(os_release: str | Path = "/etc/os-release") -> dict:
+    """The machine as a reader of the report wants it: OS, kernel, Python, logical CPUs and the ones
+    this process may use, thread-count variables that are set. Not a fingerprint component (no stage
+    depends on it: only the report shows it), but as stable: no load, clock or free memory."""
+    import platform
+
+    try:
+        rel = dict(line.split("=", 1) for line in Path(os_release).read_text().splitlines() if "=" in line)
+    except OSError:
+        rel = {}
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"os": rel.get("PRETTY_NAME", "").strip('"') or platform.system(),
+            "kernel": f"{platform.system()} {platform.release()} {platform.machine()}",
+            "python": platform.python_version(), "cpus_logical": os.cpu_count(), "cpus_usable": usable,
+            "thread_env": {k: os.environ[k] for k in THREAD_ENV if os.environ.get(k)}}

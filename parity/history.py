@@ -1,6 +1,6 @@
-"""`parity compare REV_A [REV_B]`: what changed per cell between two revisions, built on DVC's
-metrics of the diff stages (artifacts/diff/<cell>/metrics.json, read per revision through DVC's API,
-the same as `dvc metrics diff`) and its params diff. Light: no torch, no numpy.
+"""`parity compare REV_A [REV_B]`: what changed per cell between two revisions, built on the diff
+stages' artifacts/diff/<cell>/metrics.json of the cells each revision's summary.json (the DVC metric)
+names, read per revision through DVC's API as `dvc metrics show` targets, and DVC's params diff. Light: no torch, no numpy.
 
 Never passes silently: `dvc metrics diff` only warns ("failed to load some metrics") when a
 revision's metrics are not in the local cache, and every cell then looks "new". Here a revision
@@ -21,8 +21,10 @@ import re
 import sys
 from dataclasses import dataclass
 
-CELL_METRICS = re.compile(r"^artifacts/diff/(?P<cell>[^/]+)/metrics\.json$")
-RAN = ("PASS", "FAIL")
+from parity import metrics
+
+CELL_METRICS = metrics.CELL_METRICS_PATH
+RAN = metrics.RAN
 
 
 @dataclass
@@ -99,20 +101,36 @@ def _locked_outputs(rev: str, root: str) -> set[str]:
             for o in (st.get("outs") or []) if isinstance(o, dict) and "path" in o}
 
 
-def _rev_metrics(rev: str, res: dict, root: str, remote: str | None) -> dict:
-    """{cell: flat metrics} of one revision of `dvc metrics show`'s result; MetricsUnavailable when
-    its cell metrics cannot be loaded or it has none."""
+def _cells_of(rev: str, res: dict) -> tuple[dict, list[str] | None]:
+    """From one revision of `dvc metrics show`: ({cell: its file result} already there (revisions from
+    before parity.metrics' layout, when every cell's metrics.json was a DVC metric), the cells its
+    summary.json names (None when it has none))."""
     if res.get("error"):
         raise RuntimeError(f"cannot read revision '{rev}': {_first_line(res['error'])}")
-    cells, missing = {}, []
+    cells, named = {}, None
     for path, d in sorted((res.get("data") or {}).items()):
-        m = CELL_METRICS.match(path.replace("\\", "/"))
-        if not m:
-            continue
+        path = path.replace("\\", "/")
+        m = CELL_METRICS.match(path)
+        if m:
+            cells[m.group("cell")] = d
+        elif path.endswith("/" + metrics.SUMMARY):
+            if "error" in d:
+                cells[path] = d  # not loadable: reported with the cells below
+            else:
+                named = sorted(metrics.cells_of(d.get("data") or {}))
+    return cells, named
+
+
+def _rev_metrics(rev: str, files: dict, root: str, remote: str | None) -> dict:
+    """{cell: flat metrics} from {cell (or a path): DVC file result}; MetricsUnavailable when its cell
+    metrics cannot be loaded or it has none."""
+    cells, missing = {}, []
+    for cell, d in sorted(files.items()):
+        path = cell if "/" in cell else metrics.cell_path(cell)
         if "error" in d:
-            missing.append((path, m.group("cell")))
+            missing.append((path, cell.rsplit("/", 2)[-2] if "/" in cell else cell))
         else:
-            cells[m.group("cell")] = _flatten(d.get("data") or {})
+            cells[cell] = _flatten(d.get("data") or {})
     if missing:
         some = f"{len(missing)} of {len(missing) + len(cells)} cells: {', '.join(c for _, c in missing[:3])}" + (
             ", ..." if len(missing) > 3 else "")
@@ -138,24 +156,38 @@ def _dvc_repo(cwd: str):
     return Repo(cwd)
 
 
+def _shown(shown: dict, rev: str) -> dict:
+    # DVC keys its result by the names given, comma-joined when several name one commit
+    key = next((k for k in shown if rev in k.split(",")), None)
+    if key is None:
+        raise RuntimeError(f"unknown revision '{rev}' (git cannot resolve it)")
+    return shown[key]
+
+
 def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[dict, dict]:
-    """({cell: metrics} at rev_a, the same at rev_b or the workspace)."""
+    """({cell: metrics} at rev_a, the same at rev_b or the workspace). The cells are those the
+    revision's summary.json names (the DVC metric); each cell's metrics.json is read at that
+    revision as a `dvc metrics show` target (a plain output since parity.metrics' layout)."""
     from dvc.exceptions import DvcException
 
     rev_b = rev_b or WORKSPACE
+    out = []
     try:
         with _dvc_repo(cwd) as repo:
             shown = repo.metrics.show(revs=[rev_a, rev_b], hide_workspace=rev_b != WORKSPACE)
             root, remote = repo.root_dir, repo.config["core"].get("remote")
+            for rev in (rev_a, rev_b):
+                files, named = _cells_of(rev, _shown(shown, rev))
+                if named:
+                    res = _shown(repo.metrics.show(targets=[metrics.cell_path(c) for c in named], revs=[rev],
+                                                   hide_workspace=rev != WORKSPACE), rev)
+                    for p, d in (res.get("data") or {}).items():
+                        m = CELL_METRICS.match(p.replace("\\", "/"))
+                        if m:
+                            files[m.group("cell")] = d
+                out.append(_rev_metrics(rev, files, root, remote))
     except DvcException as e:
         raise RuntimeError(f"dvc metrics of {rev_a}, {rev_b}: {_first_line(e)}") from None
-    out = []
-    for rev in (rev_a, rev_b):
-        # DVC keys its result by the names given, comma-joined when several name one commit
-        key = next((k for k in shown if rev in k.split(",")), None)
-        if key is None:
-            raise RuntimeError(f"unknown revision '{rev}' (git cannot resolve it)")
-        out.append(_rev_metrics(rev, shown[key], root, remote))
     return out[0], out[1]
 
 

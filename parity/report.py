@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 import math
 
+from parity import report_svg as svg
+
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
                    "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700", "COMPILE_FAIL": "#9a6700",
                    "MISSING": "#6e7781"}
@@ -31,15 +33,42 @@ def _num(v) -> float:
     return float(v)
 
 
+# metrics.json keys the report reads, by the name used here: when metrics.json renames a key, add the new
+# name in front (one edit); dotted names reach nested keys.
+METRIC_KEYS = {
+    "verdict": ("verdict",), "verdict_mode": ("verdict_mode",), "verdict_mode_reason": ("verdict_mode_reason",),
+    "reason": ("reason",), "layers": ("layers",), "layers_failed": ("layers_failed",),
+    "drift_origin": ("drift_origin",), "drift_origin_where": ("drift_origin_where",),
+    "drift_origin_cause": ("drift_origin_cause",), "worst_layer": ("worst_layer",),
+    "output": ("output",),
+}
+
+
+def metric(m: dict, name: str, default=None):
+    """One value of a cell's metrics.json (METRIC_KEYS names where it lives)."""
+    for key in METRIC_KEYS.get(name, (name,)):
+        v = m
+        for part in key.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        if v is not None:
+            return v
+    return default
+
+
+def verdict(c: dict) -> str:
+    return metric(c["metrics"], "verdict", "MISSING")
+
+
 def cell_rows(cells: list[dict]) -> list[list[str]]:
     rows = []
     for c in cells:
         m, t = c["metrics"], c.get("timing") or {}
-        out = m.get("output") or {}
+        out = metric(m, "output") or {}
         ratio = c.get("latency_ratio")
-        rows.append([c["model"], c["dtype"], c["provider"], m.get("verdict", "MISSING"), m.get("verdict_mode") or "-",
-                     f"{m.get('layers_failed', '-')}/{m.get('layers', '-')}" if m.get("layers") is not None else "-",
-                     fmt(m.get("drift_origin_where") or m.get("drift_origin")), fmt(m.get("worst_layer")),
+        n = metric(m, "layers")
+        rows.append([c["model"], c["dtype"], c["provider"], verdict(c), metric(m, "verdict_mode") or "-",
+                     f"{metric(m, 'layers_failed', '-')}/{n}" if n is not None else "-",
+                     fmt(metric(m, "drift_origin_where") or metric(m, "drift_origin")), fmt(metric(m, "worst_layer")),
                      fmt(out.get("excess")), fmt(out.get("bits_lost"), 2),
                      fmt(out.get("max_abs")), fmt(out.get("rel_l2")), fmt(out.get("cosine"), 6),
                      fmt(t.get("median_ms")) + (f" ({ratio:.2f}x)" if ratio else "")])
@@ -51,32 +80,170 @@ HEADER = ["model", "dtype", "provider", "verdict", "mode", "failed/layers", "dri
           "latency ms (vs torch_cpu fp32)"]
 
 
+def is_model_output(name: str) -> bool:
+    """The model's own outputs among the layers (parity.store.OUTPUT / PLAIN naming)."""
+    name = name.removeprefix("plain:")
+    return name == "output" or name.startswith("output:")
+
+
+def mismatch(d: dict) -> str:
+    """torch.testing's "Mismatched elements: n / N (p%)" of one layer, against its atol/rtol."""
+    n, total = d.get("n_outside") or 0, d.get("numel") or 0
+    return f"{n} / {total} ({100 * n / total:.3g}%)" if total else "-"
+
+
+def worst_element(d: dict) -> list[str]:
+    """[where, actual, expected, allowed] at the layer's highest |a - b| / allowed: the sample and the
+    index into that sample's tensor."""
+    if "worst_actual" not in d or not d.get("numel"):
+        return ["-", "-", "-", "-"]
+    exp = _num(d["worst_expected"])
+    allowed = d["atol"] + d["rtol"] * abs(exp) if math.isfinite(exp) else math.nan
+    return [f"sample {d['worst_sample']} [{', '.join(str(i) for i in d['worst_index'])}]",
+            value(d["worst_actual"]), value(exp), fmt(allowed)]
+
+
+def value(v) -> str:
+    """A tensor element: 8 significant digits (float32 needs up to 9 to round-trip; fp16 5)."""
+    return f"{_num(v):.8g}"
+
+
+WORST_HEAD = ["worst element", "actual", "expected", "allowed"]
+
+
+def tolerance_rules(layers: list[dict]) -> list[tuple[str, str]]:
+    """The distinct tolerances of a cell's layers, in first-use order: [(tag, 'atol=.. rtol=.. (key)')]."""
+    seen = dict.fromkeys((d["atol"], d["rtol"], d["tol_source"]) for d in layers)
+    return [(f"T{i + 1}", f"atol={a:g} rtol={r:g} ({src})") for i, (a, r, src) in enumerate(seen)]
+
+
+def _rule_of(layers: list[dict]):
+    """d -> its tolerance tag (T1, T2, ...) as tolerance_rules numbers them."""
+    keys = dict.fromkeys((d["atol"], d["rtol"], d["tol_source"]) for d in layers)
+    tags = {k: f"T{i + 1}" for i, k in enumerate(keys)}
+    return lambda d: tags[(d["atol"], d["rtol"], d["tol_source"])]
+
+
+def tolerance_legend(c: dict) -> str:
+    """The tolerance once per rule (not once per row): 'atol=1e-05 rtol=0.001 (dtypes.fp16.tol), every layer'."""
+    rules = tolerance_rules(c["layers"])
+    if not rules:
+        return ""
+    if len(rules) == 1:
+        return f"Tolerance of every layer: {rules[0][1]}."
+    return "Tolerances (column rule): " + "; ".join(f"{t}: {r}" for t, r in rules) + "."
+def settings_text(settings: dict | None) -> str:
+    """What the runner resolved for a cell (status.json `settings`): each `key=value (why)` that has a
+    `<key>_from`, and a warning when the settings put the cell at int8 saturation risk."""
+    s = settings or {}
+    parts = [f"{k}={str(v).lower() if isinstance(v, bool) else v} ({s[k + '_from']})"
+             for k, v in s.items() if k + "_from" in s]
+    if s.get("saturation_risk"):
+        parts.append("int8 saturation risk: u8 x s8 GEMMs with full-range weights on a CPU without VNNI "
+                     f"(int8 flags: {', '.join(s.get('cpu_int8_flags') or []) or 'none'})")
+    return "; ".join(parts)
+
+
 def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
     """The failing layers of a cell (and, in oracle mode, the own-error records that fail), as a
-    header and rows of plain strings: one builder for the Markdown and the HTML table."""
+    header and rows of plain strings: one builder for the Markdown and the HTML table. Every layer
+    row says how many elements are outside its atol/rtol and where the worst one is."""
     layers = [d for d in c["layers"] if not d["passed"]]
     mods = c.get("modules") or {}
-    if c["metrics"].get("verdict_mode") == "oracle":
+    multi = len(tolerance_rules(c["layers"])) > 1
+    rule = _rule_of(c["layers"])
+    if metric(c["metrics"], "verdict_mode") == "oracle":
         own = {r["name"]: r for r in c.get("own") or []}
-        head = ["#", "layer", "module", "excess (accumulated)", "own excess", "bits lost", "rel_l2 vs fp32",
-                "tol_ratio", "cause"]
+        head = ["#", "layer", "module", "excess (accumulated)", "own excess", "bits lost", "mismatched (vs fp32)",
+                *WORST_HEAD, "rel_l2 vs fp32", "cause"]
         rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt((d.get("oracle") or {}).get("excess")),
                  fmt((own.get(d["name"]) or {}).get("excess")), fmt((d.get("oracle") or {}).get("bits_lost"), 2),
-                 fmt(d["rel_l2"]), fmt(d["tol_ratio"]), ""] for d in layers]
+                 mismatch(d), *worst_element(d), fmt(d["rel_l2"]), ""] for d in layers]
         listed = {d["name"] for d in layers}
         rows += [["", r["name"], "ops between leaves" if r["kind"] == "between" else mods.get(r["layer"], ""),
-                  "", fmt(r["excess"]), fmt(r["bits_lost"], 2), "", "", ""]
+                  "", fmt(r["excess"]), fmt(r["bits_lost"], 2), "", "", "", "", "", "", ""]
                  for r in c.get("own") or [] if not r["passed"] and r["name"] not in listed]
-        cause = c["metrics"].get("drift_origin_cause") or {}
-        origin = c["metrics"].get("drift_origin")
+        cause = metric(c["metrics"], "drift_origin_cause") or {}
+        origin = metric(c["metrics"], "drift_origin")
         for r in rows:
             if r[1] == origin and cause:
                 r[-1] = cause.get("summary") or cause.get("label", "")
-        return head, rows
-    head = ["#", "layer", "module", "max_abs", "max_rel", "rel_l2", "frac outside", "tol_ratio", "tolerance (key)"]
-    return head, [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt(d["max_abs"]), fmt(d["max_rel"]),
-                   fmt(d["rel_l2"]), fmt(d["frac_outside"]), fmt(d["tol_ratio"]),
-                   f"atol={d['atol']:g} rtol={d['rtol']:g} {d['tol_source']}"] for d in layers]
+    else:
+        head = ["#", "layer", "module", "mismatched", *WORST_HEAD, "max_abs", "max_rel", "rel_l2", "tol_ratio"]
+        rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), mismatch(d), *worst_element(d), fmt(d["max_abs"]),
+                 fmt(d["max_rel"]), fmt(d["rel_l2"]), fmt(d["tol_ratio"])] for d in layers]
+    lc = c.get("layer_causes") or {}  # causes a cell's settings explain per layer (layers.json, when given)
+    if lc:
+        if head[-1] != "cause":
+            head, rows = head + ["cause"], [r + [""] for r in rows]
+        for r in rows:
+            r[-1] = (lc.get(r[1]) or {}).get("summary") or r[-1]
+    if multi:
+        head.append("rule")
+        by_name = {d["name"]: d for d in layers}
+        for r in rows:
+            r.append(rule(by_name[r[1]]) if r[1] in by_name else "")
+    return head, rows
+
+
+def layer_rows(c: dict) -> tuple[list[str], list[list[str]]]:
+    """Every layer of a cell, passing or not (the collapsible table): one builder for both formats."""
+    mods = c.get("modules") or {}
+    oracle = metric(c["metrics"], "verdict_mode") == "oracle"
+    multi = len(tolerance_rules(c["layers"])) > 1
+    rule = _rule_of(c["layers"])
+    head = ["#", "layer", "module", "verdict", "mismatched", "max_abs", "max_rel", "rel_l2", "cosine", "tol_ratio"]
+    head += ["excess", "bits lost"] if oracle else []
+    head += ["rule"] if multi else []
+    rows = []
+    for d in c["layers"]:
+        o = d.get("oracle") or {}
+        r = [str(d["order"]), d["name"], mods.get(d["name"], ""), d.get("problem") or ("pass" if d["passed"] else "FAIL"),
+             mismatch(d), fmt(d["max_abs"]), fmt(d["max_rel"]), fmt(d["rel_l2"]), fmt(d["cosine"], 6), fmt(d["tol_ratio"])]
+        r += [fmt(o.get("excess")), fmt(o.get("bits_lost"), 2)] if oracle else []
+        r += [rule(d)] if multi else []
+        rows.append(r)
+    return head, rows
+
+
+def model_rows(models: dict) -> tuple[list[str], list[list[str]]]:
+    """The op inventory of every model's export (ops.json) and its leaf modules never called in the
+    forward pass (layers.json `uncalled`: they have no captured output)."""
+    head = ["model", "exporter", "opset", "nodes", "parameters", "ONNX ops (count)", "uncalled modules"]
+    rows = []
+    for name, m in models.items():
+        ops = m.get("ops") or {}
+        opset = ", ".join(f"{k} {v}" for k, v in sorted((ops.get("opset") or {}).items()))
+        rows.append([name, str(m.get("exporter") or "-"), opset or "-", fmt(ops.get("nodes")), fmt(ops.get("parameters")),
+                     ", ".join(f"{k} {v}" for k, v in sorted((ops.get("ops") or {}).items(), key=lambda kv: (-kv[1], kv[0])))
+                     or "-", ", ".join(m.get("uncalled") or []) or "none"])
+    return head, rows
+
+
+def environment_rows(env: dict, threads=None) -> list[tuple[str, str]]:
+    """The machine first (CPU model, OS, CPUs and threads: host.json and cpu.json of the env stage),
+    then every backend component's versions."""
+    cpu, host = env.get("cpu") or {}, env.get("host") or {}
+    rows = []
+    if cpu.get("model_name"):
+        ids = ", ".join(f"{k} {cpu[k]}" for k in ("vendor", "family", "model", "stepping") if cpu.get(k))
+        rows.append(("CPU", f"{cpu['model_name']} ({ids}); ISA: {' '.join(cpu.get('isa') or []) or '-'}"
+                            + (f"; masked by {cpu['env']}" if cpu.get("env") else "")))
+    if host:
+        rows.append(("OS", f"{host.get('os')} ({host.get('kernel')}), Python {host.get('python')}"))
+        t = ("library default" if not threads else str(threads))
+        rows.append(("threads", f"{host.get('cpus_logical')} logical CPUs, {host.get('cpus_usable')} usable; "
+                                f"capture.threads = {threads if threads is not None else '-'} ({t})"
+                                + "".join(f"; {k}={v}" for k, v in sorted((host.get("thread_env") or {}).items()))))
+    rows += [(name, ", ".join(f"{k}={v}" for k, v in fp.items())) for name, fp in sorted(env.items())
+             if name not in ("cpu", "host")]
+    return rows
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    esc = lambda x: str(x).replace("|", "\\|")  # noqa: E731
+    return (["| " + " | ".join(esc(x) for x in head) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(esc(x) for x in r) + " |" for r in rows])
 
 
 def coverage_markdown(coverage: dict) -> list[str]:
@@ -101,37 +268,38 @@ def coverage_markdown(coverage: dict) -> list[str]:
     return lines
 
 
-def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None) -> str:
+def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None,
+             models: dict | None = None, threads=None) -> str:
     lines = [f"# {title}", "",
              f"{summary['cells']} cells: **{summary['passed']} pass**, **{summary['failed']} fail**, "
              f"{summary['not_run']} not run (unavailable/unsupported/failed to export or infer).", ""]
-    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for r in cell_rows(cells):
-        lines.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
-    lines.append("")
+    lines += md_table(HEADER, cell_rows(cells)) + [""]
     for c in cells:
         m = c["metrics"]
-        if m.get("verdict") != "FAIL":
-            if m.get("reason"):
-                lines.append(f"- `{c['key']}` {m['verdict']}: {m['reason']}")
+        if settings_text(c.get("settings")):
+            lines.append(f"- `{c['key']}` settings: {settings_text(c.get('settings'))}")
+        if verdict(c) != "FAIL":
+            if metric(m, "reason"):
+                lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'reason')}")
             continue
-        where = m.get("drift_origin_where") or m.get("drift_origin")
-        lines.append(f"## {c['key']}: FAIL ({m.get('verdict_mode')}), drift starts at `{where}`")
-        lines.append("")
-        head, rows = failing_rows(c)
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
-        for r in rows:
-            lines.append("| " + " | ".join(x.replace("|", "\\|") for x in r) + " |")
-        lines.append("")
+        where = metric(m, "drift_origin_where") or metric(m, "drift_origin")
+        lines += [f"## {c['key']}: FAIL ({metric(m, 'verdict_mode')}), drift starts at `{where}`", "",
+                  tolerance_legend(c), ""]
+        lines += md_table(*failing_rows(c)) + [""]
+    lines.append("")
+    for c in cells:
+        if c["layers"]:
+            lines += [f"<details><summary>{c['key']}: every layer ({verdict(c)})</summary>", "",
+                      tolerance_legend(c), ""] + md_table(*layer_rows(c)) + ["", "</details>", ""]
     plans = [c for c in cells if c.get("plan")]
     if plans:
         lines += ["## Mixed-precision plans (keep these layers in float32)", ""]
         lines += [f"- `{c['key']}`: {c['plan'].get('summary', c['plan'].get('outcome'))}" for c in plans] + [""]
+    if models:
+        lines += ["## Models: op inventory", ""] + md_table(*model_rows(models)) + [""]
     lines += coverage_markdown(coverage or {})
     lines += ["## Environment", ""]
-    for name, fp in sorted(env.items()):
-        lines.append(f"- **{name}**: " + ", ".join(f"{k}={v}" for k, v in fp.items()))
+    lines += [f"- **{name}**: {value}" for name, value in environment_rows(env, threads)]
     return "\n".join(lines) + "\n"
 
 
@@ -140,7 +308,7 @@ def curve_series(c: dict) -> tuple[list[tuple[str, str, list]], float, str]:
     trusted backend's) and each layer's own excess, against the limit k; in tolerance mode tol_ratio
     and max_abs against tol_ratio = 1."""
     layers = c["layers"]
-    if c["metrics"].get("verdict_mode") == "oracle":
+    if metric(c["metrics"], "verdict_mode") == "oracle":
         own = {r["layer"]: r["excess"] for r in c.get("own") or [] if r["kind"] == "leaf"}
         k = c.get("k") or 4.0
         series = [("accumulated excess", "#0969da", [(d.get("oracle") or {}).get("excess") for d in layers])]
@@ -151,63 +319,58 @@ def curve_series(c: dict) -> tuple[list[tuple[str, str, list]], float, str]:
              ("max_abs", "#8250df", [d["max_abs"] for d in layers])], 1.0, "tolerance (tol_ratio = 1)")
 
 
-def svg_curve(c: dict, width: int = 760, height: int = 220) -> str:
-    """Per-layer error on a log scale, execution order on x, the pass limit dashed, the drift
-    origin marked, every point with a tooltip."""
+def origin_index(c: dict) -> int | None:
+    """Index in c["layers"] of the drift origin (for ops between leaves: the leaf they feed)."""
+    name = metric(c["metrics"], "drift_origin") or ""
+    leaf = name.split(":", 1)[1] if name.startswith("between:") else name
+    return next((i for i, d in enumerate(c["layers"]) if d["name"] == leaf), None)
+
+
+def cell_curve(c: dict) -> svg.Curve:
+    series, limit, label = curve_series(c)
     layers = c["layers"]
-    if not layers:
-        return ""
-    series, limit, limit_label = curve_series(c)
-    floor = 1e-12
-    ok = lambda v: v is not None and math.isfinite(_num(v))  # noqa: E731
-    vals = [max(floor, _num(v)) for _, _, vs in series for v in vs if ok(v)] + [limit]
-    lo = math.floor(math.log10(min(vals)))
-    hi = max(math.ceil(math.log10(max(vals))) + (1 if max(vals) >= 10 ** math.ceil(math.log10(max(vals))) else 0), lo + 1)
-    L, R, T, B = 56, 12, 12, 28
-    n = max(1, len(layers) - 1)
-    x = lambda i: L + (width - L - R) * i / n  # noqa: E731
-    y = lambda v: T + (height - T - B) * (hi - math.log10(min(max(v, floor), 10 ** hi))) / (hi - lo)  # noqa: E731
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" class="curve" '
-           f'role="img" aria-label="per-layer error, log scale">',
-           f'<rect x="{L}" y="{T}" width="{width - L - R}" height="{height - T - B}" fill="#fff" stroke="#d0d7de"/>']
-    for e in range(lo, hi + 1):
-        yy = y(10 ** e)
-        out.append(f'<line x1="{L}" x2="{width - R}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#eee"/>'
-                   f'<text x="{L - 4}" y="{yy + 4:.1f}" font-size="10" text-anchor="end">1e{e}</text>')
-    y1 = y(limit)
-    out.append(f'<line x1="{L}" x2="{width - R}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="#cf222e" '
-               f'stroke-dasharray="4 3"/><text x="{width - R - 2}" y="{y1 - 3:.1f}" font-size="10" '
-               f'text-anchor="end" fill="#cf222e">{html.escape(limit_label)}</text>')
-    for label, colour, vs in series:
-        path = " ".join(f"{x(i):.1f},{y(max(floor, _num(v)) if ok(v) else 10 ** hi):.1f}"
-                        for i, v in enumerate(vs) if v is not None)
-        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"><title>'
-                   f'{html.escape(label)}</title></polyline>')
-    first = series[0][2]
-    for i, d in enumerate(layers):
-        v = first[i]
-        if v is None:
+    failed = [not d["passed"] for d in layers]
+    return svg.Curve(names=[d["name"] for d in layers],
+                     series=[svg.Series(lab, col, vs, failed=failed if i == 0 else [])
+                             for i, (lab, col, vs) in enumerate(series)],
+                     limit=limit, limit_label=label, origin=origin_index(c),
+                     origin_label=metric(c["metrics"], "drift_origin_where") or metric(c["metrics"], "drift_origin") or "",
+                     tips=[f"rel_l2 vs fp32 {fmt(_num(d['rel_l2']))}, mismatched {mismatch(d)}"
+                           + ("" if d["passed"] else " (fails)") for d in layers])
+
+
+def svg_curve(c: dict) -> str:
+    """Per-layer error on a log scale, layer names on x, the pass limit dashed, the drift origin
+    marked, every point with a tooltip."""
+    return svg.curve_svg(cell_curve(c)) if c["layers"] else ""
+
+
+def hist_groups(c: dict) -> list[tuple[str, str, list[int]]]:
+    """The layers whose element errors a failing cell's histogram shows: the drift origin, the layer
+    furthest past its tolerance, and the model output (each once)."""
+    layers = c["layers"]
+    picks = []
+    i = origin_index(c)
+    if i is not None:
+        picks.append(("drift origin", layers[i]))
+    worst = max((d for d in layers if d.get("hist")), key=lambda d: _num(d["tol_ratio"]), default=None)
+    if worst is not None:
+        picks.append(("worst tol_ratio", worst))
+    out = next((d for d in layers if is_model_output(d["name"]) and not d["name"].startswith("plain:")), None)
+    if out is not None:
+        picks.append(("model output", out))
+    seen, groups = set(), []
+    for (role, d), colour in zip(picks, ("#9a6700", "#cf222e", "#0969da")):
+        if d["name"] in seen or not d.get("hist"):
             continue
-        tip = (f'{html.escape(d["name"])}: ' + ", ".join(f"{lab} {fmt(vs[i])}" for lab, _, vs in series)
-               + f', rel_l2 vs fp32 {fmt(_num(d["rel_l2"]))}{"" if d["passed"] else " (fails)"}')
-        out.append(f'<circle cx="{x(i):.1f}" cy="{y(_num(v) if ok(v) else 10 ** hi):.1f}" '
-                   f'r="{2.5 if not d["passed"] else 1.8}" fill="{"#cf222e" if not d["passed"] else series[0][1]}">'
-                   f'<title>{tip}</title></circle>')
-    origin_name = c["metrics"].get("drift_origin") or ""
-    origin_layer = origin_name.split(":", 1)[1] if origin_name.startswith("between:") else origin_name
-    origin = next((i for i, d in enumerate(layers) if d["name"] == origin_layer), None)
-    if origin is not None:
-        where = c["metrics"].get("drift_origin_where") or origin_name
-        out.append(f'<line x1="{x(origin):.1f}" x2="{x(origin):.1f}" y1="{T}" y2="{height - B}" stroke="#9a6700"/>'
-                   f'<text x="{x(origin) + 3:.1f}" y="{T + 11}" font-size="10" fill="#9a6700">drift origin: '
-                   f'{html.escape(where)}</text>')
-    legend = "  ".join(f'<tspan fill="{col}">{html.escape(lab)}</tspan>' for lab, col, _ in series)
-    out.append(f'<text x="{L}" y="{height - 8}" font-size="10">{html.escape(layers[0]["name"])}</text>'
-               f'<text x="{width - R}" y="{height - 8}" font-size="10" text-anchor="end">'
-               f'{html.escape(layers[-1]["name"])}</text>'
-               f'<text x="{(L + width) / 2:.0f}" y="{height - 8}" font-size="10" text-anchor="middle">'
-               f'{legend} (execution order)</text></svg>')
-    return "".join(out)
+        seen.add(d["name"])
+        groups.append((f"{d['name']} ({role})", colour, d["hist"]))
+    return groups
+
+
+def svg_histogram(c: dict) -> str:
+    edges = c.get("hist_edges")
+    return svg.histogram_svg(hist_groups(c), edges) if edges else ""
 
 
 def matrix_html(cells: list[dict]) -> str:
@@ -230,14 +393,14 @@ def matrix_html(cells: list[dict]) -> str:
                     h.append("<td></td>")
                     continue
                 met = c["metrics"]
-                v = met.get("verdict", "MISSING")
+                v = verdict(c)
                 lines = [f"<b>{e(v)}</b>"]
-                if met.get("drift_origin"):
-                    lines.append(f"from <code>{e(met['drift_origin'])}</code>")
+                if metric(met, "drift_origin"):
+                    lines.append(f"from <code>{e(metric(met, 'drift_origin'))}</code>")
                 if c.get("latency_ratio"):
                     lines.append(f"{c['latency_ratio']:.2f}x latency")
-                tip = met.get("reason") or (f"{met.get('layers_failed')}/{met.get('layers')} layers over tolerance"
-                                            if met.get("layers") is not None else v)
+                tip = metric(met, "reason") or (f"{metric(met, 'layers_failed')}/{metric(met, 'layers')} layers "
+                                                f"over tolerance" if metric(met, "layers") is not None else v)
                 h.append(f"<td class='m' data-verdict='{e(v)}' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}' "
                          f"title='{e(c['key'])}: {e(str(tip))}'><a href='#{e(c['key'])}'>{'<br>'.join(lines)}</a></td>")
         h.append("</tr>")
@@ -270,15 +433,75 @@ def plan_html(plan: dict) -> str:
     return "".join(h)
 
 
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1f2328;max-width:1200px}
+CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#1f2328;max-width:1280px}
 table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left}
 th{background:#f6f8fa}.v{color:#fff;font-weight:600;border-radius:3px;padding:1px 6px}
 code{font-size:12px}section{margin:20px 0;border-top:1px solid #d0d7de}small{color:#59636e}
 .matrix td.m{color:#fff;text-align:center;min-width:92px;font-size:12px}.matrix td.m a{color:#fff;text-decoration:none}
-.matrix td.m code{color:#fff}"""
+.matrix td.m code{color:#fff}table.layers td,table.failing td{font-size:12px;white-space:nowrap}
+table.failing td.worst{background:#fff8c5}p.tol{color:#59636e}details{margin:6px 0 12px}
+summary{cursor:pointer;color:#0969da}tr.fail td{background:#ffebe9}"""
 
 
-def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None) -> str:
+def verdict_badge(v: str) -> str:
+    return f"<span class='v' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}'>{html.escape(v)}</span>"
+
+
+def html_table(head: list[str], rows: list[list[str]], css: str, code_col: int = 1, mark=None) -> str:
+    """A table of plain strings (escaped here); column `code_col` in <code>; `mark(row)` -> a row class.
+    Columns named in WORST_HEAD are highlighted (the worst element)."""
+    e = html.escape
+    worst = {i for i, x in enumerate(head) if x in WORST_HEAD}
+    h = [f"<table class='{css}'><tr>" + "".join(f"<th>{e(x)}</th>" for x in head) + "</tr>"]
+    for r in rows:
+        cls = mark(r) if mark else ""
+        tds = [f"<td{' class=worst' if i in worst else ''}>{f'<code>{e(x)}</code>' if i == code_col else e(x)}</td>"
+               for i, x in enumerate(r)]
+        h.append(f"<tr{f' class={cls}' if cls else ''}>" + "".join(tds) + "</tr>")
+    return "".join(h) + "</table>"
+
+
+def cell_html(c: dict) -> str:
+    """One cell's section: verdict, tolerance legend, curve, histogram (failing), failing layers
+    with mismatch counts and worst elements, every layer in a collapsible table, the plan."""
+    e, m = html.escape, c["metrics"]
+    h = [f"<section id='{e(c['key'])}' class='cell'><h2>{e(c['key'])} {verdict_badge(verdict(c))}</h2>"]
+    if metric(m, "reason"):
+        h.append(f"<p>{e(metric(m, 'reason'))}</p>")
+    if settings_text(c.get("settings")):
+        h.append(f"<p class='settings'>Settings: {e(settings_text(c.get('settings')))}</p>")
+    if c["layers"]:
+        mode, why = metric(m, "verdict_mode") or "tolerance", metric(m, "verdict_mode_reason")
+        cause = (metric(m, "drift_origin_cause") or {}).get("summary")
+        h.append(f"<p>Verdict by <b>{e(mode)}</b>{' (' + e(why) + ')' if why else ''}: {metric(m, 'layers')} layers "
+                 f"compared; {metric(m, 'layers_failed')} failing; drift origin "
+                 f"<code>{e(fmt(metric(m, 'drift_origin_where') or metric(m, 'drift_origin')))}</code>"
+                 f"{' (cause: ' + e(cause) + ')' if cause else ''}; worst <code>{e(fmt(metric(m, 'worst_layer')))}</code>."
+                 f" <small>Per-layer values come from the instrumented graph (every layer an output); "
+                 f"latency from the plain graph.</small></p>")
+        h.append(f"<p class='tol'>{e(tolerance_legend(c))}</p>")
+        if all(_num(d["max_abs"]) == 0.0 for d in c["layers"]):
+            h.append("<p class='exact'>Bit-identical: every layer matches the reference exactly.</p>")
+        else:
+            h.append(svg_curve(c))
+        head, rows = failing_rows(c)
+        if verdict(c) == "FAIL":
+            hist = svg_histogram(c)
+            if hist:
+                h.append("<h3>Element errors</h3>" + hist)
+        if rows:
+            h.append("<h3>Failing layers</h3>" + html_table(head, rows, "failing"))
+        head, rows = layer_rows(c)
+        h.append(f"<details class='layers'><summary>Every layer ({len(rows)})</summary>"
+                 + html_table(head, rows, "layers", mark=lambda r: "fail" if r[3] != "pass" else "") + "</details>")
+    if c.get("plan"):
+        h.append(plan_html(c["plan"]))
+    h.append("</section>")
+    return "".join(h)
+
+
+def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None,
+              models: dict | None = None, threads=None) -> str:
     e = html.escape
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
          f"<h1>{e(title)}</h1><p id='summary'>{summary['cells']} cells: <b>{summary['passed']} pass</b>, "
@@ -286,43 +509,16 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
          matrix_html(cells),
          "<h2>Cells</h2><table id='cells'><tr>" + "".join(f"<th>{e(x)}</th>" for x in HEADER) + "</tr>"]
     for c, r in zip(cells, cell_rows(cells)):
-        v = r[3]
         r = [e(x) for x in r]
-        r[3] = f"<span class='v' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}'>{e(v)}</span>"
+        r[3] = verdict_badge(verdict(c))
         r[0] = f"<a href='#{e(c['key'])}'>{r[0]}</a>"
         h.append("<tr>" + "".join(f"<td>{x}</td>" for x in r) + "</tr>")
     h.append("</table>")
-    for c in cells:
-        m = c["metrics"]
-        h.append(f"<section id='{e(c['key'])}'><h2>{e(c['key'])} "
-                 f"<span class='v' style='background:{VERDICT_COLOURS.get(m.get('verdict'), '#6e7781')}'>"
-                 f"{e(m.get('verdict', 'MISSING'))}</span></h2>")
-        if m.get("reason"):
-            h.append(f"<p>{e(m['reason'])}</p>")
-        if c["layers"]:
-            mode = m.get("verdict_mode") or "tolerance"
-            h.append(f"<p>Verdict by <b>{e(mode)}</b>{' (' + e(m['verdict_mode_reason']) + ')' if m.get('verdict_mode_reason') else ''}: "
-                     f"{m.get('layers')} layers compared; {m.get('layers_failed')} failing; drift origin "
-                     f"<code>{e(fmt(m.get('drift_origin_where') or m.get('drift_origin')))}</code>"
-                     f"{' (cause: ' + e((m.get('drift_origin_cause') or {}).get('summary', '')) + ')' if m.get('drift_origin_cause') else ''}; "
-                     f"worst <code>{e(fmt(m.get('worst_layer')))}</code>."
-                     f" <small>Per-layer values come from the instrumented graph (every layer an output); "
-                     f"latency from the plain graph.</small></p>")
-            if all(_num(d["max_abs"]) == 0.0 for d in c["layers"]):
-                h.append("<p class='exact'>Bit-identical: every layer matches the reference exactly.</p>")
-            else:
-                h.append(svg_curve(c))
-            head, rows = failing_rows(c)
-            if rows:
-                h.append("<table class='failing'><tr>" + "".join(f"<th>{e(x)}</th>" for x in head) + "</tr>")
-                for r in rows:
-                    r = [e(x) for x in r]
-                    r[1] = f"<code>{r[1]}</code>"
-                    h.append("<tr>" + "".join(f"<td>{x}</td>" for x in r) + "</tr>")
-                h.append("</table>")
-        if c.get("plan"):
-            h.append(plan_html(c["plan"]))
-        h.append("</section>")
+    h += [cell_html(c) for c in cells]
+    if models:
+        h.append("<section id='models'><h2>Models: op inventory</h2>" + html_table(*model_rows(models), "ops", code_col=-1)
+                 + "<p><small>Uncalled modules are leaf modules never called in the forward pass: they have no "
+                   "captured output.</small></p></section>")
     for suite, cov in (coverage or {}).items():
         h.append(f"<section id='coverage-{e(suite)}' class='coverage'><h2>Op coverage: suite {e(suite)}</h2>")
         if cov is None:
@@ -332,8 +528,7 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
 
             h.append(render_coverage_html(cov))
         h.append("</section>")
-    h.append("<section><h2>Environment</h2><table>")
-    for name, fp in sorted(env.items()):
-        h.append(f"<tr><th>{e(name)}</th><td>{e(', '.join(f'{k}={v}' for k, v in fp.items()))}</td></tr>")
+    h.append("<section id='environment'><h2>Environment</h2><table>")
+    h += [f"<tr><th>{e(name)}</th><td>{e(value)}</td></tr>" for name, value in environment_rows(env, threads)]
     h.append("</table></section></body></html>\n")
     return "\n".join(h)

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from parity import metrics as layout
+
 
 def expand(overrides: list[str]) -> list[list[str]]:
     """['dtypes=fp32,fp16', 'seed=1'] -> [['dtypes=fp32', 'seed=1'], ['dtypes=fp16', 'seed=1']].
@@ -103,16 +105,16 @@ def summarize(exps: dict[str, dict], keys: list[str]) -> list[list[str]]:
     for name, data in exps.items():
         params = (data.get("params") or {}).get("params.yaml", {}).get("data", {})
         metrics = {p: (m or {}).get("data", {}) for p, m in (data.get("metrics") or {}).items()}
-        summary = metrics.get("artifacts/report/summary.json", {})
-        cells = [m for p, m in metrics.items() if p.startswith("artifacts/diff/")]
-        worst = max((m.get("output", {}).get("max_abs") or 0.0 for m in cells), default=None)
+        summary = next((m for p, m in metrics.items() if p.endswith("/" + layout.SUMMARY)), {})
+        cells = list(layout.cells_of(summary).values())
+        worst = max((m["worst"] for m in cells if isinstance(m.get("worst"), (int, float))), default=None)
         origins: dict[str, int] = {}
         for m in cells:
-            if m.get("drift_origin"):
-                origins[m["drift_origin"]] = origins.get(m["drift_origin"], 0) + 1
+            if layout.origin(m):
+                origins[layout.origin(m)] = origins.get(layout.origin(m), 0) + 1
         rows.append([name, *(_show(_get(params, k)) for k in keys),
                      str(summary.get("passed", "-")), str(summary.get("failed", "-")),
-                     str(summary.get("not_run", "-")), f"{worst:.4e}" if worst is not None else "-",
+                     str(summary.get("not_run", "-")), f"{worst:.3g}" if worst is not None else "-",
                      ", ".join(f"{o} ({n})" if n > 1 else o for o, n in sorted(origins.items())) or "-"])
     return rows
 
@@ -161,7 +163,7 @@ def sweep(overrides: list[str], jobs: int = 1, cwd: str = ".", poll: float = 2.0
     shown = json.loads(_dvc(["exp", "show", "--json"], cwd) or "[]")
     exps = {r["name"]: r["data"] for rev in shown for e in (rev.get("experiments") or [])
             for r in e.get("revs", []) if r.get("name") in names and r.get("data")}
-    head = ["experiment", *keys, "passed", "failed", "not run", "worst max_abs", "drift origins"]
+    head = ["experiment", *keys, "passed", "failed", "not run", "worst", "drift origins"]
     rows = summarize({n: exps[n] for n in names if n in exps}, keys)
     print(table(head, rows), file=out)
     failed = [n for n in names if mine.get(n) == "Failed" or n not in exps]

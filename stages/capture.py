@@ -1,7 +1,8 @@
 """capture@model-dtype-provider: run the model on one provider at one dtype, per layer, to Parquet.
 
 Writes, under --out: layers.parquet (every layer and the model output, per sample; empty when the
-cell did not run), status.json (status, reason; `own`: whether each layer's own error was measured)
+cell did not run), status.json (status, reason; `own`: whether each layer's own error was measured;
+`settings`: what the runner resolved on this machine, e.g. ort_int8's reduce_range)
 and, when the runner measures it from --reference (the fp64 reference, with leaf inputs `pre:<call>`),
 own.parquet: per sample `<leaf>` (the leaf run on the reference's input to it) and `between:<leaf>`
 (the ops between leaves run on the reference's leaf outputs). No own.parquet: own error not measured.
@@ -48,9 +49,10 @@ def main(argv=None) -> int:
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
     except ValueError as e:
-        res = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>")
+        res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}
     else:
         res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0), cap.get("repeats", 1))
+        settings = cls.settings(job) if res.status != "UNSUPPORTED" and hasattr(cls, "settings") else {}
     rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
     out = Path(a.out)
     store.write(out / "layers.parquet", rows if res.status == "OK" else [],
@@ -59,6 +61,8 @@ def main(argv=None) -> int:
     status = {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
               "status": res.status, "reason": res.reason, "layers": n_layers,
               "own": write_own(out / "own.parquet", res, key)}
+    if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)
+        status["settings"] = settings
     if job.engine_dir is not None and (job.engine_dir / "build.json").exists():
         # which engine each number comes from, and what fusion removed in the engine under test
         from parity.io import read_json
@@ -74,6 +78,8 @@ def main(argv=None) -> int:
     print(f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
           f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
           f"{time.perf_counter() - t0:.1f}s")
+    if settings.get("reduce_range_from"):
+        print(f"capture@{key}: reduce_range={str(settings['reduce_range']).lower()} ({settings['reduce_range_from']})")
     return 0
 
 

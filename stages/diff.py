@@ -2,9 +2,12 @@
 (tolerance metrics) and against the fp64 run relative to the trusted baseline at the cell's dtype
 (the oracle verdict, the default: parity.analysis.diffcell). numpy only.
 
-Writes, under --out: metrics.json (DVC metrics: verdict and its mode, drift_origin with its cause,
-worst layer, output-level metrics), layers.json (every layer's metrics, the tolerance key that
-applied, the oracle's excess/bits_lost, each layer's own error) and layers.csv (DVC plot data).
+Writes, under --out: metrics.json (verdict and its mode, drift_origin with its cause, worst layer,
+worst_ratio, output-level metrics; a plain output: the report's summary.json is the DVC metric,
+parity.metrics), layers.json (every layer's metrics, the tolerance key that
+applied, the worst element's index and values, a histogram of |a - b| / allowed per decade
+(`hist_edges`), the oracle's excess/bits_lost, each layer's own error, the capture's `settings` and the
+causes they explain per failing layer) and layers.csv (DVC plot data).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from parity import config
 from parity.io import read_json, write_json, write_text
+from parity.metrics import worst_ratio
 
 # numpy/pyarrow (parity.compare, store, analysis) are imported where used, so `--help` starts
 # in a fraction of the time (tests/test_light_stages.py)
@@ -33,7 +37,8 @@ def _output_metrics(d) -> dict:
     return m
 
 
-def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict) -> dict:
+def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict, k: float = 4.0) -> dict:
+    """metrics.json of a cell; k: the oracle's limit on excess (dtypes.<d>.oracle.k)."""
     from parity import store
 
     status, summary = cd.status, cd.summary
@@ -49,6 +54,9 @@ def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict) -> dict:
         "output": _output_metrics(head),
         "plain_output": _output_metrics(plain),  # the shipped graph (model.onnx), no extra outputs
     }
+    if status["status"] == "OK":
+        excesses = [d.oracle["excess"] for d in cd.layers if d.oracle] + [r["excess"] for r in cd.own]
+        m["worst_ratio"] = worst_ratio(cd.mode, k, excesses, summary.get("worst_tol_ratio"))
     if cd.mode != "oracle" and status["status"] == "OK":
         m["verdict_mode_reason"] = cd.mode_reason
     origin = summary.get("drift_origin")
@@ -98,7 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model-dir", help="export output: layers.json names the ops between leaves")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    from parity.analysis import diffcell
+    from parity import compare
+    from parity.analysis import diffcell, oracle
 
     p = config.load_or_die(a.params)
     key = config.cell_key(a.model, a.dtype, a.provider)
@@ -106,14 +115,17 @@ def main(argv=None) -> int:
                             Path(a.baseline) if a.baseline else None)
     lj = Path(a.model_dir) / "layers.json" if a.model_dir else None
     layers_json = read_json(lj) if lj and lj.exists() else {}
-    metrics = metrics_of(key, cd, layers_json)
+    m = metrics_of(key, cd, layers_json,
+                         float((p["dtypes"][a.dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K)))
     out = Path(a.out)
-    write_json(out / "metrics.json", metrics)
+    write_json(out / "metrics.json", m)
     write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
                                      "drift_origin_cause": cd.summary.get("drift_origin_cause"),
+                                     "hist_edges": list(compare.HIST_EDGES),  # each layer's `hist` bins
+                                     "settings": cd.status.get("settings") or {}, "layer_causes": cd.layer_causes,
                                      "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
     write_text(out / "layers.csv", plot_csv(cd))
-    print(f"diff@{key}: {summary_line(metrics, cd)}")
+    print(f"diff@{key}: {summary_line(m, cd)}")
     return 0
 
 

@@ -4,6 +4,7 @@ Writes, under --out:
   <component>.json         versions / device identity of one component (parity.fingerprint.COMPONENTS)
   provider-<name>.json     what one provider's cells depend on (its `uses:` components)
   stage-<name>.json        what a shared stage depends on (parity.fingerprint.STAGE_USES)
+  host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
 and under --code, <model>.json: the sha256 of an `import` model's source files (parity.codedeps), a
 dependency of that model's stages, so editing the user's model code re-runs exactly those.
 Identical machines give identical bytes, so downstream stages re-run only when something they use
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
         write_json(out / f"{name}.json", fp)
     for prov, pc in sorted(p["providers"].items()):
         write_json(out / f"provider-{prov}.json", {c: comps[c] for c in sorted(pc["uses"])})
+    write_json(out / "host.json", fingerprint.host())
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
     for model, code in codedeps.models_code(p["models"]).items():

@@ -1,7 +1,7 @@
 """report: one summary across every configured cell (read from params, not globbed: dvc.lock keeps
 stages that left the matrix). Writes report.md, report.html (self-contained: inline SVG, no
-scripts, no network), summary.json (DVC metrics: verdicts only, byte-stable, so `dvc metrics diff`
-shows no timing noise) and latency.json (a plain output: measured latency per cell, its ratio to
+scripts, no network), summary.json (the DVC metric: totals and per cell its verdict, worst error
+ratio and drift origin, parity.metrics; byte-stable, so `dvc metrics diff` shows no timing noise) and latency.json (a plain output: measured latency per cell, its ratio to
 torch_cpu fp32). With `strict: true`, fails naming every cell that did not run (UNAVAILABLE,
 UNSUPPORTED, EXPORT_FAIL, INFER_FAIL)."""
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from parity import config
+from parity import config, metrics
 from parity import report as render
 from parity.io import read_json, write_json, write_text
 
@@ -30,11 +30,21 @@ def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dic
     plan = art / "plan" / key / "plan.json"
     return {"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
             "layers": lj_cell.get("layers", []), "own": lj_cell.get("own", []),
-            "cause": lj_cell.get("drift_origin_cause"),
+            "cause": lj_cell.get("drift_origin_cause"), "hist_edges": lj_cell.get("hist_edges"),
+            "settings": lj_cell.get("settings") or {}, "layer_causes": lj_cell.get("layer_causes") or {},
             "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)),
             "timing": read_json(tp) if tp.exists() else {},
             "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},
             "plan": _plan(p, plan)}
+
+
+def model_entry(art: Path, model: str) -> dict:
+    """A model's export as the report shows it: the op inventory (ops.json) and the leaf modules that
+    were never called (layers.json)."""
+    d = art / "models" / model
+    lj = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
+    return {"ops": read_json(d / "ops.json") if (d / "ops.json").exists() else {},
+            "exporter": lj.get("exporter"), "uncalled": lj.get("uncalled") or []}
 
 
 def _plan(p: dict, plan: Path) -> dict | None:
@@ -57,14 +67,6 @@ def main(argv=None) -> int:
     for c in cells:
         b, t = base.get(c["model"]), c["timing"].get("median_ms")
         c["latency_ratio"] = t / b if b and t else None
-    verdicts = [c["metrics"].get("verdict") for c in cells]
-    summary = {"cells": len(cells), "passed": verdicts.count("PASS"), "failed": verdicts.count("FAIL")}
-    summary["not_run"] = summary["cells"] - summary["passed"] - summary["failed"]
-    summary["per_cell"] = {c["key"]: {"verdict": c["metrics"].get("verdict"),
-                                      "drift_origin": c["metrics"].get("drift_origin"),
-                                      **({"plan_keep": len(c["plan"].get("keep") or []),
-                                          "plan_passes": c["plan"].get("passes")} if c["plan"] else {})}
-                           for c in cells}
     latency = {"baseline": "-".join(BASELINE),
                "per_cell": {c["key"]: {"median_ms": c["timing"].get("median_ms"), "p90_ms": c["timing"].get("p90_ms"),
                                        "latency_ratio": c["latency_ratio"]} for c in cells}}
@@ -74,11 +76,16 @@ def main(argv=None) -> int:
     for suite in p.get("suites") or {}:
         f = art / "suites" / "coverage" / f"{suite}.json"
         coverage[suite] = read_json(f) if f.exists() else None
+    # the DVC metric: totals + one compact entry per cell and suite cell (layout: parity.metrics)
+    summary = metrics.summary({c["key"]: metrics.cell_entry(c["metrics"], c["plan"]) for c in cells},
+                              metrics.suite_entries(coverage))
     title = "parity report"
     out = Path(a.out)
-    write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage))
-    write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage))
-    write_json(out / "summary.json", summary)
+    models = {m: model_entry(art, m) for m in dict.fromkeys(c["model"] for c in cells)}
+    threads = (p.get("capture") or {}).get("threads")
+    write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage, models, threads))
+    write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage, models, threads))
+    write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
     write_json(out / "latency.json", latency)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
           f"{summary['not_run']} not run -> {out}/report.html")

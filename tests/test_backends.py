@@ -227,3 +227,67 @@ def test_int8_static_without_calibration_samples_is_a_clear_export_fail(exported
     j.calibration = tmp_path / "missing.parquet"
     res = run_capture(load_runner(PROVIDERS["ort_int8"]["runner"]), j, FEEDS[:1], 0, 1)
     assert res.status == "EXPORT_FAIL" and "inputs.calibration" in res.reason
+
+
+CPUINFO_AVX2 = ROOT / "tests/data/cpuinfo-avx2.txt"          # Xeon E5-2680 v4: AVX2, no VNNI
+CPUINFO_VNNI = ROOT / "tests/data/cpuinfo-avx512-vnni.txt"   # EPYC: AVX-512 + VNNI
+
+
+def _int8_weights(runner, path) -> int:
+    """The largest |value| of the int8 weight initializers the runner's quantizer wrote."""
+    import onnx
+    from onnx import numpy_helper
+
+    m = onnx.load_from_string(runner._convert(path))
+    return max(int(np.abs(numpy_helper.to_array(t).astype(np.int16)).max()) for t in m.graph.initializer
+               if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2)
+
+
+@pytest.mark.parametrize("cpuinfo, reduce_range, max_weight", [(CPUINFO_AVX2, True, 64), (CPUINFO_VNNI, False, 127)])
+def test_int8_reduce_range_auto_follows_the_cpu_and_meets_the_contract_bound(
+        cpuinfo, reduce_range, max_weight, exported, reference, monkeypatch):
+    """`reduce_range: auto` (conf default) resolves from the CPU the fingerprint reads (here a recorded
+    /proc/cpuinfo): 7-bit weights on the AVX2-only CPU, full 8-bit on the VNNI one; the quantizer gets
+    the resolved value. The int8 contract bound holds either way on this machine; with 7-bit weights
+    the u8 x s8 pair sums cannot saturate (2 x 255 x 63 < 2^15), so the AVX2 kernels compute the same
+    integers as here: the bound the contract test checks holds on a CPU without VNNI too (measured
+    under an emulated AVX2-only CPU: bit-identical outputs; docs/providers.md)."""
+    monkeypatch.setenv("PARITY_CPUINFO", str(cpuinfo))
+    assert PROVIDERS["ort_int8"]["options"]["reduce_range"] == "auto"
+    cls = load_runner(PROVIDERS["ort_int8"]["runner"])
+    j = job("ort_int8", "int8_dynamic", exported)
+    s = cls.settings(j)
+    assert s["reduce_range"] is reduce_range and s["cpu_vnni"] is (not reduce_range)
+    assert s["reduce_range_from"].startswith("auto <providers.ort_int8.options.reduce_range=auto>: CPU with")
+    assert s["u8s8"] is True and s["saturation_risk"] is False
+    r = cls(j)
+    r._prepare()
+    assert _int8_weights(r, exported / "layers.onnx") == max_weight
+    res = run_capture(cls, j, FEEDS, 0, 1)
+    assert res.status == "OK", res.reason
+    for k, named in enumerate(res.samples):
+        for n, v in named:
+            ref = reference[(k, n.removeprefix("plain:"))]
+            assert np.linalg.norm(v - ref) / np.linalg.norm(ref) < 0.2, n
+
+
+def test_int8_settings_forced_and_saturation_risk(monkeypatch):
+    """A forced reduce_range wins over auto and names its key; saturation risk is u8 x s8 (dynamic, or
+    static with u8 activations) with full-range s8 weights on a CPU without VNNI, and nothing else."""
+    from parity.backends.ort_int8 import OrtInt8Runner
+
+    def settings(cpuinfo, dtype, **opts):
+        monkeypatch.setenv("PARITY_CPUINFO", str(cpuinfo))
+        cfg = {**PROVIDERS["ort_int8"], "options": {**PROVIDERS["ort_int8"]["options"], **opts}}
+        return OrtInt8Runner.settings(job("ort_int8", dtype, ROOT, cfg))
+
+    forced = settings(CPUINFO_AVX2, "int8_dynamic", reduce_range=False)
+    assert forced["reduce_range"] is False and forced["saturation_risk"] is True
+    assert forced["reduce_range_from"] == "set <providers.ort_int8.options.reduce_range=false>"
+    assert forced["cpu_vnni"] is False and forced["cpu_int8_flags"] == ["avx2", "sse4_1"]
+    assert settings(CPUINFO_VNNI, "int8_dynamic", reduce_range=False)["saturation_risk"] is False
+    assert settings(CPUINFO_VNNI, "int8_dynamic", reduce_range=True)["reduce_range"] is True
+    assert settings(CPUINFO_AVX2, "int8_static", reduce_range=False)["saturation_risk"] is False  # s8 x s8
+    assert settings(CPUINFO_AVX2, "int8_static", reduce_range=False, activation_type="QUInt8")["saturation_risk"]
+    assert not settings(CPUINFO_AVX2, "int8_dynamic", reduce_range=False, weight_type="QUInt8")["saturation_risk"]
+    assert settings(CPUINFO_AVX2, "fp32") == {}  # not an int8 mode: nothing resolved

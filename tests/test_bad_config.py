@@ -57,6 +57,8 @@ def one_line_error(p) -> str:
     (["providers.ort_cpu.options.graph_optimization_level=bogus"],
      ["providers.ort_cpu.options.graph_optimization_level", "bogus", "disabled, basic, extended, all"]),
     (["+providers.ort_cpu.options.intra_threads=2"], ["providers.ort_cpu.options", "unknown option 'intra_threads'"]),
+    (["providers=[ort_int8]", "dtypes=[int8_dynamic]", "providers.ort_int8.options.reduce_range=sometimes"],
+     ["providers.ort_int8.options.reduce_range", "sometimes", "auto, true or false"]),
     (["providers=[torch_compile]", "providers.torch_compile.options.mode=fastest"],
      ["providers.torch_compile.options.mode", "fastest", "reduce-overhead"]),
     (["suites=[notol]"], ["suites.notol", "missing key 'tolerances'", "conf/suites/notol.yaml"]),

@@ -137,3 +137,20 @@ def test_samples_are_classified_together(conv):
 def test_all_zero_reference_and_single_elements_are_not_fitted():
     assert classify(np.ones((2, 3)), np.zeros((2, 3)), "fp32").evidence["problem"] == "reference all zero"
     assert classify(np.float32(1.0), np.float64(1.1), "fp32").label == "unknown"  # s or c would fit exactly
+
+
+def test_int8_saturation_comes_from_the_cells_settings_not_the_numbers():
+    """Only a capture that recorded saturation risk (u8 x s8, reduce_range off, x86 without VNNI) gets
+    the int8-saturation cause; its evidence names the CPU's int8 flags and the key that set it."""
+    from parity.analysis.causes import SATURATION, int8_saturation
+
+    settings = {"reduce_range": False, "reduce_range_from": "set <providers.ort_int8.options.reduce_range=false>",
+                "cpu_vnni": False, "cpu_int8_flags": ["avx2", "sse4_1"], "u8s8": True, "saturation_risk": True}
+    layer = {"name": "fc1", "rel_l2": 0.28, "tol_ratio": 3.1, "max_abs": 0.9}
+    c = int8_saturation(settings, layer, {"label": "unknown", "summary": "unknown: rel_l2 0.28", "evidence": {}})
+    json.dumps(c.as_dict(), allow_nan=False)
+    assert c.label == "int8_saturation" and c.summary.startswith(SATURATION + ": ")
+    assert "providers.ort_int8.options.reduce_range=false" in c.summary and "avx2, sse4_1" in c.summary
+    assert c.evidence["rel_l2"] == 0.28 and c.evidence["numeric"]["label"] == "unknown"
+    assert int8_saturation({**settings, "saturation_risk": False}, layer) is None
+    assert int8_saturation(None, layer) is None and int8_saturation({}, layer) is None

@@ -78,3 +78,23 @@ def test_metrics_do_not_depend_on_the_thread_count():
                                         env={**env(), "OMP_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t}).stdout)
            for t in ("1", "2")}
     assert got["1"] == got["2"], got
+
+
+def test_worst_element_values_and_error_histogram_over_samples():
+    """What the report shows of a failing layer: the values at its worst element (in the sample that
+    holds it) and element counts per decade of |a - b| / allowed, which sum to every element, with
+    the ones past the tolerance equal to n_outside."""
+    rng = np.random.default_rng(0)
+    b0, b1 = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 3, 4))
+    a0, a1 = b0 + 1e-7, b1.copy()
+    a1[1, 2, 3] += 0.5    # the worst element, in sample 1
+    a1[0, 0, 0] += 0.01   # outside too, but less so
+    pairs = [(0, a0.astype(np.float32), b0.astype(np.float32)), (1, a1.astype(np.float32), b1.astype(np.float32))]
+    d = compare.compare_layer("x", 0, pairs, 1e-5, 1e-3, "test")
+    assert (d.worst_sample, d.worst_index) == (1, [1, 2, 3])
+    assert d.worst_actual == float(np.float32(a1[1, 2, 3])) and d.worst_expected == float(np.float32(b1[1, 2, 3]))
+    assert len(d.hist) == len(compare.HIST_EDGES) + 1 and sum(d.hist) == d.numel == 48
+    outside = sum(n for n, lo in zip(d.hist, (0.0,) + compare.HIST_EDGES) if lo >= 1.0)
+    assert outside == d.n_outside == 2
+    # the highest non-empty bin is the worst element's decade
+    assert max(i for i, n in enumerate(d.hist) if n) == sum(e < d.tol_ratio for e in compare.HIST_EDGES)

@@ -2,7 +2,8 @@
 (kept below, verbatim, as the oracle) on random and adversarial arrays.
 
 Documented precision (parity.compare.compare_arrays): max_abs, max_rel, tol_ratio, n_outside,
-frac_outside, the NaN/Inf counts, the worst element's sample and index, passed: bit for bit.
+frac_outside, hist, the NaN/Inf counts, the worst element's sample, index and values, passed: bit
+for bit.
 mean_abs, rel_l2 and cosine (sums added block by block, in another order): relative 1e-12."""
 
 from __future__ import annotations
@@ -19,12 +20,19 @@ from conftest import ROOT, env
 from parity import compare
 
 EXACT = ("max_abs", "max_rel", "tol_ratio", "n_outside", "frac_outside", "numel", "nan_actual", "inf_actual",
-         "nan_expected", "inf_expected", "worst_index", "worst_sample", "passed", "problem", "shape")
+         "nan_expected", "inf_expected", "worst_index", "worst_sample", "worst_actual", "worst_expected", "hist",
+         "passed", "problem", "shape")
 
 
-# ---- the oracle: parity/compare.py's compare_arrays/compare_layer before the fused compare ----
+# ---- the oracle: parity/compare.py's compare_arrays/compare_layer before the fused compare (as of
+# main 2115912, with the ratio histogram and the worst element's values) ----
 def _old_dot(x, y):
     return float(np.einsum("i,i->", x, y))
+
+
+def _old_ratio_histogram(ratio):
+    above = [int(np.count_nonzero(~(ratio <= e))) for e in compare.HIST_EDGES]
+    return [int(ratio.size) - above[0]] + [above[i] - above[i + 1] for i in range(len(above) - 1)] + [above[-1]]
 
 
 def old_compare_arrays(actual, expected, atol, rtol):
@@ -71,7 +79,7 @@ def old_compare_arrays(actual, expected, atol, rtol):
         max_rel=float(rel.max()) if rel.size else 0.0,
         rel_l2=(math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)),
         cosine=cosine, tol_ratio=float(ratio.max()) if ratio.size else 0.0, n_outside=n_out,
-        numel=int(a.size), sq_diff=sq_diff, sq_ref=sq_ref, worst_flat=worst,
+        numel=int(a.size), sq_diff=sq_diff, sq_ref=sq_ref, worst_flat=worst, hist=_old_ratio_histogram(ratio),
     )
     return out
 
@@ -94,6 +102,7 @@ def old_compare_layer(name, order, pairs, atol, rtol, tol_source, max_mismatch=0
             d.tol_ratio = m["tol_ratio"]
             d.worst_sample = sample
             d.worst_index = [int(i) for i in np.unravel_index(m["worst_flat"], expected.shape)] if expected.size else []
+        d.hist = [x + y for x, y in zip(d.hist or [0] * len(m["hist"]), m["hist"])]
         d.max_abs = max(d.max_abs, m["max_abs"])
         d.max_rel = max(d.max_rel, m["max_rel"])
         d.n_outside += m["n_outside"]
@@ -104,6 +113,10 @@ def old_compare_layer(name, order, pairs, atol, rtol, tol_source, max_mismatch=0
         sq_diff += m["sq_diff"]
         sq_ref += m["sq_ref"]
         cos.append(m["cosine"])
+    if d.numel:
+        _, actual, expected = next(p for p in pairs if p[0] == d.worst_sample)
+        d.worst_actual = float(actual[tuple(d.worst_index)])
+        d.worst_expected = float(expected[tuple(d.worst_index)])
     d.mean_abs = sum_abs / d.numel if d.numel else 0.0
     d.rel_l2 = math.sqrt(sq_diff / sq_ref) if sq_ref > 0 else (0.0 if sq_diff == 0 else math.inf)
     d.cosine = min(cos)

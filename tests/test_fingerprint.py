@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from html import escape
 
-from conftest import ROOT, env, make_repo, ran_stages
+from conftest import BIN, ROOT, env, make_repo, ran_stages
 
 from parity import fingerprint
 
@@ -103,3 +104,75 @@ def test_another_cpu_reruns_the_cpu_cells_not_the_inputs(tmp_path):
     assert "inputs@tiny_mlp" not in masked, masked
     fp = json.loads((r.path / "artifacts/env/provider-ort_cpu.json").read_text())
     assert fp["cpu"]["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def test_int8_kernel_features_of_the_two_cpus():
+    """What picks ONNX Runtime's int8 kernels, from the same function (and fixture) as the fingerprint:
+    the AVX2-only Xeon has no VNNI, the EPYC has AVX-512 VNNI; a CPU that cannot be read or is not
+    x86 has no answer (None), never a guess."""
+    assert fingerprint.int8_kernels(fingerprint.cpu_identity(AVX2)) == {"vnni": False, "flags": ["avx2", "sse4_1"]}
+    assert fingerprint.int8_kernels(fingerprint.cpu_identity(AVX512)) == {
+        "vnni": True, "flags": ["avx512_vnni", "avx512bw", "avx512f", "avx2", "sse4_1"]}
+    assert fingerprint.int8_kernels({"available": False, "reason": "cannot read x"})["vnni"] is None
+    arm = {"isa": ["asimd", "asimddp", "i8mm"], "env": {}}
+    assert fingerprint.int8_kernels(arm)["vnni"] is None
+
+
+def _int8_cell(r) -> tuple[dict, str, str]:
+    cell = "tiny_mlp-int8_dynamic-ort_int8"
+    status = json.loads((r.path / f"artifacts/capture/{cell}/status.json").read_text())
+    md = (r.path / "artifacts/report/report.md").read_text()
+    html = (r.path / "artifacts/report/report.html").read_text()
+    return status, md, html
+
+
+def test_int8_reduce_range_follows_the_cpu_and_forced_off_names_saturation(tmp_path):
+    """An int8 pipeline reproduced on a VNNI CPU, then on an AVX2-only one (recorded /proc/cpuinfo):
+    the ort_int8 fingerprints differ, so the int8 capture re-runs instead of being restored, and
+    `reduce_range: auto` resolves to false then true, in status.json and in the report. Then the user
+    forces `reduce_range: false` on the AVX2-only CPU: every failing layer's cause is int8 saturation,
+    with the CPU's int8 flags and the key that set it as evidence. (The kernels that run are this
+    machine's; a tight tolerance stands in for the saturated layers, so the test does not depend on
+    the CPU it runs on.)"""
+    cell = "tiny_mlp-int8_dynamic-ort_int8"
+    r = make_repo(tmp_path / "repo", dtypes=("int8_dynamic",), providers=("ort_int8",))
+    _repro(r, PARITY_CPUINFO=str(AVX512))
+    vnni_fp = (r.path / "artifacts/env/provider-ort_int8.json").read_bytes()
+    status, md, html = _int8_cell(r)
+    assert status["status"] == "OK" and status["settings"]["reduce_range"] is False
+    assert status["settings"]["cpu_vnni"] is True
+    want = "reduce_range=false (auto <providers.ort_int8.options.reduce_range=auto>: CPU with VNNI"
+    assert want in md and html.count(escape(want)) == 1
+
+    ran = _repro(r, PARITY_CPUINFO=str(AVX2))
+    assert f"capture@{cell}" in ran, ran
+    avx2_fp = (r.path / "artifacts/env/provider-ort_int8.json").read_bytes()
+    assert avx2_fp != vnni_fp
+    assert "avx512_vnni" in json.loads(vnni_fp)["cpu"]["isa"] and "avx512_vnni" not in json.loads(avx2_fp)["cpu"]["isa"]
+    status, md, html = _int8_cell(r)
+    assert status["settings"]["reduce_range"] is True and status["settings"]["saturation_risk"] is False
+    want = ("reduce_range=true (auto <providers.ort_int8.options.reduce_range=auto>: CPU without VNNI "
+            "(int8 flags: avx2, sse4_1))")
+    assert f"- `{cell}` settings: {want}" in md and escape(want) in html
+    assert "int8 saturation" not in md
+
+    r.edit("conf/providers/ort_int8.yaml", "reduce_range: auto", "reduce_range: false")
+    r.edit("conf/dtypes/int8_dynamic.yaml", "tol: {atol: 5.0e-2, rtol: 5.0e-2}", "tol: {atol: 1.0e-6, rtol: 1.0e-6}")
+    r.run([f"{BIN}/parity", "compose"])
+    _repro(r, PARITY_CPUINFO=str(AVX2))
+    status, md, html = _int8_cell(r)
+    assert status["settings"]["reduce_range"] is False and status["settings"]["saturation_risk"] is True
+    lj = json.loads((r.path / f"artifacts/diff/{cell}/layers.json").read_text())
+    failing = [d["name"] for d in lj["layers"] if not d["passed"]]
+    assert failing and sorted(lj["layer_causes"]) == sorted(failing)
+    cause = lj["layer_causes"]["fc1"]
+    assert cause["label"] == "int8_saturation"
+    assert cause["summary"].startswith("int8 saturation (CPU without VNNI, reduce_range off): ")
+    assert cause["evidence"]["cpu_int8_flags"] == ["avx2", "sse4_1"] and cause["evidence"]["reduce_range"] is False
+    assert "providers.ort_int8.options.reduce_range=false" in cause["evidence"]["reduce_range_from"]
+    assert cause["evidence"]["rel_l2"] > 0
+    m = json.loads((r.path / f"artifacts/diff/{cell}/metrics.json").read_text())
+    assert m["verdict"] == "FAIL" and m["drift_origin_cause"]["label"] == "int8_saturation"
+    assert lj["drift_origin_cause"]["evidence"]["numeric"]["label"]  # the numbers' own label, kept
+    assert md.count("int8 saturation (CPU without VNNI, reduce_range off)") >= len(failing)
+    assert "int8 saturation risk" in md and "int8 saturation (CPU without VNNI, reduce_range off)" in html

@@ -40,6 +40,24 @@ def test_compare_names_the_regressed_cell_and_gates_ci(two_commits):
     assert two_commits.run(["parity", "compare", "HEAD~1", "HEAD"]).returncode == 0
 
 
+def test_dvc_metrics_diff_says_which_cell_regressed(two_commits):
+    """Flow 3 with DVC alone: the summary (the one DVC metric) names each cell's verdict, worst
+    error ratio and drift origin, so `dvc metrics diff` shows what moved per cell; the cell's
+    details are its metrics.json, a target away."""
+    import json
+
+    d = json.loads(two_commits.run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--json"]).stdout)
+    s = d["artifacts/report/summary.json"]
+    assert s["tiny_mlp-fp16-ort_cpu.verdict"] == {"old": "PASS", "new": "FAIL"}
+    assert s["tiny_mlp-fp16-ort_cpu.origin"]["new"] == "fc1" and s["passed"]["diff"] == -1
+    worst = s["tiny_mlp-fp16-ort_cpu.worst"]  # error / tolerance; a zero tolerance makes it "inf"
+    assert worst["old"] <= 1 and (worst["new"] == "inf" or worst["new"] > 1), worst
+    assert not [k for k in s if k.startswith("tiny_mlp-fp32")]  # unchanged cells are not listed
+    path = "artifacts/diff/tiny_mlp-fp16-ort_cpu/metrics.json"
+    detail = json.loads(two_commits.run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--json", "--targets", path]).stdout)
+    assert detail[path]["verdict"] == {"old": "PASS", "new": "FAIL"} and "output.tol_ratio" in json.dumps(detail)
+
+
 def test_compare_with_no_change_says_so(two_commits):
     p = two_commits.run(["parity", "compare", "HEAD", "--fail-on-regression"])
     assert "nothing changed (2 cells, identical metrics)" in p.stdout

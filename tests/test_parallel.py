@@ -35,8 +35,6 @@ def metrics(root) -> dict:
     for f in sorted((root / "artifacts" / "diff").glob("*/metrics.json")):
         out[f.parent.name] = json.loads(f.read_text())
     summary = json.loads((root / "artifacts/report/summary.json").read_text())
-    for cell in summary.get("per_cell", {}).values():
-        cell.pop("latency_ratio", None)
     out["summary"] = summary
     return out
 

@@ -28,6 +28,13 @@ wins:
              share of the squared error, and each named channel's least-squares scale.
   unknown    none of the above: rel_l2, cosine, max_abs, and the best scale/offset fits tried.
 
+One cause comes from the cell's settings, not from the numbers: `int8_saturation(settings, ...)`, for
+the failing layers of an int8 cell whose capture recorded `saturation_risk` (status.json `settings`,
+parity.backends.ort_int8: u8 x s8 GEMMs with full-range weights, reduce_range off, on an x86 CPU
+without VNNI, where ONNX Runtime's kernels saturate int16 pair sums). Its summary starts with
+SATURATION, its evidence holds the CPU's int8 flags, the reduce_range setting and the key that set it,
+and the layer's numbers (plus the numeric label classify() gives, for the drift origin).
+
 A global scale or offset is tried before `channel` because it is the simpler explanation: one
 channel x1.1 out of 8 leaves a scale-fit residual near the original error, so `channel` wins there.
 Cost: a few passes over the data in float64 (about 10-20 ms for 802,816 elements).
@@ -43,7 +50,8 @@ import numpy as np
 
 from parity.compare import dot as _dot
 
-LABELS = ("overflow", "layout", "precision", "scale", "offset", "channel", "unknown")
+LABELS = ("overflow", "layout", "precision", "scale", "offset", "channel", "unknown", "int8_saturation")
+SATURATION = "int8 saturation (CPU without VNNI, reduce_range off)"
 
 LAYOUT_MAX_REL = 1e-3      # rel_l2 after the permutation (or the caller's limit, if larger)
 LAYOUT_GAIN = 100.0        # ... and this many times smaller than before
@@ -327,3 +335,24 @@ def _unknown(a, b, d, rel: float, f: dict) -> Cause:
 def _unknown_shape(a, b, why: str) -> Cause:
     return Cause("unknown", f"unknown: shape mismatch, actual {list(a.shape)} vs reference {list(b.shape)} ({why})",
                  {"actual_shape": list(a.shape), "expected_shape": list(b.shape), "problem": why})
+
+
+def int8_saturation(settings: dict | None, layer: dict, numeric: dict | None = None) -> Cause | None:
+    """The int8-saturation cause of a failing layer when the cell's `settings` (status.json) say its
+    GEMMs ran at saturation risk, else None. `layer`: the layer's metrics (name, rel_l2, tol_ratio,
+    max_abs); `numeric`: classify()'s cause of the same values (as_dict), kept as evidence."""
+    if not (settings or {}).get("saturation_risk"):
+        return None
+    flags = settings.get("cpu_int8_flags") or []
+    ev = {"cpu_vnni": settings.get("cpu_vnni"), "cpu_int8_flags": flags,
+          "reduce_range": settings.get("reduce_range"), "reduce_range_from": settings.get("reduce_range_from"),
+          "u8s8": settings.get("u8s8"),
+          **{k: layer.get(k) for k in ("rel_l2", "tol_ratio", "max_abs")},
+          "numeric": {k: numeric.get(k) for k in ("label", "summary")} if numeric else None,
+          "why": "without VNNI, u8 x s8 kernels add pairs of products in int16 with saturation "
+                 "(2 x 255 x 127 > 32767)",
+          "fix": "reduce_range: auto (or true): 7-bit weights cannot saturate the int16 pair sums"}
+    nums = ", ".join(f"{k} {layer[k]:.3g}" for k in ("rel_l2", "tol_ratio") if isinstance(layer.get(k), (int, float)))
+    return Cause("int8_saturation",
+                 f"{SATURATION}: u8 x s8 GEMMs, reduce_range {settings.get('reduce_range_from')}, CPU int8 "
+                 f"flags {', '.join(flags) or 'none'}{'; ' + nums if nums else ''}", ev)

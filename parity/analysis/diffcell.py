@@ -37,6 +37,7 @@ class CellDiff:
     summary: dict = field(default_factory=dict)
     mode: str = "tolerance"
     mode_reason: str = ""
+    layer_causes: dict = field(default_factory=dict)  # failing layer -> cause from the cell's settings
 
 
 def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
@@ -87,7 +88,26 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
     cd.summary = summarize(cd)
     if cd.summary.get("drift_origin"):
         cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
+    settings_causes(cd)
     return cd
+
+
+def settings_causes(cd: CellDiff) -> None:
+    """Causes that the capture's settings explain (causes.int8_saturation): every failing layer gets
+    one, and it replaces the drift origin's numeric cause (which stays in its evidence)."""
+    from parity.analysis import causes
+
+    settings = cd.status.get("settings")
+    origin = cd.summary.get("drift_origin")
+    for d in cd.layers:
+        if d.passed:
+            continue
+        numeric = cd.summary.get("drift_origin_cause") if d.name == origin else None
+        c = causes.int8_saturation(settings, d.as_dict(), numeric)
+        if c is not None:
+            cd.layer_causes[d.name] = c.as_dict()
+    if origin in cd.layer_causes:
+        cd.summary["drift_origin_cause"] = cd.layer_causes[origin]
 
 
 def _names(ref: dict, act: dict) -> list[str]:

@@ -86,12 +86,18 @@ class Runner:
 
     def __init__(self, job: CaptureJob):
         self.job = job
-        self.is_active = False
 
     @classmethod
     def availability(cls, job: CaptureJob) -> str | None:
         """None if this runner can run here, else the reason it cannot."""
         return None
+
+    @classmethod
+    def settings(cls, job: CaptureJob) -> dict:
+        """Settings this runner resolves for the cell from the machine it runs on (e.g. ort_int8's
+        `reduce_range: auto`), JSON-safe and deterministic: the capture writes them to status.json
+        and the report shows them. {} when none."""
+        return {}
 
     def activate(self) -> None:
         """Load/convert/build the model for this backend at job.dtype."""
@@ -164,7 +170,6 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     runner = cls(job)
     try:
         runner.activate()
-        runner.is_active = True
     except Unavailable as e:
         return CaptureResult("UNAVAILABLE", str(e))
     except CompileError as e:
@@ -200,7 +205,6 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
         return res
     finally:
         runner.deactivate()
-        runner.is_active = False
 
 
 def interleave(own: list, between: dict) -> list:

@@ -10,8 +10,20 @@ Graph inputs and outputs stay float32 (the quantizer puts DequantizeLinear befor
 which keeps its name), so every layer compares against the fp32 reference by the same name.
 The per-layer graph (layers.onnx) and the plain graph (model.onnx) are quantized separately with the
 same settings and calibration data; the plain graph's output is compared as `plain:output` too.
-Options: per_channel, reduce_range, weight_type / activation_type (QInt8 | QUInt8),
-calibrate_method (MinMax | Entropy | Percentile), plus the ORT options of ort_cpu. Never imports torch.
+Options: per_channel, reduce_range (auto | true | false), weight_type / activation_type (QInt8 |
+QUInt8), calibrate_method (MinMax | Entropy | Percentile), plus the ORT options of ort_cpu. Never
+imports torch.
+
+reduce_range (7-bit weights). On x86 CPUs without VNNI, ONNX Runtime's u8 x s8 GEMM kernels add pairs
+of products in int16 with saturation, so full-range int8 weights can saturate (measured on the
+runner-contract mlp under an AVX2-only CPU: fc1 rel_l2 0.28 instead of 0.008); 7-bit weights cannot,
+and then give the same integers as the VNNI kernels. `auto` (the default) resolves to true on an x86
+CPU without VNNI and false otherwise (parity.fingerprint.int8_kernels, which reads the same
+/proc/cpuinfo or $PARITY_CPUINFO fixture as the `cpu` fingerprint this provider's cells depend on).
+The resolved value, where it came from and the CPU's int8 features go to the capture's status.json
+(`settings`, see `settings()`). u8 x s8 is int8_dynamic (its activations are u8) and int8_static with
+activation_type QUInt8, both with weight_type QInt8; s8 x s8 static QDQ and u8 weights did not
+saturate there (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -20,9 +32,30 @@ import logging
 import tempfile
 from pathlib import Path
 
+from parity import fingerprint
 from parity.backends.ort_cpu import OrtRunner
 
 INT8_MODES = ("int8_dynamic", "int8_static")
+
+
+def int8_settings(provider: str, mode: str, opts: dict, kernels: dict) -> dict:
+    """The int8 settings a cell runs with (its status.json `settings`): reduce_range resolved from
+    `opts` (auto: true on an x86 CPU without VNNI) and the config key that decided it, the CPU's
+    int8 kernel features (fingerprint.int8_kernels), whether the GEMMs are u8 x s8, and
+    `saturation_risk`: u8 x s8 on a CPU without VNNI with full-range weights."""
+    want = opts.get("reduce_range", "auto")
+    key = f"<providers.{provider}.options.reduce_range={str(want).lower()}>"
+    vnni, flags = kernels.get("vnni"), kernels.get("flags") or []
+    cpu = (f"CPU {'with' if vnni else 'without'} VNNI (int8 flags: {', '.join(flags) or 'none'})"
+           if vnni is not None else f"VNNI unknown ({kernels.get('reason', 'CPU not read')})")
+    if want == "auto":
+        rr, why = vnni is False, f"auto {key}: {cpu}"
+    else:
+        rr, why = bool(want), f"set {key}"
+    u8s8 = opts.get("weight_type", "QInt8") == "QInt8" and (
+        mode == "int8_dynamic" or opts.get("activation_type", "QInt8") == "QUInt8")
+    return {"reduce_range": rr, "reduce_range_from": why, "cpu_vnni": vnni, "cpu_int8_flags": flags,
+            "u8s8": u8s8, "saturation_risk": bool(vnni is False and u8s8 and not rr)}
 
 
 def calibration_feeds(path) -> list[dict]:
@@ -66,6 +99,14 @@ class OrtInt8Runner(OrtRunner):
     def _opts(self) -> dict:
         return self.job.provider_cfg.get("options") or {}
 
+    @classmethod
+    def settings(cls, job) -> dict:
+        mode = job.dtype_cfg.get("mode", "cast")
+        if mode not in INT8_MODES:
+            return {}
+        return int8_settings(job.provider, mode, job.provider_cfg.get("options") or {},
+                             fingerprint.int8_kernels())
+
     def _prepare(self) -> None:
         """Check the precision mode and load the calibration samples (int8_static); once."""
         if getattr(self, "mode_", None):
@@ -81,6 +122,7 @@ class OrtInt8Runner(OrtRunner):
             self.calib = calibration_feeds(self.job.calibration)
             if not self.calib:
                 raise ValueError("int8_static: the calibration file has no samples (set inputs.calibration >= 1)")
+        self.settings_ = self.settings(self.job)
         self.mode_ = mode
 
     def activate(self) -> None:
@@ -110,7 +152,7 @@ class OrtInt8Runner(OrtRunner):
 
         o = self._opts()
         common = {"per_channel": bool(o.get("per_channel", False)),
-                  "reduce_range": bool(o.get("reduce_range", False)),
+                  "reduce_range": self.settings_["reduce_range"],
                   "weight_type": getattr(QuantType, o.get("weight_type", "QInt8")),
                   "nodes_to_exclude": sorted(exclude or [])}
         with tempfile.TemporaryDirectory(prefix="parity-int8-") as d:

@@ -28,7 +28,6 @@ import numpy as np
 from parity.backends.base import Runner, Unavailable
 from parity.io import write_bytes
 
-TRT_MODES = {"cast", "int8_static", "fp8"}
 PLAIN, LAYERS, BUILD = "plain.plan", "layers.plan", "build.json"
 
 

@@ -31,7 +31,6 @@ import torch
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float64": torch.float64}
-NP_OF = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
 class SkipCase(Exception):
