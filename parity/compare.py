@@ -96,6 +96,14 @@ def _work(rows: int, step: int) -> np.ndarray:
     return buf[:rows * step].reshape(rows, step)
 
 
+def _flags(n: int) -> np.ndarray:
+    """A bool work buffer of n elements, kept per thread (a fresh one per comparison was 2.5x slower)."""
+    buf = getattr(_WORK, "flags", None)
+    if buf is None or buf.size < n:
+        buf = _WORK.flags = np.empty(max(n, CHUNK), dtype=bool)
+    return buf[:n]
+
+
 class _Sample:
     """Running sums and extremes of one (actual, expected) pair, filled block by block. Every
     element-wise value is computed exactly as an unblocked float64 pass would; only the sums
@@ -121,10 +129,14 @@ class _Sample:
             i = int(np.argmax(r))  # its first index; rarely needed after the first blocks
             self.tol_ratio, self.worst = float(r[i]), offset + i
         over_one = None
+        flags = _flags(r.size)
         for k, e in enumerate(HIST_EDGES):
             if v == v and not v > e:
                 break  # no element above this edge, nor above the larger ones
-            n = int(np.count_nonzero(r > e)) if v == v else int(np.count_nonzero(~(r <= e)))
+            if v == v:
+                n = int(np.count_nonzero(np.greater(r, e, out=flags)))
+            else:  # NaN counts above every edge
+                n = r.size - int(np.count_nonzero(np.less_equal(r, e, out=flags)))
             self.above[k] += n
             if k == _ONE and v == v:
                 over_one = n
