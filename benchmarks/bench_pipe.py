@@ -1,0 +1,142 @@
+"""Pipeline-speed benchmarks (issue 13 items 1, 2, 4): medians of interleaved whole-process runs.
+
+  noop     no-op `dvc repro` vs `dvc status` in each --repo (after a full run there), interleaved
+           repo by repo (status, repro, status, repro, ...), one warm-up round discarded. Ratio per
+           round (repro_i / status_i of the same repo), then the median. Also says whether dvc.lock
+           changed (its sha256 before and after the runs).
+  capture  `python -m stages.capture` of one cell (command line as dvc.yaml writes it, outputs to a
+           temp dir) in each --repo, with capture.latency off and on (`--latency` flags it).
+  export   `python -m stages.export` + `python -m stages.reference` of one model (two processes, as
+           the pipeline runs them) with export.exporter dynamo vs legacy, outputs to a temp dir.
+
+The load average is recorded before and after. Nothing here asserts a timing.
+
+    python benchmarks/bench_pipe.py noop --repo /tmp/a --repo /tmp/b [--runs 5] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def sh(cmd: list[str], cwd: Path) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    dt = time.perf_counter() - t0
+    if r.returncode:
+        sys.exit(f"bench_pipe: {' '.join(cmd)} in {cwd} failed ({r.returncode}):\n{r.stdout[-3000:]}")
+    return dt
+
+
+def med(xs: list[float]) -> dict:
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3),
+            "runs": [round(x, 3) for x in xs]}
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:16] if p.exists() else "-"
+
+
+def noop(repos: list[Path], runs: int) -> dict:
+    res = {str(r): {"status": [], "repro": [], "ratio": [], "lock_before": sha(r / "dvc.lock")} for r in repos}
+    for i in range(runs + 1):
+        for r in repos:
+            s = sh(["dvc", "status"], r)
+            p = sh(["dvc", "repro"], r)
+            if i:  # round 0 warms the page cache and DVC's state db
+                d = res[str(r)]
+                d["status"].append(s)
+                d["repro"].append(p)
+                d["ratio"].append(p / s)
+    for r in repos:
+        d = res[str(r)]
+        d["lock_after"] = sha(r / "dvc.lock")
+        for k in ("status", "repro", "ratio"):
+            d[k] = med(d[k])
+    return res
+
+
+def capture(repos: list[Path], runs: int, cell: str) -> dict:
+    model, dtype, provider = cell.split("-")
+    res = {}
+    for i in range(runs + 1):
+        for r in repos:
+            for lat in (False, True):
+                with tempfile.TemporaryDirectory() as d:
+                    cmd = ["python", "-m", "stages.capture", "--model", model, "--dtype", dtype, "--provider",
+                           provider, "--model-dir", f"artifacts/models/{model}",
+                           "--inputs", f"artifacts/inputs/{model}.parquet",
+                           "--calibration", f"artifacts/inputs/{model}.calibration.parquet",
+                           "--reference", f"artifacts/reference/{model}/fp64.parquet",
+                           "--out", f"{d}/cap", "--timing", f"{d}/t.json"]
+                    if lat:
+                        cmd += ["--latency"]
+                    t = sh(cmd, r) if (lat or "--latency" in sh_help(r)) or not lat else None
+                if i and t is not None:
+                    res.setdefault(f"{r} latency={'on' if lat else 'off'}", []).append(t)
+    return {k: med(v) for k, v in res.items()}
+
+
+_HELP: dict = {}
+
+
+def sh_help(r: Path) -> str:
+    if r not in _HELP:
+        _HELP[r] = subprocess.run(["python", "-m", "stages.capture", "--help"], cwd=r, env=ENV,
+                                  capture_output=True, text=True).stdout
+    return _HELP[r]
+
+
+def export(repo: Path, runs: int, model: str) -> dict:
+    res: dict = {}
+    for i in range(runs + 1):
+        for exporter in ("dynamo", "legacy"):
+            with tempfile.TemporaryDirectory() as d:
+                params = Path(d) / "params.yaml"
+                text = (repo / "params.yaml").read_text()
+                params.write_text(text.replace("exporter: dynamo", f"exporter: {exporter}"))
+                t = sh(["python", "-m", "stages.export", "--params", str(params), "--model", model,
+                        "--out", f"{d}/m"], repo)
+            if i:
+                res.setdefault(exporter, []).append(t)
+    return {k: med(v) for k, v in res.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["noop", "capture", "export"])
+    ap.add_argument("--repo", action="append", type=Path, required=True)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cell", default="resnet18-fp32-ort_cpu")
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    load0 = os.getloadavg()
+    if a.what == "noop":
+        out = noop(a.repo, a.runs)
+    elif a.what == "capture":
+        out = capture(a.repo, a.runs, a.cell)
+    else:
+        out = export(a.repo[0], a.runs, a.model)
+    out = {"what": a.what, "runs": a.runs, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
+           "results": out}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
