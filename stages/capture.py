@@ -17,10 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config, store
-from parity.backends import CaptureJob, load_runner, run_capture
-from parity.backends.base import CaptureResult, latency_stats, write_own
-from parity.io import write_json
+from parity import config
 
 
 def main(argv=None) -> int:
@@ -34,6 +31,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    # numpy, pyarrow and the backends after the arguments: `--help` and a bad argument stay quick
+    from parity import store
+    from parity.backends import CaptureJob, load_runner, run_capture
+    from parity.backends.base import CaptureResult, latency_stats, write_own
+    from parity.io import write_json
     from stages.inputs import load
 
     cap = p.get("capture", {})

@@ -43,10 +43,25 @@ def test_first_repro_runs_every_stage_and_writes_results(repo):
     assert ops["opset"]["ai.onnx"] == 18 and ops["nodes"] > 0
 
 
-def test_second_repro_runs_only_the_env_probe(repo):
+def test_latency_is_opt_in(repo):
+    """capture.latency: false (the default): nothing is timed; the timing file and the report say so."""
+    art = repo.path / "artifacts"
+    latency = json.loads((art / "report" / "latency.json").read_text())
+    for c in CELLS:
+        t = json.loads((art / "timing" / f"{c}.json").read_text())
+        assert t["status"] == "OK" and t["latency"] is False and t["warmup"] == 0 and "median_ms" not in t
+        assert latency["per_cell"][c]["median_ms"] is None and latency["per_cell"][c]["latency_ratio"] is None
+
+
+def test_second_repro_runs_only_the_env_probe_and_leaves_the_lock_alone(repo):
+    lock = repo.path / "dvc.lock"
+    before = (lock.read_bytes(), lock.stat().st_mtime_ns)
     assert repo.repro() == [ENV]
+    # the env probe's own small lock takes its run; the pipeline's dvc.lock is not even rewritten
+    assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before
+    assert "env:" in (repo.path / "env" / "dvc.lock").read_text()
     # DVC lists an always_changed stage in `dvc status`; nothing else is stale
-    assert repo.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+    assert repo.run("dvc status").stdout.split() == [f"{ENV}:", "always", "changed"]
 
 
 def test_forced_rerun_is_byte_identical(repo):

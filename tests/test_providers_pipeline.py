@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ENV, env, make_repo, ran_stages
+from conftest import BIN, ENV, env, make_repo, ran_stages
 
 # ort_cpu (level all) is covered by test_pipeline.py; ort_cuda behaves as torch_cuda here (UNAVAILABLE)
 PROVIDERS = ("torch_cpu", "ort_cpu_noopt", "ort_int8", "torch_cuda", "trt")
@@ -23,7 +23,11 @@ HERE = {"torch_cpu", "ort_cpu_noopt", "ort_int8"}
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    r = make_repo(tmp_path_factory.mktemp("providers") / "repo", dtypes=DTYPES, providers=PROVIDERS)
+    r = make_repo(tmp_path_factory.mktemp("providers") / "repo", dtypes=DTYPES, providers=PROVIDERS,
+                  compose=False)
+    r.edit("conf/config.yaml", "latency: false", "latency: true")  # opt-in timing: checked below
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("latency on")
     r.ran = r.repro()
     return r
 
