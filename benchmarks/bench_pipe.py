@@ -5,7 +5,8 @@
            round (repro_i / status_i of the same repo), then the median. Also says whether dvc.lock
            changed (its sha256 before and after the runs).
   capture  `python -m stages.capture` of one cell (command line as dvc.yaml writes it, outputs to a
-           temp dir) in each --repo, with capture.latency off and on (`--latency` flags it).
+           temp dir) in each --repo with its own code and params (capture.latency per --latency;
+           code that predates the key always times), interleaved; ratio second repo / first.
   export   `python -m stages.export` + `python -m stages.reference` of one model (two processes, as
            the pipeline runs them) with export.exporter dynamo vs legacy, outputs to a temp dir.
 
@@ -67,39 +68,39 @@ def noop(repos: list[Path], runs: int) -> dict:
     return res
 
 
-def capture(repos: list[Path], runs: int, cell: str) -> dict:
+def capture(repos: list[Path], runs: int, cell: str, latency: str) -> dict:
+    """One cell's capture process per repo (its own code and params.yaml, capture.latency set to
+    `latency`: on/off; code without the key always times), interleaved repo by repo."""
     model, dtype, provider = cell.split("-")
-    res = {}
+    res: dict = {}
     for i in range(runs + 1):
         for r in repos:
-            for lat in (False, True):
-                with tempfile.TemporaryDirectory() as d:
-                    cmd = ["python", "-m", "stages.capture", "--model", model, "--dtype", dtype, "--provider",
-                           provider, "--model-dir", f"artifacts/models/{model}",
-                           "--inputs", f"artifacts/inputs/{model}.parquet",
-                           "--calibration", f"artifacts/inputs/{model}.calibration.parquet",
-                           "--reference", f"artifacts/reference/{model}/fp64.parquet",
-                           "--out", f"{d}/cap", "--timing", f"{d}/t.json"]
-                    if lat:
-                        cmd += ["--latency"]
-                    t = sh(cmd, r) if (lat or "--latency" in sh_help(r)) or not lat else None
-                if i and t is not None:
-                    res.setdefault(f"{r} latency={'on' if lat else 'off'}", []).append(t)
-    return {k: med(v) for k, v in res.items()}
-
-
-_HELP: dict = {}
-
-
-def sh_help(r: Path) -> str:
-    if r not in _HELP:
-        _HELP[r] = subprocess.run(["python", "-m", "stages.capture", "--help"], cwd=r, env=ENV,
-                                  capture_output=True, text=True).stdout
-    return _HELP[r]
+            with tempfile.TemporaryDirectory() as d:
+                params = Path(d) / "params.yaml"
+                text = (r / "params.yaml").read_text()
+                text = text.replace("latency: false", "latency: true") if latency == "on" else text
+                params.write_text(text)
+                t = sh(["python", "-m", "stages.capture", "--params", str(params), "--model", model,
+                        "--dtype", dtype, "--provider", provider, "--model-dir", f"artifacts/models/{model}",
+                        "--inputs", f"artifacts/inputs/{model}.parquet",
+                        "--calibration", f"artifacts/inputs/{model}.calibration.parquet",
+                        "--reference", f"artifacts/reference/{model}/fp64.parquet",
+                        "--out", f"{d}/cap", "--timing", f"{d}/t.json"], r)
+            if i:
+                res.setdefault(str(r), []).append(t)
+    out = {k: med(v) for k, v in res.items()}
+    if len(repos) == 2:
+        a, b = (res[str(r)] for r in repos)
+        out["ratio_second_to_first"] = med([y / x for x, y in zip(a, b)])
+    return out
 
 
 def export(repo: Path, runs: int, model: str) -> dict:
+    """stages.export of `model` with each exporter (the repo's params.yaml, export.exporter swapped;
+    dynamo's opset is kept, legacy's is the same number), interleaved; plus what each one's
+    layers.json holds (layer outputs, `regions`: the ops between leaves, from node metadata)."""
     res: dict = {}
+    info: dict = {}
     for i in range(runs + 1):
         for exporter in ("dynamo", "legacy"):
             with tempfile.TemporaryDirectory() as d:
@@ -108,9 +109,15 @@ def export(repo: Path, runs: int, model: str) -> dict:
                 params.write_text(text.replace("exporter: dynamo", f"exporter: {exporter}"))
                 t = sh(["python", "-m", "stages.export", "--params", str(params), "--model", model,
                         "--out", f"{d}/m"], repo)
+                lj = json.loads((Path(d) / "m" / "layers.json").read_text())
+                info[exporter] = {"layer_outputs": len(lj["layers"]), "regions": len(lj.get("regions") or {}),
+                                  "onnx_bytes": (Path(d) / "m" / "model.onnx").stat().st_size}
             if i:
                 res.setdefault(exporter, []).append(t)
-    return {k: med(v) for k, v in res.items()}
+    out = {k: med(v) for k, v in res.items()}
+    out["ratio_legacy_to_dynamo"] = med([b / a for a, b in zip(res["dynamo"], res["legacy"])])
+    out["layers_json"] = info
+    return out
 
 
 def main() -> int:
@@ -120,13 +127,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cell", default="resnet18-fp32-ort_cpu")
     ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--latency", choices=["on", "off"], default="off", help="capture: capture.latency")
     ap.add_argument("--json")
     a = ap.parse_args()
     load0 = os.getloadavg()
     if a.what == "noop":
         out = noop(a.repo, a.runs)
     elif a.what == "capture":
-        out = capture(a.repo, a.runs, a.cell)
+        out = capture(a.repo, a.runs, a.cell, a.latency)
     else:
         out = export(a.repo[0], a.runs, a.model)
     out = {"what": a.what, "runs": a.runs, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
