@@ -73,7 +73,7 @@ def test_parallel_equals_sequential(pair):
     assert metrics(par.path) == metrics(seq.path)
     s, p = tree_digest(seq.path / "artifacts"), tree_digest(par.path / "artifacts")
     assert {k for k in s if s[k] != p.get(k) and not k.startswith(("timing/", "report/"))} == set()
-    assert par.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+    assert par.run("dvc status").stdout.split() == [f"{ENV}:", "always", "changed"]
 
 
 def test_nothing_to_do_runs_no_cell(pair):
@@ -96,7 +96,7 @@ def test_filter_runs_only_selected_cells_and_leaves_the_report(pair):
     assert set(res.ran) == {ENV, "diff@tiny_mlp-fp16-torch_cpu"} and res.report_skipped, log
     res, log = prepro(par, 2)  # every cell is in: only the report is left
     assert res.returncode == 0 and res.cells_run == [] and set(res.ran) == {ENV, "report"}, log
-    assert par.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+    assert par.run("dvc status").stdout.split() == [f"{ENV}:", "always", "changed"]
 
 
 def test_unknown_filter_value_is_rejected(pair):

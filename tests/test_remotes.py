@@ -173,7 +173,7 @@ def share_and_restore(source, tmp_path: Path, kind: str, where) -> None:
     # the very same bytes: ONNX, Parquet captures, metrics, report, latency files
     src, dst = tree_digest(source.path / "artifacts"), tree_digest(clone / "artifacts")
     assert len(src) > 20 and src == dst, {k for k in src.keys() | dst.keys() if src.get(k) != dst.get(k)}
-    assert run(["dvc", "status"], clone).stdout.split() == ["env:", "always", "changed"]
+    assert run(["dvc", "status"], clone).stdout.split() == [f"{ENV}:", "always", "changed"]
     # history works in the clone: both revisions' metrics are read (HEAD~1's straight from the remote)
     diff = json.loads(run(["dvc", "metrics", "diff", "HEAD~1", "--json"], clone).stdout)
     changed = {k for k, v in diff.items() if v}
