@@ -68,16 +68,17 @@ def noop(repos: list[Path], runs: int) -> dict:
     return res
 
 
-def capture(repos: list[Path], runs: int, cell: str, latency: str) -> dict:
-    """One cell's capture process per repo (its own code and params.yaml, capture.latency set to
-    `latency`: on/off; code without the key always times), interleaved repo by repo."""
+def capture(repos: list[Path], runs: int, cell: str, latency: str, params_files: list[Path] | None) -> dict:
+    """One cell's capture process per repo (its own code and params.yaml, or the --params file given
+    for it; capture.latency set to `latency`: on/off; code without the key always times),
+    interleaved repo by repo."""
     model, dtype, provider = cell.split("-")
     res: dict = {}
     for i in range(runs + 1):
-        for r in repos:
+        for j, r in enumerate(repos):
             with tempfile.TemporaryDirectory() as d:
                 params = Path(d) / "params.yaml"
-                text = (r / "params.yaml").read_text()
+                text = (params_files[j] if params_files else r / "params.yaml").read_text()
                 text = text.replace("latency: false", "latency: true") if latency == "on" else text
                 params.write_text(text)
                 t = sh(["python", "-m", "stages.capture", "--params", str(params), "--model", model,
@@ -128,13 +129,14 @@ def main() -> int:
     ap.add_argument("--cell", default="resnet18-fp32-ort_cpu")
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--latency", choices=["on", "off"], default="off", help="capture: capture.latency")
+    ap.add_argument("--params", action="append", type=Path, help="capture: a params file per --repo")
     ap.add_argument("--json")
     a = ap.parse_args()
     load0 = os.getloadavg()
     if a.what == "noop":
         out = noop(a.repo, a.runs)
     elif a.what == "capture":
-        out = capture(a.repo, a.runs, a.cell, a.latency)
+        out = capture(a.repo, a.runs, a.cell, a.latency, a.params)
     else:
         out = export(a.repo[0], a.runs, a.model)
     out = {"what": a.what, "runs": a.runs, "loadavg_before": load0, "loadavg_after": os.getloadavg(),
