@@ -7,6 +7,9 @@
   capture  `python -m stages.capture` of one cell (command line as dvc.yaml writes it, outputs to a
            temp dir) in each --repo with its own code and params (capture.latency per --latency;
            code that predates the key always times), interleaved; ratio second repo / first.
+  store    in process: parity.store.write vs the earlier write (each tensor's bytes copied into a
+           Python `bytes`, then again into Arrow's column) of the same tensors: --parquet's tensors
+           if given, else 2 x 60 float32 tensors of resnet18's layer sizes. Page cache, tmpfs-like.
   export   `python -m stages.export` + `python -m stages.reference` of one model (two processes, as
            the pipeline runs them) with export.exporter dynamo vs legacy, outputs to a temp dir.
 
@@ -121,10 +124,60 @@ def export(repo: Path, runs: int, model: str) -> dict:
     return out
 
 
+def _copying_write(path, tensors, metadata):
+    """store.write before this change (two copies per tensor), for the comparison."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from parity import store
+
+    cols = {k: [] for k in store.SCHEMA.names}
+    for t in tensors:
+        a = np.ascontiguousarray(t.array)
+        for k, v in zip(store.SCHEMA.names, (t.sample, t.name, t.order, a.dtype.str.lstrip("<|="),
+                                             list(a.shape), a.tobytes())):
+            cols[k].append(v)
+    pq.write_table(pa.table(cols, schema=store.SCHEMA.with_metadata(metadata)), path, compression="none",
+                   use_dictionary=False, write_statistics=False, store_schema=True)
+
+
+def store_bench(runs: int, parquet: Path | None) -> dict:
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from parity import store
+
+    if parquet:
+        ts = [store.Tensor(t.sample, t.name, t.order, np.array(t.array)) for t in store.read(parquet)]
+    else:
+        rng = np.random.default_rng(0)
+        shapes = [(1, 64, 112, 112)] * 4 + [(1, 64, 56, 56)] * 20 + [(1, 128, 28, 28)] * 14 + \
+                 [(1, 256, 14, 14)] * 12 + [(1, 512, 7, 7)] * 9 + [(1, 1000)]
+        ts = [store.Tensor(s, f"l{i}", i, rng.standard_normal(sh, dtype=np.float32))
+              for s in range(2) for i, sh in enumerate(shapes)]
+    mb = sum(t.array.nbytes for t in ts) / 1e6
+    res: dict = {"new": [], "copying": []}
+    with tempfile.TemporaryDirectory() as d:
+        for i in range(runs + 1):
+            for side in ("copying", "new"):
+                t0 = time.perf_counter()
+                (store.write if side == "new" else _copying_write)(Path(d) / f"{side}.parquet", ts, {})
+                if i:
+                    res[side].append(time.perf_counter() - t0)
+        same = (Path(d) / "new.parquet").read_bytes() == (Path(d) / "copying.parquet").read_bytes()
+    out = {k: med(v) for k, v in res.items()}
+    out["ratio_new_to_copying"] = med([b / a for a, b in zip(res["copying"], res["new"])])
+    out["MB"] = round(mb, 1)
+    out["same_bytes"] = same
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["noop", "capture", "export"])
-    ap.add_argument("--repo", action="append", type=Path, required=True)
+    ap.add_argument("what", choices=["noop", "capture", "export", "store"])
+    ap.add_argument("--repo", action="append", type=Path, default=[])
+    ap.add_argument("--parquet", type=Path, help="store: a tensor file to write again")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cell", default="resnet18-fp32-ort_cpu")
     ap.add_argument("--model", default="resnet18")
@@ -135,6 +188,8 @@ def main() -> int:
     load0 = os.getloadavg()
     if a.what == "noop":
         out = noop(a.repo, a.runs)
+    elif a.what == "store":
+        out = store_bench(a.runs, a.parquet)
     elif a.what == "capture":
         out = capture(a.repo, a.runs, a.cell, a.latency, a.params)
     else:
