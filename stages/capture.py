@@ -8,8 +8,9 @@ own.parquet: per sample `<leaf>` (the leaf run on the reference's input to it) a
 Latency (median/p90 of the plain graph after warm-up) is measured only with capture.latency: true
 (opt-in: a validation run and a re-run pay nothing for timing). It goes to --timing, apart from the
 values, because it is the one non-deterministic result: the diff stage does not read it, so timing
-noise never re-runs a diff. With latency off, --timing says so (no median_ms; the report shows none). A failing cell is a result (status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE /
-UNSUPPORTED), not a failed stage.
+noise never re-runs a diff. With latency off, --timing says so (no median_ms; the report shows none).
+A failing cell is a result (status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE / UNSUPPORTED), not a
+failed stage.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main(argv=None) -> int:
     from stages.inputs import load
 
     cap = p.get("capture", {})
+    timed = bool(cap.get("latency", False))  # capture.latency: opt-in
     pc = p["providers"][a.provider]
     job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype,
                      dtype_cfg=p["dtypes"][a.dtype], provider=a.provider, provider_cfg=pc,
@@ -53,7 +55,6 @@ def main(argv=None) -> int:
     except ValueError as e:
         res = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>")
     else:
-        timed = bool(cap.get("latency", False))
         res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0) if timed else 0,
                           cap.get("repeats", 1) if timed else 0)
     rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
         status["engine"] = {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from",
                                               "fused_away_in_plain", "precision") if k in b}
     write_json(out / "status.json", status)
-    write_json(a.timing, {"cell": key, "status": res.status, "latency": bool(cap.get("latency", False)),
+    write_json(a.timing, {"cell": key, "status": res.status, "latency": timed,
                           "warmup": res.warmup, **latency_stats(res.latency_ms)})
     lat = latency_stats(res.latency_ms)
     extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
