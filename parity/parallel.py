@@ -3,7 +3,7 @@
   1. shared upstream  one `dvc repro -k <targets>`: every stage the selected cells depend on that is
                       not itself a stage of a selected cell (env, inputs@m, export@m, reference@m,
                       engine@m-d, ...). Sequential, in one process, so DVC handles the cascade and the
-                      always_changed `env` probe runs exactly once, as in a plain `dvc repro`.
+                      always_changed env probe (env/dvc.yaml:env) runs exactly once, as in a plain `dvc repro`.
   2. cells            `dvc status` picks the cells with a stale stage; each runs as
                       `dvc --wait-for-lock repro -s <its stages, in order>` (capture@cell diff@cell),
                       up to `jobs` at once, slowest (by last measured latency) first, each with its
@@ -193,6 +193,14 @@ def _select(params: dict, kind: str, wanted: Sequence[str]) -> list[str]:
     return [h for h in have if not wanted or h in wanted]
 
 
+def _address(stage, root: Path) -> str:
+    name = getattr(stage, "name", None)
+    if not name:
+        return stage.addressing
+    dvcfile = Path(stage.path).resolve()
+    return name if dvcfile == root / "dvc.yaml" else f"{dvcfile.relative_to(root).as_posix()}:{name}"
+
+
 def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Sequence[str] = (),
          dtypes: Sequence[str] = (), params: str = "params.yaml") -> Plan:
     """Which stages run where, from params.yaml (cells) and DVC's stage graph (everything else)."""
@@ -208,8 +216,10 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
     with warnings.catch_warnings(), Repo(str(root)) as repo:
         warnings.simplefilter("ignore", DeprecationWarning)  # dvc 3.67's trie lookups warn
         g = repo.index.graph  # edge: stage -> a stage it depends on
-        # dvc.yaml stage names ("export@mlp"); addressing would be relative to the cwd
-        graph = nx.relabel_nodes(g, {s: getattr(s, "name", None) or s.addressing for s in g.nodes})
+        # stage names as `dvc repro` / `dvc status` take and print them from the repo root: a stage
+        # of ./dvc.yaml by its name ("export@mlp"), one of another dvc.yaml by its path and name
+        # ("env/dvc.yaml:env"); s.addressing would be relative to this process's cwd
+        graph = nx.relabel_nodes(g, {s: _address(s, root) for s in g.nodes})
     order = list(reversed(list(nx.topological_sort(graph))))  # dependencies first
     pos = {s: i for i, s in enumerate(order)}
     of_cell = {s: s.split("@", 1)[1] for s in graph if "@" in s and s.split("@", 1)[1] in all_cells}

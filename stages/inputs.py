@@ -8,15 +8,21 @@ different seed sequence, so a model is never calibrated on the samples it is eva
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-import numpy as np
+from parity import config
 
-from parity import config, store
+if TYPE_CHECKING:
+    import numpy as np
+# numpy and the Parquet store (pyarrow) are imported where they are used: `--help` and a bad argument
+# stay quick, and importing this module (stages.capture/export do, for load/samples) costs nothing extra.
 
 CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct from evaluated samples)
 
 
 def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool = False) -> np.ndarray:
+    import numpy as np
+
     rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
     shape, dtype, init = tuple(spec["shape"]), np.dtype(spec.get("dtype", "float32")), spec.get("init", "normal")
     if init == "normal":
@@ -46,6 +52,8 @@ def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
 
 
 def load(path) -> list[dict[str, np.ndarray]]:
+    from parity import store
+
     by_sample: dict[int, dict[str, np.ndarray]] = {}
     for t in store.read(path):
         by_sample.setdefault(t.sample, {})[t.name] = t.array
@@ -59,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", help="also write the INT8 calibration samples (inputs.calibration) here")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    from parity import store
+
     specs = p["models"][a.model]["input"]
     rows = [store.Tensor(k, s["name"], i, arr[s["name"]])
             for k, arr in enumerate(samples(p, a.model)) for i, s in enumerate(specs)]
