@@ -179,3 +179,18 @@ def worst_values(files: CellFiles, rows: list[dict]) -> None:
         r["actual"], r["expected"] = a, e
         if r.get("atol") is not None and r.get("rtol") is not None:
             r["allowed"] = float(r["atol"]) + float(r["rtol"]) * abs(e)
+
+
+# ---- an experiment's metrics files ({path: data}, as `dvc metrics show` / `dvc exp show` give) ---
+
+
+def experiment_cells(metrics: dict[str, dict]) -> dict[str, dict]:
+    """{cell: its metrics} of one revision: each diff stage's metrics file (a file with a verdict,
+    named by its folder, the cell), else the report summary's per-cell entries."""
+    cells = {Path(p).parent.name: d for p, d in metrics.items() if isinstance(d, dict) and "verdict" in d}
+    if cells:
+        return cells
+    for d in metrics.values():
+        if isinstance(d, dict) and isinstance(d.get("per_cell"), dict):
+            return {c: (m if isinstance(m, dict) else {"verdict": m}) for c, m in d["per_cell"].items()}
+    return {}
