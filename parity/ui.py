@@ -58,8 +58,21 @@ def _escape(s: str) -> str:
     return escape(s)
 
 
+def _finite(obj):
+    """Non-finite floats as the strings the metrics files use ("inf", "-inf", "nan"): JSON has none."""
+    if isinstance(obj, float) and obj != obj:
+        return "nan"
+    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
+        return "inf" if obj > 0 else "-inf"
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def dump_json(obj, out: TextIO = sys.stdout) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False, default=str), file=out)
+    print(json.dumps(_finite(obj), indent=2, sort_keys=True, allow_nan=False, default=str), file=out)
 
 
 def num(v) -> str:
