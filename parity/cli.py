@@ -101,6 +101,10 @@ def _sweep(args) -> int:
     except (RuntimeError, ValueError) as e:
         print(f"parity sweep: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("parity sweep: stopped watching; queued experiments keep running in DVC's queue "
+              "(`dvc queue status`, `dvc queue kill NAME`, `dvc exp show`)", file=sys.stderr)
+        return 130
 
 
 def _show(args) -> int:
