@@ -16,7 +16,7 @@ bad combination fails the sweep with its config error and nothing queued.
 Progress (stderr) polls DVC's queue in-process every `poll` seconds (Repo.experiments.celery_queue:
 what `dvc queue status` prints): each cell's verdict as its diff stage writes it in a running
 experiment's workspace, each experiment's counts when it finishes, and on a plain (non-terminal)
-stderr a status line at least every 5 s while nothing else happens. `dvc queue start` runs with
+stderr a status line every 4-6 s (4 s + one poll) while nothing else happens. `dvc queue start` runs with
 its output in a file, not a pipe: the queue worker it forks inherits the output, and a pipe would
 keep the parent waiting until every experiment had run.
 """
@@ -263,7 +263,7 @@ def sweep(overrides: list[str], jobs: int = 1, cwd: str = ".", poll: float = 2.0
     combos = expand(overrides)
     keys = keys_of(overrides)
     check_all(combos, cwd)
-    prog = Progress(len(combos), err, "parity sweep")
+    prog = Progress(len(combos), err, "parity sweep", every=4.0)
     try:
         prog.line(f"parity sweep: {len(combos)} experiments over {', '.join(keys)} with {jobs} worker(s)")
         names, by_name, first = [], {}, {}
