@@ -318,7 +318,7 @@ def _finish(names, by_name, keys, ended, rows, as_json, out, err) -> int:
                       ", ".join(f"{o} ({c})" if c > 1 else o for o, c in e["drift_origins"].items()) or "-"]
                      for e in exps], out)
     tot = {k: sum(e[k] or 0 for e in exps) for k in ("passed", "failed", "not_run")}
-    print(f"parity sweep: {len(exps) - len(failed)}/{len(exps)} experiments ran: {tot['passed']} cells passed, "
+    print(f"parity sweep: {len(exps) - len(failed)}/{len(exps)} done: {tot['passed']} cells passed, "
           f"{tot['failed']} failed, {tot['not_run']} not run", file=err)
     if failed:
         print(f"parity sweep: experiments that did not finish: {', '.join(failed)} "

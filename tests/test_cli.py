@@ -87,7 +87,7 @@ def test_sweep_over_two_model_lists_runs_two_experiments(tmp_path):
     # progress on stderr: each experiment's result as it finishes, then the summary line
     for e in exps:
         assert f"{e['name']} ({e['overrides'][0]}) done: 1 passed, 0 failed, 0 not run" in p.stderr, p.stderr
-    assert "2/2 experiments ran: 2 cells passed" in p.stderr
+    assert "2/2 done: 2 cells passed" in p.stderr
     assert "\x1b[" not in p.stderr
     # the queue holds both, finished
     q = r.run(["dvc", "queue", "status"]).stdout
