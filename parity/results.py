@@ -21,7 +21,7 @@ def verdict(m: dict) -> str | None:
 
 
 def drift_origin(m: dict) -> str | None:
-    return m.get("drift_origin")
+    return m.get("drift_origin") or m.get("origin")  # a cell's metrics.json / its summary entry
 
 
 def drift_where(m: dict) -> str | None:
@@ -186,11 +186,18 @@ def worst_values(files: CellFiles, rows: list[dict]) -> None:
 
 def experiment_cells(metrics: dict[str, dict]) -> dict[str, dict]:
     """{cell: its metrics} of one revision: each diff stage's metrics file (a file with a verdict,
-    named by its folder, the cell), else the report summary's per-cell entries."""
+    named by its folder, the cell); else the report summary's cell entries, in either layout
+    (`per_cell: {cell: {...}}`, or cells as top-level keys `model-dtype-provider: {verdict, ...}`
+    beside the totals)."""
     cells = {Path(p).parent.name: d for p, d in metrics.items() if isinstance(d, dict) and "verdict" in d}
     if cells:
         return cells
     for d in metrics.values():
-        if isinstance(d, dict) and isinstance(d.get("per_cell"), dict):
+        if not isinstance(d, dict):
+            continue
+        if isinstance(d.get("per_cell"), dict):
             return {c: (m if isinstance(m, dict) else {"verdict": m}) for c, m in d["per_cell"].items()}
+        top = {k: v for k, v in d.items() if "-" in k and isinstance(v, dict) and "verdict" in v}
+        if top:
+            return top
     return {}
