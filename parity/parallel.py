@@ -214,7 +214,9 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
         # dvc.yaml stage names ("export@mlp"); addressing would be relative to the cwd
         names = {s: getattr(s, "name", None) or s.addressing for s in g.nodes}
         graph = nx.relabel_nodes(g, names)
-        metric_files = {names[s]: [str(o.fs_path) for o in s.outs if getattr(o, "metric", False)] for s in g.nodes}
+        # a cell's verdict file: a `metrics:` out, or a plain out named metrics.json (parity.results)
+        metric_files = {names[s]: [str(o.fs_path) for o in s.outs if getattr(o, "metric", False)
+                                   or Path(str(o.fs_path)).name == "metrics.json"] for s in g.nodes}
     order = list(reversed(list(nx.topological_sort(graph))))  # dependencies first
     pos = {s: i for i, s in enumerate(order)}
     of_cell = {s: s.split("@", 1)[1] for s in graph if "@" in s and s.split("@", 1)[1] in all_cells}
