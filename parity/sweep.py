@@ -283,6 +283,7 @@ def sweep(overrides: list[str], jobs: int = 1, cwd: str = ".", poll: float = 2.0
                 raise RuntimeError(f"could not read the queued experiment's name from:\n{log}")
             names.append(m.group(1))
             by_name[m.group(1)] = combo
+            prog.line(f"parity sweep: queued {m.group(1)} ({' '.join(combo)})")
         if rest:
             _dvc_detached(["queue", "start", "-j", str(jobs)], cwd)
         ended = _watch(q, names, by_name, prog, poll, first)
