@@ -84,8 +84,9 @@ def test_sweep_over_two_model_lists_runs_two_experiments(tmp_path):
     assert [e["overrides"] for e in exps] == [["models=[tiny_mlp]"], ["models=[tiny_mlp2]"]]
     assert [e["cells"] for e in exps] == [{"tiny_mlp-fp32-ort_cpu": "PASS"}, {"tiny_mlp2-fp32-ort_cpu": "PASS"}]
     assert all(e["status"] == "Success" for e in exps)
-    # progress on stderr: each experiment's result as it finishes, then the summary line
+    # progress on stderr: each experiment as it is queued, its result as it finishes, then the totals
     for e in exps:
+        assert f"queued {e['name']} ({e['overrides'][0]})" in p.stderr, p.stderr
         assert f"{e['name']} ({e['overrides'][0]}) done: 1 passed, 0 failed, 0 not run" in p.stderr, p.stderr
     assert "2/2 done: 2 cells passed" in p.stderr
     assert "\x1b[" not in p.stderr
