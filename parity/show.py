@@ -29,7 +29,12 @@ class ShowError(RuntimeError):
 
 def collect(cell: str, root: str = ".", all_layers: bool = False) -> dict:
     """The cell's view as a dict (the --json document; docs/cli-json.md "show")."""
-    files = results.cell_files(root)
+    from dvc.exceptions import DvcException
+
+    try:
+        files = results.cell_files(root)
+    except DvcException as e:  # not a DVC repository, a broken dvc.yaml
+        raise ShowError(str(e).strip().splitlines()[0]) from None
     if cell not in files:
         raise ShowError(f"unknown cell {cell!r}: dvc.yaml's diff stages (params.yaml) have "
                         f"{', '.join(sorted(files)) or 'none'}")
