@@ -37,7 +37,7 @@ from parity import results
 from parity.ui import Progress, dump_json, num, table
 
 DONE = ("Success", "Failed")
-STARTUP_S = 60.0  # no experiment running after this long: say the queue may have no worker
+STARTUP_S = 60.0  # how often (s) to ask whether a queue worker is alive while experiments wait
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -150,6 +150,12 @@ class Queue:
                     pass
         return st, where
 
+    def workers(self) -> int:
+        """Live queue workers (a celery broadcast: ~1 s, so asked rarely)."""
+        with warnings.catch_warnings(), self._repo() as repo:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return len(repo.experiments.celery_queue.worker_status())
+
     def live_verdicts(self, workspace: str) -> dict[str, str | None]:
         """{cell: verdict or None (not diffed yet)} in a running experiment's workspace."""
         if workspace not in self._files:
@@ -223,6 +229,7 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
     """Poll the queue until every experiment is done; print cell verdicts and experiment results as
     they come. Returns {name: final status}."""
     t0, seen, ended, warned = time.monotonic(), {}, dict.fromkeys(first, "Success"), False
+    checked = t0
     for n, row in first.items():
         prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {_counts(row)}", advance=1)
     while True:
@@ -250,10 +257,14 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
             status += f"; {n}: {len(cells)} cell(s) diffed"
         if len(ended) == len(names):
             return ended
-        if not running and not ended and not warned and time.monotonic() - t0 > STARTUP_S:
-            warned = True
-            prog.line(f"parity sweep: no experiment started in {STARTUP_S:.0f}s: is a queue worker running? "
-                      "(`dvc queue status`; `dvc queue start` starts one)")
+        if not warned and time.monotonic() - checked > STARTUP_S:
+            checked = time.monotonic()
+            if q.workers() == 0:  # e.g. `queue start` met the last sweep's worker as it shut down
+                warned = True
+                waiting = [n for n in names if n not in ended]
+                prog.line(f"parity sweep: no DVC queue worker is alive while {', '.join(waiting)} wait(s): "
+                          f"`dvc queue start -j N` starts one; a task shown Running without a worker needs "
+                          f"`dvc queue kill NAME` and a new sweep")
         prog.heartbeat(status)
         time.sleep(poll)
 
