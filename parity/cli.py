@@ -5,15 +5,23 @@
                                             does (same DVC function, same Hydra plugin), then validate
   parity compare REV_A [REV_B]             per-cell verdict/metric changes between revisions
                                             (REV_B defaults to the workspace)
-  parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination, a compact table
+  parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination (DVC's Hydra sweep
+                                            grammar), live progress, a compact table
   parity exp [--md] [-n N] [--all-params]  dvc exp show narrowed to what differs (parity/expview.py)
   parity repro -j N [--provider P ...]     dvc repro with N cells at once (shared stages first)
+  parity show CELL                         one cell: verdict, drift origin, failing layers with
+                                            mismatch counts and worst elements
+  parity list models|dtypes|providers|suites   the options of a conf/ group
   parity suite list|validate SUITE ...     expand an op/module suite (conf/suites) without running it
+  parity completion bash|zsh               a shell completion script (shtab)
+
+--json (check, compare, sweep, show, list) prints one JSON document on stdout: docs/cli-json.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +32,17 @@ def _check(args) -> int:
     try:
         p = config.load(args.params)
     except config.ConfigError as e:
+        if args.json:
+            from parity.ui import dump_json
+
+            dump_json({"params": args.params, "ok": False, "error": str(e)})
         config.die(e)
+    if args.json:
+        from parity.ui import dump_json
+
+        dump_json({"params": args.params, "ok": True, "models": list(p["models"]), "dtypes": list(p["dtypes"]),
+                   "providers": list(p["providers"]), "cells": len(config.cells(p))})
+        return 0
     print(f"parity: {args.params} OK: {config.summary_line(p)}")
     return 0
 
@@ -69,11 +87,12 @@ def _compare(args) -> int:
     from parity.history import compare
 
     try:
-        rc = compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression)
+        rc = compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression,
+                     as_json=args.json, providers=args.provider, models=args.model)
         if args.html:
             from parity.report_compare import write_page
 
-            print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}")
+            print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}", file=sys.stderr)
         return rc
     except RuntimeError as e:
         print(f"parity compare: {e}", file=sys.stderr)
@@ -84,23 +103,66 @@ def _sweep(args) -> int:
     from parity.sweep import sweep
 
     try:
-        return sweep(args.override, jobs=args.jobs)
+        return sweep(args.override, jobs=args.jobs, as_json=args.json)
     except (RuntimeError, ValueError) as e:
         print(f"parity sweep: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("parity sweep: stopped watching; queued experiments keep running in DVC's queue "
+              "(`dvc queue status`, `dvc queue kill NAME`, `dvc exp show`)", file=sys.stderr)
+        return 130
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["suite"]:  # its own parser (parity.suites.cli): list / validate
-        from parity.suites.cli import main as suite_main
+def _show(args) -> int:
+    from parity.show import ShowError, show
 
-        return suite_main(argv[1:])
+    try:
+        return show(args.cell, as_json=args.json, all_layers=args.all)
+    except ShowError as e:
+        print(f"parity show: {e}", file=sys.stderr)
+        return 2
+
+
+def _list(args) -> int:
+    from parity.listing import ListError, show
+
+    try:
+        return show(args.group, args.root, as_json=args.json)
+    except ListError as e:
+        print(f"parity list: {e}", file=sys.stderr)
+        return 2
+
+
+def _completion(args) -> int:
+    import shtab
+
+    print(shtab.complete(parser(), shell=args.shell))
+    return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("parity")
+    except PackageNotFoundError:
+        from parity import __version__
+
+        return __version__
+
+
+def _json_flag(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--json", action="store_true", help="one JSON document on stdout (docs/cli-json.md)")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap.add_argument("--version", action="version", version=f"parity {_version()}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     c = sub.add_parser("check", help="validate params.yaml")
     c.add_argument("--params", default="params.yaml")
+    _json_flag(c)
     c.set_defaults(fn=_check)
     c = sub.add_parser("compose", help="compose conf/ into params.yaml (as dvc exp run does)")
     c.add_argument("-S", "--set", dest="override", action="append", default=[],
@@ -115,6 +177,9 @@ def main(argv=None) -> int:
     c.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 if a cell passed in REV_A and does not in REV_B")
     c.add_argument("--html", metavar="OUT", help="also write a page with both revisions' per-layer curves per cell")
+    c.add_argument("--provider", action="append", default=[], metavar="P", help="only cells of provider P (repeatable)")
+    c.add_argument("--model", action="append", default=[], metavar="M", help="only cells of model M (repeatable)")
+    _json_flag(c)
     c.set_defaults(fn=_compare)
     from parity import parallel
 
@@ -122,7 +187,18 @@ def main(argv=None) -> int:
                        description=parallel.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parallel.add_arguments(c)
     c.set_defaults(fn=parallel.run_from_args)
-    sub.add_parser("suite", help="list|validate SUITE ...: expand an op/module suite without running it")
+    c = sub.add_parser("show", help="one cell: verdict, drift origin, failing layers and their worst elements")
+    c.add_argument("cell", help="model-dtype-provider, e.g. resnet18-fp16-ort_cpu")
+    c.add_argument("--all", action="store_true", help="every layer outside atol/rtol, not only the worst 10")
+    _json_flag(c)
+    c.set_defaults(fn=_show)
+    c = sub.add_parser("list", help="the options of a conf/ group (* = selected in params.yaml)")
+    c.add_argument("group", choices=["models", "dtypes", "providers", "suites"])
+    c.add_argument("--root", default=".", help="the project root (default: .)")
+    _json_flag(c)
+    c.set_defaults(fn=_list)
+    sub.add_parser("suite", help="list|validate SUITE ...: expand an op/module suite without running it",
+                   add_help=False)
     from parity import expview
 
     c = sub.add_parser("exp", help="dvc exp show narrowed: differing params, totals, one verdict per cell",
@@ -130,11 +206,37 @@ def main(argv=None) -> int:
     expview.add_arguments(c)
     c.set_defaults(fn=expview.run_from_args)
     c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
-    c.add_argument("override", nargs="+", help="Hydra overrides; comma lists are swept, e.g. 'dtypes=fp32,fp16'")
+    c.add_argument("override", nargs="+",
+                   help="Hydra overrides in DVC's sweep grammar, e.g. 'dtypes=fp32,fp16' 'models=[mlp],[resnet18]'")
     c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")
+    _json_flag(c)
     c.set_defaults(fn=_sweep)
-    args = ap.parse_args(argv)
+    c = sub.add_parser("completion", help="print a shell completion script: eval \"$(parity completion bash)\"")
+    c.add_argument("shell", choices=["bash", "zsh", "tcsh"])
+    c.set_defaults(fn=_completion)
+    return ap
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["suite"]:  # its own parser (parity.suites.cli): list / validate
+        from parity.suites.cli import main as suite_main
+
+        return suite_main(argv[1:], prog="parity suite")
+    args = parser().parse_args(argv)
     return args.fn(args)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()
+        return rc
+    except BrokenPipeError:
+        # the reader went away (`parity list models | head -1`): no traceback, and no second error
+        # when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ SECTION_KEYS = {
     "export": {"exporter", "opset"},
     "inputs": {"samples", "calibration"},
     "reference": {"fp64"},
-    "capture": {"warmup", "repeats", "threads"},
+    "capture": {"latency", "warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
     "report": {"coverage_dep", "plan_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
@@ -75,7 +75,7 @@ COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt", "cpu"
 
 NAME = re.compile(r"[A-Za-z0-9_]+")  # option names become file paths and DVC stage names
 GROUPS = ("models", "dtypes", "providers", "suites")
-BOOLS = (("strict",), ("reference", "fp64"), ("suites_run", "grad"))
+BOOLS = (("strict",), ("reference", "fp64"), ("capture", "latency"), ("suites_run", "grad"))
 
 # Provider `options:` per runner (conf/providers/<p>.yaml): key -> allowed values (a tuple), a type
 # (bool, int, str, dict, list), or a predicate with its description. A runner not listed here (a

@@ -231,15 +231,57 @@ def _pair(c: Change, key: str, num: bool = False) -> str:
     return fa if fa == fb else f"{fa} -> {fb}"
 
 
-def table(rows: list[Change]) -> str:
-    head = ["cell", "change", "verdict", "drift origin", "worst layer", "output max_abs", "output rel_l2"]
-    body = [[c.cell, c.kind + (" REGRESSION" if c.regression else "")
+HEAD = ["cell", "change", "verdict", "drift origin", "worst layer", "output max_abs", "output rel_l2"]
+
+
+def table_rows(rows: list[Change]) -> list[list[str]]:
+    return [[c.cell, c.kind + (" REGRESSION" if c.regression else "")
              + (" (tolerance changed)" if c.tolerance and c.verdicts[0] != c.verdicts[1] else ""), _pair(c, "verdict"),
              _pair(c, "drift_origin"), _pair(c, "worst_layer"), _pair(c, "output.max_abs", True),
              _pair(c, "output.rel_l2", True)] for c in rows]
-    widths = [max(len(str(r[i])) for r in [head] + body) for i in range(len(head))]
-    fmt = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in body])
+
+
+def table(rows: list[Change]) -> str:
+    from parity.ui import plain_table
+
+    return plain_table(HEAD, table_rows(rows))
+
+
+def select(cells: dict, providers=(), models=()) -> dict:
+    """Only the cells of these providers/models (empty: all). A cell is model-dtype-provider; model
+    and dtype names hold no '-' (conf option names are [A-Za-z0-9_])."""
+    def keep(cell: str) -> bool:
+        model, _, provider = (cell.split("-", 2) + ["", ""])[:3]
+        return (not providers or provider in providers) and (not models or model in models)
+    return {c: m for c, m in cells.items() if keep(c)}
+
+
+def _check_filter(kind: str, wanted, cells: list[str], pos: int) -> None:
+    have = sorted({(c.split("-", 2) + ["", ""])[pos] for c in cells})
+    bad = [w for w in wanted if w not in have]
+    if bad:
+        raise RuntimeError(f"unknown {kind} {', '.join(map(repr, bad))}: the revisions' cells have {', '.join(have)}")
+
+
+def _cell_json(c: Change) -> dict:
+    side = lambda d: None if not d else {  # noqa: E731
+        "verdict": d.get("verdict"), "drift_origin": d.get("drift_origin"), "worst_layer": d.get("worst_layer"),
+        "output_max_abs": d.get("output.max_abs"), "output_rel_l2": d.get("output.rel_l2")}
+    return {"cell": c.cell, "change": c.kind, "regression": c.regression, "fixed": c.fixed,
+            "tolerance_changed": c.tolerance, "old": side(c.old), "new": side(c.new)}
+
+
+def document(rev_a: str, rev_b: str | None, cs: list[Change], params: dict) -> dict:
+    """The --json document of a comparison (docs/cli-json.md "compare")."""
+    return {
+        "rev_a": rev_a, "rev_b": rev_b or WORKSPACE,
+        "tolerance_changes": [{"key": k, "old": a, "new": b} for k, (a, b) in params.items()],
+        "cells": [_cell_json(c) for c in cs],
+        "counts": {"cells": len(cs), "regressed": sum(c.regression for c in cs), "fixed": sum(c.fixed for c in cs),
+                   "changed": sum(c.kind == "changed" for c in cs), "new": sum(c.kind == "new" for c in cs),
+                   "removed": sum(c.kind == "removed" for c in cs), "unchanged": sum(c.kind == "same" for c in cs)},
+        "regressions": [c.cell for c in cs if c.regression],
+    }
 
 
 def _fmt(v) -> str:
@@ -247,33 +289,50 @@ def _fmt(v) -> str:
 
 
 def compare(rev_a: str, rev_b: str | None = None, show_all: bool = False, fail_on_regression: bool = False,
-            cwd: str = ".", out=sys.stdout) -> int:
-    """Print the per-cell changes; 1 on a regression with fail_on_regression. Raises
-    MetricsUnavailable / RuntimeError (the CLI exits 2) when a revision's metrics cannot be read."""
+            cwd: str = ".", out=sys.stdout, as_json: bool = False, providers=(), models=()) -> int:
+    """Print the per-cell changes (or the JSON document); 1 on a regression with fail_on_regression.
+    providers/models: only those cells. Raises MetricsUnavailable / RuntimeError (the CLI exits 2)
+    when a revision's metrics cannot be read or a filter names no cell."""
     old, new = load_metrics(rev_a, rev_b, cwd)
+    if providers or models:
+        every = sorted(set(old) | set(new))
+        _check_filter("provider", providers, every, 2)
+        _check_filter("model", models, every, 0)
+        old, new = select(old, providers, models), select(new, providers, models)
     params = tolerance_changes(rev_a, rev_b, cwd)
     cs = changes(old, new)
-    label = f"{rev_a}..{rev_b or WORKSPACE}"
     for c in cs:
         c.tolerance = bool(tolerance_moved(c, params))
+    reg = [c for c in cs if c.regression]
+    if as_json:
+        from parity.ui import dump_json
+
+        dump_json(document(rev_a, rev_b, cs, params), out)
+    else:
+        _print(rev_a, rev_b, cs, params, show_all, out)
+    if reg and fail_on_regression:
+        print(f"parity compare: regression in {', '.join(c.cell for c in reg)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print(rev_a: str, rev_b: str | None, cs: list[Change], params: dict, show_all: bool, out) -> None:
+    from parity.ui import table as ui_table
+
+    label = f"{rev_a}..{rev_b or WORKSPACE}"
     for key, (a, b) in params.items():
         print(f"tolerance changed: {key} {_fmt(a)} -> {_fmt(b)}", file=out)
     for c in cs:
         for k in tolerance_moved(c, {}):
             print(f"tolerance changed: {c.cell} {k} {_fmt(c.old.get(k))} -> {_fmt(c.new.get(k))}", file=out)
     moved = [c for c in cs if c.kind != "same"]
-    reg = [c for c in cs if c.regression]
     if not moved:
         print(f"parity compare {label}: nothing changed ({len(cs)} cells, identical metrics)", file=out)
-        return 0
+        return
     if params:
         print(file=out)
-    print(table(cs if show_all else moved), file=out)
-    print(f"\nparity compare {label}: {len(cs)} cells, {len(reg)} regressed, "
+    ui_table(HEAD, table_rows(cs if show_all else moved), out)
+    print(f"\nparity compare {label}: {len(cs)} cells, {sum(c.regression for c in cs)} regressed, "
           f"{sum(c.fixed for c in cs)} fixed, {sum(c.kind == 'changed' for c in cs)} with moved metrics, "
           f"{sum(c.kind == 'new' for c in cs)} new, {sum(c.kind == 'removed' for c in cs)} removed, "
           f"{sum(c.kind == 'same' for c in cs)} unchanged", file=out)
-    if reg and fail_on_regression:
-        print(f"parity compare: regression in {', '.join(c.cell for c in reg)}", file=sys.stderr)
-        return 1
-    return 0

@@ -3,7 +3,7 @@
   1. shared upstream  one `dvc repro -k <targets>`: every stage the selected cells depend on that is
                       not itself a stage of a selected cell (env, inputs@m, export@m, reference@m,
                       engine@m-d, ...). Sequential, in one process, so DVC handles the cascade and the
-                      always_changed `env` probe runs exactly once, as in a plain `dvc repro`.
+                      always_changed env probe (env/dvc.yaml:env) runs exactly once, as in a plain `dvc repro`.
   2. cells            `dvc status` picks the cells with a stale stage; each runs as
                       `dvc --wait-for-lock repro -s <its stages, in order>` (capture@cell diff@cell),
                       up to `jobs` at once, slowest (by last measured latency) first, each with its
@@ -18,7 +18,9 @@ A cell is `model-dtype-provider`; its stages are the dvc.yaml stages named `<sta
 comes from DVC's own index (`dvc.repo.Repo(...).index.graph`), so new stage kinds (an engine build per
 model-dtype, another per-cell stage) need no change here. A failing cell is reported (which cell, which
 stage, the tail of its log) and the others keep running; the run then exits 1. Progress goes to
-stderr, one line per finished cell.
+stderr, one line per finished cell with its verdict (PASS, FAIL and the drift origin, or the status
+of a cell that could not run: read from the cell's metrics file, which dvc.yaml names), and the
+verdict counts at the end; on a terminal as a rich progress bar, elsewhere as plain lines.
 
 Signals: every dvc child runs in its own session (process group), so the group holds the stage
 processes DVC spawns too. SIGINT/SIGTERM to `parity repro` stops starting cells and sends SIGINT to
@@ -63,6 +65,7 @@ class Plan:
     downstream: list[str]                 # stages fed by cell stages (report), topological order
     needs: dict[str, set[str]] = field(default_factory=dict)  # cell -> upstream stages it needs
     stage_needs: dict[str, set[str]] = field(default_factory=dict)  # upstream stage -> its upstream
+    metrics: dict[str, list[str]] = field(default_factory=dict)  # cell -> its stages' metrics files
 
     @property
     def complete(self) -> bool:
@@ -193,6 +196,14 @@ def _select(params: dict, kind: str, wanted: Sequence[str]) -> list[str]:
     return [h for h in have if not wanted or h in wanted]
 
 
+def _address(stage, root: Path) -> str:
+    name = getattr(stage, "name", None)
+    if not name:
+        return stage.addressing
+    dvcfile = Path(stage.path).resolve()
+    return name if dvcfile == root / "dvc.yaml" else f"{dvcfile.relative_to(root).as_posix()}:{name}"
+
+
 def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Sequence[str] = (),
          dtypes: Sequence[str] = (), params: str = "params.yaml") -> Plan:
     """Which stages run where, from params.yaml (cells) and DVC's stage graph (everything else)."""
@@ -208,8 +219,14 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
     with warnings.catch_warnings(), Repo(str(root)) as repo:
         warnings.simplefilter("ignore", DeprecationWarning)  # dvc 3.67's trie lookups warn
         g = repo.index.graph  # edge: stage -> a stage it depends on
-        # dvc.yaml stage names ("export@mlp"); addressing would be relative to the cwd
-        graph = nx.relabel_nodes(g, {s: getattr(s, "name", None) or s.addressing for s in g.nodes})
+        # stage names as `dvc repro` / `dvc status` take and print them from the repo root: a stage
+        # of ./dvc.yaml by its name ("export@mlp"), one of another dvc.yaml by its path and name
+        # ("env/dvc.yaml:env"); s.addressing would be relative to this process's cwd
+        names = {s: _address(s, root) for s in g.nodes}
+        graph = nx.relabel_nodes(g, names)
+        # a cell's verdict file: a `metrics:` out, or a plain out named metrics.json (parity.results)
+        metric_files = {names[s]: [str(o.fs_path) for o in s.outs if getattr(o, "metric", False)
+                                   or Path(str(o.fs_path)).name == "metrics.json"] for s in g.nodes}
     order = list(reversed(list(nx.topological_sort(graph))))  # dependencies first
     pos = {s: i for i, s in enumerate(order)}
     of_cell = {s: s.split("@", 1)[1] for s in graph if "@" in s and s.split("@", 1)[1] in all_cells}
@@ -227,12 +244,35 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
     downstream = sorted({s for s in graph if s not in cell_any
                          and any(d in cell_any for d in nx.descendants(graph, s))}, key=pos.__getitem__)
     return Plan(cells, all_cells, upstream, cell_stages, downstream, needs,
-                {s: set(nx.descendants(graph, s)) for s in upstream})
+                {s: set(nx.descendants(graph, s)) for s in upstream},
+                {c: [f for s in st for f in metric_files.get(s, [])] for c, st in cell_stages.items()})
+
+
+def cell_verdict(files: list[str]) -> tuple[str | None, str | None]:
+    """(verdict, drift origin) from a cell's metrics files (its diff stage's metrics.json)."""
+    from parity import results
+
+    for f in files:
+        try:
+            m = json.loads(Path(f).read_text())
+        except (OSError, ValueError):
+            continue
+        if results.verdict(m):
+            return results.verdict(m), results.drift_origin(m)
+    return None, None
 
 
 class _Progress:
-    def __init__(self, total: int, out: TextIO):
-        self.total, self.done, self.failed, self.out = total, 0, 0, out
+    """One line per finished cell with its verdict (PASS / FAIL at the drift origin / a status),
+    and the verdict counts at the end (parity.ui: a rich bar on a terminal, plain lines elsewhere)."""
+
+    def __init__(self, total: int, out: TextIO, metrics: dict[str, list[str]] | None = None):
+        from parity.ui import Progress
+
+        self.total, self.done, self.failed = total, 0, 0
+        self.metrics = metrics or {}
+        self.verdicts: dict[str, str] = {}
+        self.ui = Progress(total, out, "parity repro")
         self.lock = threading.Lock()
 
     def cell(self, cell: str, ok: bool, secs: float, ran: list[str], why: str = "") -> None:
@@ -243,10 +283,27 @@ class _Progress:
             fill = round(width * self.done / max(self.total, 1))
             bar = "#" * fill + "-" * (width - fill)
             what = ", ".join(s.split("@")[0] for s in ran) or "up to date"
-            state = "ok" if ok else f"FAILED ({why})"
+            if ok:
+                v, origin = cell_verdict(self.metrics.get(cell, []))
+                self.verdicts[cell] = v or "ran"
+                state = (v or "ok") + (f" (drift origin {origin})" if v == "FAIL" and origin else "")
+            else:
+                self.verdicts[cell] = "FAILED"
+                state = f"FAILED ({why})"
             fails = f", {self.failed} failed" if self.failed else ""
-            print(f"parity: [{bar}] {self.done}/{self.total}{fails}  {cell}: {state} in {secs:.1f}s ({what})",
-                  file=self.out, flush=True)
+            self.ui.line(f"parity: [{bar}] {self.done}/{self.total}{fails}  {cell}: {state} in {secs:.1f}s ({what})",
+                         advance=1)
+
+    def summary(self) -> str:
+        """'3 PASS, 1 FAIL (tiny_mlp-fp16-ort_cpu)' over the cells reported so far."""
+        by: dict[str, list[str]] = {}
+        for c, v in self.verdicts.items():
+            by.setdefault(v, []).append(c)
+        order = sorted(by, key=lambda v: (v != "PASS", v))
+        return ", ".join(f"{len(by[v])} {v}" + (f" ({', '.join(by[v])})" if v != "PASS" else "") for v in order)
+
+    def close(self) -> None:
+        self.ui.close()
 
 
 def _tail(text: str, n: int = 15) -> str:
@@ -337,7 +394,51 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
         todo = runnable
     else:
         todo = [c for c in runnable if any(s in stale for s in pl.cell_stages[c])]
-    prog = _Progress(len(pl.cells), out)
+    prog = _Progress(len(pl.cells), out, pl.metrics)
+    try:
+        _cells(pl, res, prog, root, jobs, todo, blocked, bad if blocked else set())
+    finally:
+        prog.close()
+    todo = res.cells_run
+    if _stopped():
+        return res
+    # 3. downstream (report)
+    run_down = pl.complete if report is None else report
+    cell_failed = [c for c in pl.cells if c in res.failed]
+    if pl.downstream and run_down and cell_failed:
+        res.report_skipped = True
+        print(f"parity: {', '.join(pl.downstream)} not run: {len(cell_failed)} cell(s) failed", file=out, flush=True)
+    elif pl.downstream and run_down:
+        t = time.perf_counter()
+        r = _dvc(["repro", "-s", *pl.downstream], root)
+        ran = RUNNING.findall(r.stdout)
+        res.ran += ran
+        if r.returncode:
+            res.failed["report"] = f"{', '.join(pl.downstream)} exited {r.returncode}"
+            print(f"parity: {', '.join(pl.downstream)} FAILED\n{_tail(r.stdout)}", file=out, flush=True)
+        else:
+            print(f"parity: {', '.join(pl.downstream)}: {'ran' if ran else 'up to date'} in "
+                  f"{time.perf_counter() - t:.1f}s", file=out, flush=True)
+    elif pl.downstream:
+        res.report_skipped = True
+        print(f"parity: {', '.join(pl.downstream)} not run: {len(pl.cells)} of {len(pl.all_cells)} cells "
+              "selected (run it where every cell is in: `dvc repro` after `dvc pull`)", file=out, flush=True)
+
+    res.seconds = time.perf_counter() - t0
+    res.returncode = 1 if res.failed else 0
+    verdicts = f"verdicts: {prog.summary()}"
+    if res.failed:
+        print(f"parity: {len(res.failed)} failed: {', '.join(res.failed)} ({res.seconds:.1f}s); {verdicts}",
+              file=out, flush=True)
+    else:
+        print(f"parity: done: {len(todo)} of {len(pl.cells)} cells ran, {len(res.ran)} stages, "
+              f"{res.seconds:.1f}s; {verdicts}", file=out, flush=True)
+    return res
+
+
+def _cells(pl: Plan, res: Result, prog: _Progress, root: Path, jobs: int, todo: list[str], blocked: set[str],
+           bad: set[str]) -> None:
+    """Phase 2: run the stale cells, up to `jobs` at once; every cell's verdict on `prog`."""
     for c in pl.cells:
         if c in blocked:
             why = f"upstream {', '.join(sorted(pl.needs[c] & bad))} did not complete"
@@ -374,42 +475,9 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
                     stage = (FAILED_STAGE.findall(r.stdout) or [ran[-1] if ran else pl.cell_stages[cell][0]])[0]
                     res.failed[cell] = f"{stage} exited {r.returncode}"
                     prog.cell(cell, False, secs, ran, res.failed[cell])
-                    print(_tail(r.stdout), file=out, flush=True)
+                    prog.ui.line(_tail(r.stdout))
                 else:
                     prog.cell(cell, True, secs, ran)
-
-    if _stopped():
-        return res
-    # 3. downstream (report)
-    run_down = pl.complete if report is None else report
-    cell_failed = [c for c in pl.cells if c in res.failed]
-    if pl.downstream and run_down and cell_failed:
-        res.report_skipped = True
-        print(f"parity: {', '.join(pl.downstream)} not run: {len(cell_failed)} cell(s) failed", file=out, flush=True)
-    elif pl.downstream and run_down:
-        t = time.perf_counter()
-        r = _dvc(["repro", "-s", *pl.downstream], root)
-        ran = RUNNING.findall(r.stdout)
-        res.ran += ran
-        if r.returncode:
-            res.failed["report"] = f"{', '.join(pl.downstream)} exited {r.returncode}"
-            print(f"parity: {', '.join(pl.downstream)} FAILED\n{_tail(r.stdout)}", file=out, flush=True)
-        else:
-            print(f"parity: {', '.join(pl.downstream)}: {'ran' if ran else 'up to date'} in "
-                  f"{time.perf_counter() - t:.1f}s", file=out, flush=True)
-    elif pl.downstream:
-        res.report_skipped = True
-        print(f"parity: {', '.join(pl.downstream)} not run: {len(pl.cells)} of {len(pl.all_cells)} cells "
-              "selected (run it where every cell is in: `dvc repro` after `dvc pull`)", file=out, flush=True)
-
-    res.seconds = time.perf_counter() - t0
-    res.returncode = 1 if res.failed else 0
-    if res.failed:
-        print(f"parity: {len(res.failed)} failed: {', '.join(res.failed)} ({res.seconds:.1f}s)", file=out, flush=True)
-    else:
-        print(f"parity: done: {len(todo)} of {len(pl.cells)} cells ran, {len(res.ran)} stages, "
-              f"{res.seconds:.1f}s", file=out, flush=True)
-    return res
 
 
 def _longest_first(root: Path, cells: list[str]) -> list[str]:

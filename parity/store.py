@@ -38,20 +38,31 @@ class Tensor:
 
 
 def write(path: str | Path, tensors: Iterable[Tensor], metadata: dict[str, str] | None = None) -> int:
-    """Atomically write tensors to `path`. Returns the number of rows."""
-    cols = {k: [] for k in SCHEMA.names}
+    """Atomically write tensors to `path`. Returns the number of rows.
+
+    Each tensor's bytes are copied once, straight into the one value buffer of the `data` column
+    (byte order and strides fixed in that same copy), which Arrow then uses as it is; the Parquet
+    encoder's copy into its pages is the only other one. One buffer, one chunk: the writer sees the
+    column exactly as a column built from per-tensor `bytes` (the earlier, twice-copying write), so
+    the files keep their bytes (a column in several chunks would split data pages elsewhere)."""
+    arrays = []
     for t in tensors:
-        a = np.ascontiguousarray(t.array)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        cols["sample"].append(int(t.sample))
-        cols["name"].append(t.name)
-        cols["order"].append(int(t.order))
-        cols["dtype"].append(a.dtype.str.lstrip("<|="))
-        cols["shape"].append(list(a.shape))
-        cols["data"].append(a.tobytes())
+        a = np.asarray(t.array)
+        arrays.append((t, a.reshape(1) if a.ndim == 0 else a, a.dtype.newbyteorder("<")))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([a.nbytes for _, a, _ in arrays], out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for (_, a, le), lo, hi in zip(arrays, offsets[:-1], offsets[1:]):
+        np.copyto(values[lo:hi].view(le).reshape(a.shape), a, casting="equiv")
+    data = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arrays),
+                                            [None, pa.py_buffer(offsets), pa.py_buffer(values)])
+    cols = [pa.array([int(t.sample) for t, _, _ in arrays], pa.int32()),
+            pa.array([t.name for t, _, _ in arrays], pa.string()),
+            pa.array([int(t.order) for t, _, _ in arrays], pa.int32()),
+            pa.array([le.str.lstrip("<|=") for _, _, le in arrays], pa.string()),
+            pa.array([list(a.shape) for _, a, _ in arrays], pa.list_(pa.int64())), data]
     schema = SCHEMA.with_metadata({k: str(v) for k, v in sorted((metadata or {}).items())})
-    table = pa.table(cols, schema=schema)
+    table = pa.Table.from_arrays(cols, schema=schema)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="none", use_dictionary=False,
                        write_statistics=False, store_schema=True)

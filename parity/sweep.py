@@ -1,49 +1,94 @@
-"""`parity sweep 'dtypes=fp32,fp16,bf16' ['providers=ort_cpu,torch_cpu' ...] [-j N]`: queue one DVC
-experiment per combination, run them with N workers, wait with progress, and print one compact
-table instead of `dvc exp show`'s full width. Light: stdlib only.
+"""`parity sweep 'dtypes=fp32,fp16,bf16' ['models=[mlp],[resnet18]' ...] [-j N] [--json]`: queue one
+DVC experiment per combination, run them with N workers, show progress while they run, and print
+one compact table instead of `dvc exp show`'s full width.
 
-Comma lists are expanded here (their cartesian product), so every experiment is known by name.
-With -j > 1 the first combination runs alone first (`dvc exp run --temp`), so the stages all
-experiments share (inputs, export, reference) run once and the others restore them from DVC's
-run-cache instead of racing to compute them.
+Expansion is DVC's own (dvc.utils.hydra.get_hydra_sweeps, what `dvc exp run --queue -S` uses):
+Hydra's sweep grammar, so `models=[mlp],[resnet18]` is two experiments, `seed=range(1,4)` three,
+and every experiment is known by name. With -j > 1 the first combination runs alone first
+(`dvc exp run --temp`, its stages printed as they run), so the stages all experiments share
+(inputs, export, reference) run once and the others restore them from DVC's run-cache instead of
+racing to compute them.
 
 Before anything runs or is queued, every combination is composed (DVC's compose_and_dump with the
 parity Hydra plugin, as `parity compose` and `dvc exp run` do) into a temp file and validated: one
 bad combination fails the sweep with its config error and nothing queued.
+
+Progress (stderr) polls DVC's queue in-process every `poll` seconds (Repo.experiments.celery_queue:
+what `dvc queue status` prints): each cell's verdict as its diff stage writes it in a running
+experiment's workspace, each experiment's counts when it finishes, and on a plain (non-terminal)
+stderr a status line every 4-6 s (4 s + one poll) while nothing else happens. `dvc queue start` runs with
+its output in a file, not a pipe: the queue worker it forks inherits the output, and a pipe would
+keep the parent waiting until every experiment had run.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
-from parity import metrics as layout
+from parity import results
+from parity.ui import Progress, dump_json, num, table
+
+DONE = ("Success", "Failed")
+STARTUP_S = 60.0  # how often (s) to ask whether a queue worker is alive while experiments wait
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """['dtypes=fp32,fp16', 'seed=1'] -> [['dtypes=fp32', 'seed=1'], ['dtypes=fp16', 'seed=1']].
-    Values in brackets/parentheses (lists, Hydra functions) are kept whole."""
-    axes = []
+    """['dtypes=fp32,fp16', 'seed=1'] -> [['dtypes=fp32', 'seed=1'], ['dtypes=fp16', 'seed=1']], by
+    DVC's Hydra sweep parser (lists `[a],[b]`, `range()`, `choice()`, quoted commas)."""
+    from dvc.utils.hydra import get_hydra_sweeps
+
     for o in overrides:
-        key, sep, value = o.partition("=")
-        if not sep:
+        if "=" not in o and not o.startswith("~"):
             raise ValueError(f"sweep override '{o}' is not key=value (e.g. 'dtypes=fp32,fp16')")
-        values = [value] if re.search(r"[\[\](){}]", value) else [v for v in value.split(",") if v]
-        axes.append([f"{key}={v}" for v in values])
-    return [list(c) for c in itertools.product(*axes)]
+    try:
+        sweeps = get_hydra_sweeps({"params.yaml": list(overrides)})
+    except Exception as e:  # Hydra's OverrideParseException, DVC's InvalidArgumentError (globs)
+        cause = e.__cause__ or e
+        raise ValueError(f"cannot parse {' '.join(map(repr, overrides))}: "
+                         f"{' '.join(str(cause).split())}") from None
+    return [list(s["params.yaml"]) for s in sweeps]
+
+
+def keys_of(overrides: list[str]) -> list[str]:
+    return [o.partition("=")[0].lstrip("+~") for o in overrides]
+
+
+def _env() -> dict:
+    """PATH starts with this interpreter's bin dir: the queue worker DVC spawns runs `dvc` from PATH,
+    and dvc.yaml's `python` is this (virtualenv) python."""
+    e = dict(os.environ)
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
+    e.setdefault("DVC_NO_ANALYTICS", "1")
+    return e
 
 
 def _dvc(args: list[str], cwd: str) -> str:
-    p = subprocess.run(["dvc", *args], cwd=cwd, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, env=_env())
     if p.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` failed:\n{(p.stderr or p.stdout).strip()}")
     return p.stdout
+
+
+def _dvc_detached(args: list[str], cwd: str) -> str:
+    """A dvc command that forks a long-lived child (`queue start`): output through a file, so
+    waiting for the command does not wait for the child that holds its output open."""
+    with tempfile.TemporaryFile("w+") as f:
+        p = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, text=True, env=_env())
+        f.seek(0)
+        out = f.read()
+    if p.returncode != 0:
+        raise RuntimeError(f"`dvc {' '.join(args)}` failed:\n{out.strip()}")
+    return out
 
 
 def check_combo(combo: list[str], cwd: str = ".") -> str | None:
@@ -77,96 +122,216 @@ def _sets(combo: list[str]) -> list[str]:
     return [a for o in combo for a in ("-S", o)]
 
 
-def queue_status(cwd: str) -> dict[str, str]:
-    rows = {}
-    for line in _dvc(["queue", "status"], cwd).splitlines()[1:]:
-        parts = line.split()
-        if len(parts) >= 3 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
-            rows[parts[1]] = parts[-1]
-    return rows
+class Queue:
+    """DVC's experiment queue, read in-process (no `dvc` process per poll)."""
+
+    def __init__(self, cwd: str):
+        self.cwd = str(Path(cwd).resolve())
+        self._files: dict[str, dict] = {}  # running experiment's workspace -> its cells' files
+
+    def _repo(self):
+        from dvc.repo import Repo
+
+        return Repo(self.cwd)
+
+    def status(self) -> tuple[dict[str, str], dict[str, str]]:
+        """({name: Queued|Running|Success|Failed}, {name of a running experiment: its workspace})."""
+        from dvc.repo.experiments.executor.base import ExecutorInfo
+
+        with warnings.catch_warnings(), self._repo() as repo:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            q = repo.experiments.celery_queue
+            st = {e["name"]: e["status"] for e in q.status() if e.get("name")}
+            where = {}
+            for entry in q.iter_active():
+                try:
+                    where[entry.name] = ExecutorInfo.load_json(q.get_infofile_path(entry.stash_rev)).root_dir
+                except (OSError, ValueError, TypeError, KeyError):
+                    pass
+        return st, where
+
+    def workers(self) -> int:
+        """Live queue workers (a celery broadcast: ~1 s, so asked rarely)."""
+        with warnings.catch_warnings(), self._repo() as repo:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return len(repo.experiments.celery_queue.worker_status())
+
+    def live_verdicts(self, workspace: str) -> dict[str, str | None]:
+        """{cell: verdict or None (not diffed yet)} in a running experiment's workspace."""
+        if workspace not in self._files:
+            try:
+                self._files[workspace] = results.cell_files(workspace)
+            except Exception:  # the workspace is being set up or already gone: try again next poll
+                return {}
+        out = {}
+        for cell, f in self._files[workspace].items():
+            try:
+                out[cell] = results.verdict(json.loads(f.metrics.read_text()))
+            except (OSError, ValueError):
+                out[cell] = None
+        return out
+
+    def metrics(self, names: list[str]) -> dict[str, dict]:
+        """{experiment: {metrics path: data}} of finished experiments (DVC's metrics of their commits)."""
+        from dvc.repo.experiments.utils import resolve_name
+
+        with warnings.catch_warnings(), self._repo() as repo:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            refs = resolve_name(repo.scm, names)
+            revs = {n: repo.scm.get_ref(str(r)) for n, r in refs.items() if r is not None}
+            shown = repo.metrics.show(revs=list(revs.values()), hide_workspace=True) if revs else {}
+        out = {}
+        for n, rev in revs.items():
+            data = shown.get(rev, {}).get("data") or {}
+            out[n] = {p: (d or {}).get("data") or {} for p, d in data.items() if "error" not in (d or {})}
+        return out
 
 
-def _get(d: dict, dotted: str):
-    for k in dotted.split("."):
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
+def experiment_row(metrics: dict[str, dict]) -> dict:
+    """Cell verdicts and counts of one experiment from its metrics files ({path: data})."""
+    cells = results.experiment_cells(metrics)
+    worst = max((v for v in (results.worst_ratio(m) for m in cells.values()) if v is not None), default=None)
+    origins: dict[str, int] = {}
+    for m in cells.values():
+        o = results.drift_origin(m)
+        if o:
+            origins[o] = origins.get(o, 0) + 1
+    verdicts = {c: results.verdict(m) for c, m in sorted(cells.items())}
+    return {"cells": verdicts, "passed": sum(v == "PASS" for v in verdicts.values()),
+            "failed": sum(v == "FAIL" for v in verdicts.values()),
+            "not_run": sum(v not in ("PASS", "FAIL") for v in verdicts.values()),
+            "worst": worst, "drift_origins": dict(sorted(origins.items()))}
 
 
-def _show(value) -> str:
-    if isinstance(value, dict):
-        return ",".join(value)  # a multi-select group: its selected options
-    return str(value)
+def _counts(row: dict) -> str:
+    return f"{row['passed']} passed, {row['failed']} failed, {row['not_run']} not run"
 
 
-def summarize(exps: dict[str, dict], keys: list[str]) -> list[list[str]]:
-    rows = []
-    for name, data in exps.items():
-        params = (data.get("params") or {}).get("params.yaml", {}).get("data", {})
-        metrics = {p: (m or {}).get("data", {}) for p, m in (data.get("metrics") or {}).items()}
-        summary = next((m for p, m in metrics.items() if p.endswith("/" + layout.SUMMARY)), {})
-        cells = list(layout.cells_of(summary).values())
-        worst = max((m["worst"] for m in cells if isinstance(m.get("worst"), (int, float))), default=None)
-        origins: dict[str, int] = {}
-        for m in cells:
-            if layout.origin(m):
-                origins[layout.origin(m)] = origins.get(layout.origin(m), 0) + 1
-        rows.append([name, *(_show(_get(params, k)) for k in keys),
-                     str(summary.get("passed", "-")), str(summary.get("failed", "-")),
-                     str(summary.get("not_run", "-")), f"{worst:.3g}" if worst is not None else "-",
-                     ", ".join(f"{o} ({n})" if n > 1 else o for o, n in sorted(origins.items())) or "-"])
-    return rows
+def _run_first(combo: list[str], cwd: str, prog: Progress) -> str:
+    """`dvc exp run --temp` in the foreground, its stages printed as they start; its name."""
+    p = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", *_sets(combo)], cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                         env=_env())
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        m = re.match(r"Running stage '([^']+)'", line)
+        if m:
+            prog.line(f"parity sweep: {' '.join(combo)}: {m.group(1)}")
+    if p.wait() != 0:
+        raise RuntimeError(f"`dvc exp run --temp {' '.join(combo)}` failed:\n{''.join(lines[-15:]).strip()}")
+    m = re.search(r"Ran experiment\(s\): (\S+)", "".join(lines))
+    return m.group(1) if m else "?"
 
 
-def table(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progress, poll: float,
+           first: dict[str, dict]) -> dict[str, str]:
+    """Poll the queue until every experiment is done; print cell verdicts and experiment results as
+    they come. Returns {name: final status}."""
+    t0, seen, ended, warned = time.monotonic(), {}, dict.fromkeys(first, "Success"), False
+    checked = t0
+    for n, row in first.items():
+        prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {_counts(row)}", advance=1)
+    while True:
+        st, where = q.status()
+        mine = {n: st.get(n, "Success") for n in names}  # gone from the queue: collected (DVC cleans up)
+        for n, ws in where.items():
+            if n not in mine:
+                continue
+            for cell, v in q.live_verdicts(ws).items():
+                if v and seen.get((n, cell)) != v:
+                    seen[n, cell] = v
+                    prog.line(f"parity sweep: {n}: {cell}: {v}")
+        new = [n for n in names if mine[n] in DONE and n not in ended]
+        if new:
+            rows = q.metrics([n for n in new if mine[n] == "Success"])
+            for n in new:
+                ended[n] = mine[n]
+                what = _counts(experiment_row(rows[n])) if n in rows else "FAILED (`dvc queue logs " + n + "`)"
+                prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {what}", advance=1)
+        running = [n for n in names if mine[n] == "Running"]
+        status = (f"parity sweep: {len(ended)}/{len(names)} done, {len(running)} running, "
+                  f"{sum(mine[n] == 'Queued' for n in names)} queued, {time.monotonic() - t0:.0f}s")
+        for n in running:
+            cells = [k for (e, k) in seen if e == n]
+            status += f"; {n}: {len(cells)} cell(s) diffed"
+        if len(ended) == len(names):
+            return ended
+        if not warned and time.monotonic() - checked > STARTUP_S:
+            checked = time.monotonic()
+            if q.workers() == 0:  # e.g. `queue start` met the last sweep's worker as it shut down
+                warned = True
+                waiting = [n for n in names if n not in ended]
+                prog.line(f"parity sweep: no DVC queue worker is alive while {', '.join(waiting)} wait(s): "
+                          f"`dvc queue start -j N` starts one; a task shown Running without a worker needs "
+                          f"`dvc queue kill NAME` and a new sweep")
+        prog.heartbeat(status)
+        time.sleep(poll)
 
 
 def sweep(overrides: list[str], jobs: int = 1, cwd: str = ".", poll: float = 2.0, err=sys.stderr,
-          out=sys.stdout) -> int:
+          out=sys.stdout, as_json: bool = False) -> int:
     combos = expand(overrides)
-    keys = [o.partition("=")[0].lstrip("+") for o in overrides]
-    names: list[str] = []
+    keys = keys_of(overrides)
     check_all(combos, cwd)
-    print(f"parity sweep: {len(combos)} experiments over {', '.join(keys)} with {jobs} worker(s)", file=err)
-    rest = combos
-    if jobs > 1 and len(combos) > 1:
-        print(f"parity sweep: running {' '.join(combos[0])} first, so shared stages run once", file=err)
-        log = _dvc(["exp", "run", "--temp", *_sets(combos[0])], cwd)
-        m = re.search(r"Ran experiment\(s\): (\S+)", log)
-        names.append(m.group(1) if m else "?")
-        rest = combos[1:]
-    for combo in rest:
-        log = _dvc(["exp", "run", "--queue", *_sets(combo)], cwd)
-        m = re.search(r"Queued experiment '([^']+)'", log)
-        if not m:
-            raise RuntimeError(f"could not read the queued experiment's name from:\n{log}")
-        names.append(m.group(1))
-    if rest:
-        _dvc(["queue", "start", "-j", str(jobs)], cwd)
-    last = None
-    while True:
-        st = queue_status(cwd)
-        mine = {n: st.get(n, "Success") for n in names}
-        done = sum(s in ("Success", "Failed") for s in mine.values())
-        line = (f"parity sweep: {done}/{len(names)} done, {sum(s == 'Running' for s in mine.values())} running, "
-                f"{sum(s == 'Failed' for s in mine.values())} failed")
-        if line != last:
-            print(line, file=err)
-            last = line
-        if done == len(names):
-            break
-        time.sleep(poll)
-    shown = json.loads(_dvc(["exp", "show", "--json"], cwd) or "[]")
-    exps = {r["name"]: r["data"] for rev in shown for e in (rev.get("experiments") or [])
-            for r in e.get("revs", []) if r.get("name") in names and r.get("data")}
-    head = ["experiment", *keys, "passed", "failed", "not run", "worst", "drift origins"]
-    rows = summarize({n: exps[n] for n in names if n in exps}, keys)
-    print(table(head, rows), file=out)
-    failed = [n for n in names if mine.get(n) == "Failed" or n not in exps]
+    prog = Progress(len(combos), err, "parity sweep", every=4.0)
+    try:
+        prog.line(f"parity sweep: {len(combos)} experiments over {', '.join(keys)} with {jobs} worker(s)")
+        names, by_name, first = [], {}, {}
+        rest = combos
+        q = Queue(cwd)
+        if jobs > 1 and len(combos) > 1:
+            prog.line(f"parity sweep: running {' '.join(combos[0])} first, so shared stages run once")
+            n = _run_first(combos[0], cwd, prog)
+            names.append(n)
+            by_name[n] = combos[0]
+            first = {n: experiment_row(q.metrics([n]).get(n, {}))}
+            rest = combos[1:]
+        for combo in rest:
+            log = _dvc(["exp", "run", "--queue", *_sets(combo)], cwd)
+            m = re.search(r"Queued experiment '([^']+)'", log)
+            if not m:
+                raise RuntimeError(f"could not read the queued experiment's name from:\n{log}")
+            names.append(m.group(1))
+            by_name[m.group(1)] = combo
+            prog.line(f"parity sweep: queued {m.group(1)} ({' '.join(combo)})")
+        if rest:
+            _dvc_detached(["queue", "start", "-j", str(jobs)], cwd)
+        ended = _watch(q, names, by_name, prog, poll, first)
+    finally:
+        prog.close()
+    rows = q.metrics([n for n in names if ended[n] == "Success"])
+    return _finish(names, by_name, keys, ended, rows, as_json, out, err)
+
+
+def _value(combo: list[str], key: str) -> str:
+    for o in combo:
+        k, _, v = o.partition("=")
+        if k.lstrip("+~") == key:
+            return v.strip("[]") if v.count("[") == 1 else v
+    return "-"
+
+
+def _finish(names, by_name, keys, ended, rows, as_json, out, err) -> int:
+    exps = []
+    for n in names:
+        row = experiment_row(rows[n]) if n in rows else None
+        exps.append({"name": n, "overrides": by_name[n], "status": ended[n] if row else "Failed",
+                     **(row or {"cells": {}, "passed": None, "failed": None, "not_run": None,
+                                "worst": None, "drift_origins": {}})})
+    failed = [e["name"] for e in exps if e["status"] != "Success"]
+    if as_json:
+        dump_json({"overrides": keys, "experiments": exps}, out)
+    else:
+        head = ["experiment", *keys, "passed", "failed", "not run", "worst", "drift origins"]
+        table(head, [[e["name"], *(_value(e["overrides"], k) for k in keys),
+                      *(str(e[k]) if e[k] is not None else "-" for k in ("passed", "failed", "not_run")),
+                      num(e["worst"]),
+                      ", ".join(f"{o} ({c})" if c > 1 else o for o, c in e["drift_origins"].items()) or "-"]
+                     for e in exps], out)
+    tot = {k: sum(e[k] or 0 for e in exps) for k in ("passed", "failed", "not_run")}
+    print(f"parity sweep: {len(exps) - len(failed)}/{len(exps)} done: {tot['passed']} cells passed, "
+          f"{tot['failed']} failed, {tot['not_run']} not run", file=err)
     if failed:
         print(f"parity sweep: experiments that did not finish: {', '.join(failed)} "
               f"(`dvc queue logs NAME` shows why)", file=err)

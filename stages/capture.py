@@ -6,10 +6,12 @@ cell did not run), status.json (status, reason; `own`: whether each layer's own 
 and, when the runner measures it from --reference (the fp64 reference, with leaf inputs `pre:<call>`),
 own.parquet: per sample `<leaf>` (the leaf run on the reference's input to it) and `between:<leaf>`
 (the ops between leaves run on the reference's leaf outputs). No own.parquet: own error not measured.
-Latency (median/p90 of the plain graph after warm-up) goes to --timing, apart from the values,
-because it is the one non-deterministic result: the diff stage does not read it, so timing noise
-never re-runs a diff. A failing cell is a result (status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE /
-UNSUPPORTED), not a failed stage.
+Latency (median/p90 of the plain graph after warm-up) is measured only with capture.latency: true
+(opt-in: a validation run and a re-run pay nothing for timing). It goes to --timing, apart from the
+values, because it is the one non-deterministic result: the diff stage does not read it, so timing
+noise never re-runs a diff. With latency off, --timing says so (no median_ms; the report shows none).
+A failing cell is a result (status EXPORT_FAIL / INFER_FAIL / UNAVAILABLE / UNSUPPORTED), not a
+failed stage.
 """
 
 from __future__ import annotations
@@ -17,10 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config, store
-from parity.backends import CaptureJob, load_runner, run_capture
-from parity.backends.base import CaptureResult, latency_stats, write_own
-from parity.io import write_json
+from parity import config
 
 
 def main(argv=None) -> int:
@@ -34,9 +33,15 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    # numpy, pyarrow and the backends after the arguments: `--help` and a bad argument stay quick
+    from parity import store
+    from parity.backends import CaptureJob, load_runner, run_capture
+    from parity.backends.base import CaptureResult, latency_stats, write_own
+    from parity.io import write_json
     from stages.inputs import load
 
     cap = p.get("capture", {})
+    timed = bool(cap.get("latency", False))  # capture.latency: opt-in
     pc = p["providers"][a.provider]
     job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype,
                      dtype_cfg=p["dtypes"][a.dtype], provider=a.provider, provider_cfg=pc,
@@ -51,7 +56,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}
     else:
-        res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0), cap.get("repeats", 1))
+        res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0) if timed else 0,
+                          cap.get("repeats", 1) if timed else 0)
         settings = cls.settings(job) if res.status != "UNSUPPORTED" and hasattr(cls, "settings") else {}
     rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
     out = Path(a.out)
@@ -71,8 +77,8 @@ def main(argv=None) -> int:
         status["engine"] = {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from",
                                               "fused_away_in_plain", "precision") if k in b}
     write_json(out / "status.json", status)
-    write_json(a.timing, {"cell": key, "status": res.status, "warmup": res.warmup,
-                          **latency_stats(res.latency_ms)})
+    write_json(a.timing, {"cell": key, "status": res.status, "latency": timed,
+                          "warmup": res.warmup, **latency_stats(res.latency_ms)})
     lat = latency_stats(res.latency_ms)
     extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
     print(f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "

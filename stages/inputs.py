@@ -8,10 +8,14 @@ different seed sequence, so a model is never calibrated on the samples it is eva
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from parity import config
 
-# numpy and parity.store (pyarrow) are imported where used, so `--help` starts in a fraction of
-# the time (tests/test_light_stages.py); other stages import load/samples from here
+if TYPE_CHECKING:
+    import numpy as np
+# numpy and the Parquet store (pyarrow) are imported where they are used: `--help` and a bad argument
+# stay quick, and importing this module (stages.capture/export do, for load/samples) costs nothing extra.
 
 CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct from evaluated samples)
 
@@ -62,9 +66,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--calibration", help="also write the INT8 calibration samples (inputs.calibration) here")
     a = ap.parse_args(argv)
+    p = config.load_or_die(a.params)
     from parity import store
 
-    p = config.load_or_die(a.params)
     specs = p["models"][a.model]["input"]
     rows = [store.Tensor(k, s["name"], i, arr[s["name"]])
             for k, arr in enumerate(samples(p, a.model)) for i, s in enumerate(specs)]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, composed, config_error, env, make_repo, ran_stages
+from conftest import BIN, ENV, ROOT, composed, config_error, env, make_repo, ran_stages
 from parity import codedeps
 
 CODE_DIRS = ("parity", "stages", "hydra_plugins")
@@ -79,7 +79,13 @@ def declared_code(root: Path, stage: dict) -> set[str]:
 
 
 def stages(root: Path) -> dict:
-    return yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    """Every stage of ./dvc.yaml by name, and of the env probe's env/dvc.yaml by its DVC address
+    (its paths are relative to the repo root too: wdir: ..)."""
+    st = dict(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
+    for name, s in yaml.safe_load((root / "env" / "dvc.yaml").read_text())["stages"].items():
+        assert s.get("wdir") == "..", "env/dvc.yaml: paths are written relative to the repo root"
+        st[f"env/dvc.yaml:{name}"] = s
+    return st
 
 
 def dep_problems(root: Path) -> list[str]:
@@ -208,7 +214,7 @@ class Net(nn.Module):
 
 def status(repo) -> set[str]:
     out = repo.run(["dvc", "status", "--json"]).stdout
-    return set(json.loads(out or "{}")) - {"env"}  # env is always_changed
+    return set(json.loads(out or "{}")) - {ENV}  # env is always_changed
 
 
 @pytest.fixture(scope="module")
@@ -240,14 +246,14 @@ def test_editing_a_user_model_makes_exactly_its_stages_stale(two_models):
         for rel, old, new in (("usermodels/blocks.py", "nn.SiLU()", "nn.GELU()"),  # imported in turn
                               ("usermodels/net.py", "self.fc1(x)", "self.fc1(x) * 1.0")):
             repo.edit(rel, old, new)
-            assert repo.repro("-s", "env") == ["env"]  # env re-hashes user code on every repro
+            assert repo.repro("-s", ENV) == [ENV]  # env re-hashes user code on every repro
             assert status(repo) == mine, rel
             repo.run(["git", "checkout", "--", rel])
-            repo.repro("-s", "env")
+            repo.repro("-s", ENV)
             assert status(repo) == set()
     finally:
         repo.run(["git", "checkout", "--", "usermodels"])
-        repo.repro("-s", "env")
+        repo.repro("-s", ENV)
 
 
 @pytest.mark.parametrize("rel", ["parity/io.py", "stages/inputs.py", "parity/store.py", "parity/export.py",
@@ -257,7 +263,7 @@ def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
     repo = two_models
     lock = yaml.safe_load((repo.path / "dvc.lock").read_text())["stages"]
     st = stages(repo.path)
-    want = {name for name in lock if name != "env" and rel in closure(repo.path, stage_module(
+    want = {name for name in lock if name != ENV and rel in closure(repo.path, stage_module(
         st[name.partition("@")[0]]))}
     f = repo.path / rel
     try:
@@ -266,7 +272,7 @@ def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
     finally:
         repo.run(["git", "checkout", "--", rel])
     if rel == "parity/io.py":
-        assert want == set(lock) - {"env"}  # every stage writes through parity.io
+        assert want == set(lock) - {ENV}  # every stage writes through parity.io
 
 
 def _user_env() -> dict:
@@ -288,11 +294,11 @@ def test_fresh_clone_with_bytecode_on_reruns_only_env(tmp_path):
         return p.stdout
 
     first = ran_stages(sh("dvc", "repro"))
-    assert "env" in first and "report" in first
+    assert ENV in first and "report" in first
     mods = sorted({".".join(f.relative_to(clone).with_suffix("").parts).removesuffix(".__init__")
                    for d in ("parity", "stages") for f in (clone / d).rglob("*.py")})
     sh(sys.executable, "-c", f"import importlib\nfor m in {mods!r}: importlib.import_module(m)")
     pyc = list((clone / "parity/backends").rglob("*.pyc"))
     assert pyc, "bytecode was not written (PYTHONDONTWRITEBYTECODE still set?)"
-    assert set(json.loads(sh("dvc", "status", "--json") or "{}")) == {"env"}
-    assert ran_stages(sh("dvc", "repro")) == ["env"]
+    assert set(json.loads(sh("dvc", "status", "--json") or "{}")) == {ENV}
+    assert ran_stages(sh("dvc", "repro")) == [ENV]

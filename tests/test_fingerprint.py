@@ -8,7 +8,7 @@ import json
 import subprocess
 from html import escape
 
-from conftest import BIN, ROOT, env, make_repo, ran_stages
+from conftest import BIN, ENV, ROOT, env, make_repo, ran_stages
 
 from parity import fingerprint
 
@@ -91,7 +91,7 @@ def test_another_cpu_reruns_the_cpu_cells_not_the_inputs(tmp_path):
     assert fp["cpu"]["vendor"] == "AuthenticAMD" and set(fp) == {"torch", "cpu"}
     assert "cpu" in json.loads((r.path / "artifacts/env/provider-ort_cpu.json").read_text())
     assert "cpu" not in json.loads((r.path / "artifacts/env/stage-inputs.json").read_text())
-    assert _repro(r, PARITY_CPUINFO=str(AVX512)) == ["env"]  # same CPU: nothing else
+    assert _repro(r, PARITY_CPUINFO=str(AVX512)) == [ENV]  # same CPU: nothing else
 
     cpu_stages = {"export@tiny_mlp", "reference@tiny_mlp",
                   "capture@tiny_mlp-fp32-torch_cpu", "capture@tiny_mlp-fp32-ort_cpu"}

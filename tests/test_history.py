@@ -56,6 +56,51 @@ def test_dvc_metrics_diff_says_which_cell_regressed(two_commits):
     path = "artifacts/diff/tiny_mlp-fp16-ort_cpu/metrics.json"
     detail = json.loads(two_commits.run(["dvc", "metrics", "diff", "HEAD~1", "HEAD", "--json", "--targets", path]).stdout)
     assert detail[path]["verdict"] == {"old": "PASS", "new": "FAIL"} and "output.tol_ratio" in json.dumps(detail)
+def test_compare_json_validates_against_the_documented_schema(two_commits):
+    """CI reads `parity compare --json` (docs/cli-json.md); the document follows the schema."""
+    import json
+
+    from test_cli import validate
+
+    p = two_commits.run(["parity", "compare", "HEAD~1", "HEAD", "--json", "--fail-on-regression"], check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    validate(doc, "compare")
+    assert doc["regressions"] == ["tiny_mlp-fp16-ort_cpu"] and doc["counts"]["regressed"] == 1
+    cell = next(c for c in doc["cells"] if c["cell"] == "tiny_mlp-fp16-ort_cpu")
+    assert cell["old"]["verdict"] == "PASS" and cell["new"]["verdict"] == "FAIL" and cell["tolerance_changed"]
+    assert {"key": "dtypes.fp16.tol.atol", "old": 1.0, "new": 0.0} in doc["tolerance_changes"]
+    # filters: the model's cells only; an unknown provider names the ones there are
+    p = two_commits.run(["parity", "compare", "HEAD~1", "HEAD", "--json", "--model", "tiny_mlp"])
+    assert {c["cell"] for c in json.loads(p.stdout)["cells"]} == {"tiny_mlp-fp32-ort_cpu", "tiny_mlp-fp16-ort_cpu"}
+    p = two_commits.run(["parity", "compare", "HEAD~1", "HEAD", "--provider", "trt"], check=False)
+    assert p.returncode == 2 and "unknown provider 'trt'" in p.stderr and "ort_cpu" in p.stderr
+
+
+def test_show_prints_failing_layers_with_counts_and_worst_elements(two_commits):
+    """fp16 at zero tolerance (tolerance verdict): every fp16 layer fails; `parity show` says how
+    many elements of each, where the worst one is, and its actual, expected and allowed values."""
+    import json
+
+    from test_cli import validate
+
+    p = two_commits.run(["parity", "show", "tiny_mlp-fp16-ort_cpu"])
+    out = p.stdout.splitlines()
+    assert out[0].startswith("tiny_mlp-fp16-ort_cpu: FAIL (by tolerance"), out
+    assert "drift origin: fc1" in p.stdout
+    fc1 = next(ln for ln in out if ln.startswith("fc1 "))
+    m = re.search(r"(\d+) / (\d+) \((\d+\.\d\d)%\)", fc1)
+    assert m and int(m[2]) % 128 == 0 and 0 < int(m[1]) <= int(m[2]), fc1  # fc1: [4, 32] per sample
+    assert "dtypes.fp16.tol" in fc1
+    doc = json.loads(two_commits.run(["parity", "show", "tiny_mlp-fp16-ort_cpu", "--json"]).stdout)
+    validate(doc, "show")
+    row = next(r for r in doc["failing_layers"] if r["layer"] == "fc1")
+    assert row["n_outside"] > 0 and row["numel"] % 128 == 0 and len(row["worst_index"]) == 2
+    # zero tolerance: nothing is allowed, and the worst element's values differ
+    assert row["allowed"] == 0.0 and row["actual"] != row["expected"]
+    assert 0 < abs(row["actual"] - row["expected"]) <= row["max_abs"]
+    p = two_commits.run(["parity", "show", "tiny_mlp-fp64-ort_cpu"], check=False)
+    assert p.returncode == 2 and "unknown cell" in p.stderr and "tiny_mlp-fp16-ort_cpu" in p.stderr
 
 
 def test_compare_with_no_change_says_so(two_commits):

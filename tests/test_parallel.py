@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from conftest import make_repo, tree_digest
+from conftest import ENV, make_repo, tree_digest
 
 CELLS = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16") for p in ("torch_cpu", "ort_cpu")]
 MEASURED = ("artifacts/timing", "artifacts/report")  # latency: measured, differs run to run
@@ -60,24 +60,27 @@ def test_parallel_equals_sequential(pair):
     res, log = prepro(par, 2)
     assert res.returncode == 0 and not res.failed, log
     ran = res.ran
-    assert sorted(ran) == sorted(["env", "inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp", "report",
+    assert sorted(ran) == sorted([ENV, "inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp", "report",
                                   *(f"baseline@tiny_mlp-{d}" for d in sorted({c.split("-")[1] for c in CELLS})),
                                   *(f"{s}@{c}" for c in CELLS for s in ("capture", "diff"))]), ran
     assert len(ran) == len(set(ran))  # no stage ran twice
-    assert ran.index("report") == len(ran) - 1 and ran[0] == "env"
+    assert ran.index("report") == len(ran) - 1 and ran[0] == ENV
     assert "4/4" in log and "report" in log
+    # every cell with its verdict, and the counts at the end
+    assert all(f"{c}: PASS in " in log for c in CELLS), log
+    assert log.rstrip().splitlines()[-1].endswith("verdicts: 4 PASS"), log
     # same lock (modulo measured latency) and the same metrics, bit for bit
     assert lock_without_latency(par.path / "dvc.lock") == lock_without_latency(seq.path / "dvc.lock")
     assert metrics(par.path) == metrics(seq.path)
     s, p = tree_digest(seq.path / "artifacts"), tree_digest(par.path / "artifacts")
     assert {k for k in s if s[k] != p.get(k) and not k.startswith(("timing/", "report/"))} == set()
-    assert par.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+    assert par.run("dvc status").stdout.split() == [f"{ENV}:", "always", "changed"]
 
 
 def test_nothing_to_do_runs_no_cell(pair):
     _, par = pair
     res, log = prepro(par, 2)
-    assert res.returncode == 0 and res.cells_run == [] and set(res.ran) == {"env"}, log
+    assert res.returncode == 0 and res.cells_run == [] and set(res.ran) == {ENV}, log
 
 
 def test_filter_runs_only_selected_cells_and_leaves_the_report(pair):
@@ -85,16 +88,16 @@ def test_filter_runs_only_selected_cells_and_leaves_the_report(pair):
     par.edit("params.yaml", "atol: 1.0e-05", "atol: 2.0e-05")  # dtypes.fp16.tol.atol: fp16 diffs stale
     res, log = prepro(par, 2, providers=["ort_cpu"])
     assert res.returncode == 0, log
-    assert set(res.ran) == {"env", "diff@tiny_mlp-fp16-ort_cpu"}, log
+    assert set(res.ran) == {ENV, "diff@tiny_mlp-fp16-ort_cpu"}, log
     assert res.report_skipped and "report not run" in log
     # the other provider's stale cell and the report are still pending
     stale = set(json.loads(par.run(["dvc", "status", "--json"]).stdout))
-    assert stale == {"env", "diff@tiny_mlp-fp16-torch_cpu", "report"}
+    assert stale == {ENV, "diff@tiny_mlp-fp16-torch_cpu", "report"}
     res, log = prepro(par, 2, dtypes=["fp16"], models=["tiny_mlp"])  # the rest (2 of 4 cells: no report)
-    assert set(res.ran) == {"env", "diff@tiny_mlp-fp16-torch_cpu"} and res.report_skipped, log
+    assert set(res.ran) == {ENV, "diff@tiny_mlp-fp16-torch_cpu"} and res.report_skipped, log
     res, log = prepro(par, 2)  # every cell is in: only the report is left
-    assert res.returncode == 0 and res.cells_run == [] and set(res.ran) == {"env", "report"}, log
-    assert par.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+    assert res.returncode == 0 and res.cells_run == [] and set(res.ran) == {ENV, "report"}, log
+    assert par.run("dvc status").stdout.split() == [f"{ENV}:", "always", "changed"]
 
 
 def test_unknown_filter_value_is_rejected(pair):
@@ -113,6 +116,7 @@ def test_failing_cell_is_reported_and_others_complete(pair):
     assert res.returncode == 1, log
     assert list(res.failed) == [bad] and f"diff@{bad}" in res.failed[bad], res.failed
     assert f"{bad}: FAILED" in log and "1 failed" in log
+    assert log.rstrip().splitlines()[-1].endswith(f"verdicts: 3 PASS, 1 FAILED ({bad})"), log
     assert {f"diff@{c}" for c in CELLS} <= set(res.ran)
     assert "report" not in res.ran and "report not run" in log  # as `dvc repro -k`: not over a failed cell
     stale = set(json.loads(par.run(["dvc", "status", "--json"]).stdout))

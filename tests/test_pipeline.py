@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import make_repo, tree_digest
+from conftest import ENV, make_repo, tree_digest
 
 CELLS = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16") for p in ("torch_cpu", "ort_cpu")]
 
@@ -23,7 +23,7 @@ def repo(tmp_path_factory):
 
 def test_first_repro_runs_every_stage_and_writes_results(repo):
     ran = repo.repro()
-    expected = {"env", "inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp", "report"}
+    expected = {ENV, "inputs@tiny_mlp", "export@tiny_mlp", "reference@tiny_mlp", "report"}
     expected |= {f"capture@{c}" for c in CELLS} | {f"diff@{c}" for c in CELLS}
     expected |= {"baseline@tiny_mlp-fp32", "baseline@tiny_mlp-fp16"}  # the oracle's trusted backend
     assert set(ran) == expected
@@ -47,10 +47,25 @@ def test_first_repro_runs_every_stage_and_writes_results(repo):
     assert ops["opset"]["ai.onnx"] == 18 and ops["nodes"] > 0
 
 
-def test_second_repro_runs_only_the_env_probe(repo):
-    assert repo.repro() == ["env"]
+def test_latency_is_opt_in(repo):
+    """capture.latency: false (the default): nothing is timed; the timing file and the report say so."""
+    art = repo.path / "artifacts"
+    latency = json.loads((art / "report" / "latency.json").read_text())
+    for c in CELLS:
+        t = json.loads((art / "timing" / f"{c}.json").read_text())
+        assert t["status"] == "OK" and t["latency"] is False and t["warmup"] == 0 and "median_ms" not in t
+        assert latency["per_cell"][c]["median_ms"] is None and latency["per_cell"][c]["latency_ratio"] is None
+
+
+def test_second_repro_runs_only_the_env_probe_and_leaves_the_lock_alone(repo):
+    lock = repo.path / "dvc.lock"
+    before = (lock.read_bytes(), lock.stat().st_mtime_ns)
+    assert repo.repro() == [ENV]
+    # the env probe's own small lock takes its run; the pipeline's dvc.lock is not even rewritten
+    assert (lock.read_bytes(), lock.stat().st_mtime_ns) == before
+    assert "env:" in (repo.path / "env" / "dvc.lock").read_text()
     # DVC lists an always_changed stage in `dvc status`; nothing else is stale
-    assert repo.run("dvc status").stdout.split() == ["env:", "always", "changed"]
+    assert repo.run("dvc status").stdout.split() == [f"{ENV}:", "always", "changed"]
 
 
 def test_forced_rerun_is_byte_identical(repo):
@@ -64,13 +79,13 @@ def test_forced_rerun_is_byte_identical(repo):
     changed = {k for k in before if before[k] != after.get(k)}
     # latency is the one measured (non-deterministic) value; it lives apart from the values
     assert {k for k in changed if not k.startswith(("timing/", "report/"))} == set()
-    assert set(repo.repro()) <= {"env", "report"}  # report re-renders the new latency only
+    assert set(repo.repro()) <= {ENV, "report"}  # report re-renders the new latency only
 
 
 def test_tolerance_change_in_conf_reruns_only_diff_and_report(repo):
     repo.edit("conf/dtypes/fp16.yaml", "atol: 1.0e-5", "atol: 2.0e-5")
     ran = repo.exp_run()
-    assert set(ran) - {"env"} == {"diff@tiny_mlp-fp16-torch_cpu", "diff@tiny_mlp-fp16-ort_cpu", "report"}
+    assert set(ran) - {ENV} == {"diff@tiny_mlp-fp16-torch_cpu", "diff@tiny_mlp-fp16-ort_cpu", "report"}
     m = json.loads((repo.path / "artifacts/diff/tiny_mlp-fp16-ort_cpu/layers.json").read_text())
     assert all(layer["atol"] == 2e-5 and layer["tol_source"] == "dtypes.fp16.tol" for layer in m["layers"])
 
@@ -79,7 +94,7 @@ def test_per_model_layer_pattern_override_reruns_only_that_models_diffs(repo):
     repo.edit("conf/models/tiny_mlp.yaml", "tolerances: []",
               "tolerances:\n    - {dtype: fp16, layer: 'fc*', atol: 1.0, rtol: 1.0}")
     ran = repo.exp_run()
-    assert set(ran) - {"env"} == {f"diff@{c}" for c in CELLS} | {"report"}
+    assert set(ran) - {ENV} == {f"diff@{c}" for c in CELLS} | {"report"}
     layers = json.loads((repo.path / "artifacts/diff/tiny_mlp-fp16-ort_cpu/layers.json").read_text())["layers"]
     src = {d["name"]: d["tol_source"] for d in layers}
     assert src["fc1"] == src["fc2"] == "models.tiny_mlp.tolerances[0]"
@@ -90,7 +105,7 @@ def test_adding_a_dtype_runs_only_the_new_cells(repo):
     repo.set_defaults(dtypes=["fp32", "fp16", "bf16"])
     ran = repo.exp_run()
     new = {"tiny_mlp-bf16-torch_cpu", "tiny_mlp-bf16-ort_cpu"}
-    assert set(ran) - {"env"} == ({f"capture@{c}" for c in new} | {f"diff@{c}" for c in new} | {"report"}
+    assert set(ran) - {ENV} == ({f"capture@{c}" for c in new} | {f"diff@{c}" for c in new} | {"report"}
                                   | {"baseline@tiny_mlp-bf16"})
     art = repo.path / "artifacts"
     # ort_cpu declares no bf16: the cell is a reported result, not a crash and not silently skipped
@@ -102,7 +117,7 @@ def test_adding_a_dtype_runs_only_the_new_cells(repo):
 
 def test_opset_change_reruns_export_and_everything_downstream(repo):
     repo.edit("conf/config.yaml", "opset: 18", "opset: 20")
-    ran = set(repo.exp_run()) - {"env"}
+    ran = set(repo.exp_run()) - {ENV}
     cells = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16", "bf16") for p in ("torch_cpu", "ort_cpu")]
     assert "export@tiny_mlp" in ran
     assert not ran & {"inputs@tiny_mlp", "reference@tiny_mlp"}  # upstream of export / not from ONNX
@@ -121,7 +136,7 @@ def test_oracle_verdict_by_default_and_tolerance_without_the_fp64_run(repo):
     assert m["verdict_mode"] == "oracle" and m["verdict"] == "PASS" and 0 < m["output"]["excess"] <= 1.0
     assert m["output"]["bits_lost"] is not None and m["worst_layer"] is None  # no layer worse than itself
     repo.edit("conf/config.yaml", "fp64: true", "fp64: false")
-    ran = set(repo.exp_run()) - {"env"}
+    ran = set(repo.exp_run()) - {ENV}
     assert "reference@tiny_mlp" in ran and not ran & {"export@tiny_mlp", "inputs@tiny_mlp"}
     # captures and baselines re-run too: without the fp64 run they measure no own error
     m = json.loads((art / "diff/tiny_mlp-fp16-torch_cpu/metrics.json").read_text())

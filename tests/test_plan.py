@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import BIN, composed, config_error, make_repo
+from conftest import BIN, ENV, composed, config_error, make_repo
 
 DTYPES = ("fp16", "int8_static")
 PROVIDERS = ("torch_cpu", "ort_cpu", "ort_int8")
@@ -73,7 +73,7 @@ def test_full_model_within_target_keeps_nothing_and_int8_gets_a_confirmed_plan(r
 
 
 def test_fp16_plan_names_layers_to_keep_and_the_mixed_model_passes(repo):
-    ran = set(repo.exp_run("analysis.plan=true", "analysis.plan_target={atol:1.0e-5,rtol:1.0e-2}")) - {"env"}
+    ran = set(repo.exp_run("analysis.plan=true", "analysis.plan_target={atol:1.0e-5,rtol:1.0e-2}")) - {ENV}
     # the plans re-run, and the report that shows them; no capture or diff
     assert ran == {f"plan@tiny_mlp-{d}-{p}" for d in DTYPES for p in PROVIDERS} | {"report"}
     for p in ("torch_cpu", "ort_cpu"):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import env, make_repo, ran_stages
+from conftest import BIN, ENV, env, make_repo, ran_stages
 
 # ort_cpu (level all) is covered by test_pipeline.py; ort_cuda behaves as torch_cuda here (UNAVAILABLE)
 PROVIDERS = ("torch_cpu", "ort_cpu_noopt", "ort_int8", "torch_cuda", "trt")
@@ -23,7 +23,11 @@ HERE = {"torch_cpu", "ort_cpu_noopt", "ort_int8"}
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    r = make_repo(tmp_path_factory.mktemp("providers") / "repo", dtypes=DTYPES, providers=PROVIDERS)
+    r = make_repo(tmp_path_factory.mktemp("providers") / "repo", dtypes=DTYPES, providers=PROVIDERS,
+                  compose=False)
+    r.edit("conf/config.yaml", "latency: false", "latency: true")  # opt-in timing: checked below
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("latency on")
     r.ran = r.repro()
     return r
 
@@ -71,7 +75,7 @@ def test_engine_stage_records_why_it_built_nothing(repo):
 
 
 def test_second_repro_runs_only_env(repo):
-    assert repo.repro() == ["env"]
+    assert repo.repro() == [ENV]
 
 
 def test_calibration_samples_are_separate_from_evaluated_samples(repo):
@@ -134,7 +138,7 @@ def test_a_real_onnxruntime_change_reruns_exactly_the_ort_cells(tmp_path):
     assert fp["onnxruntime"]["onnxruntime"] == ORT_OLD
     ort_caps = {f"capture@tiny_mlp-{d}-{pr}" for d in ("fp32", "int8_dynamic") for pr in ("ort_cpu", "ort_int8")}
     assert ort_caps <= set(ran), ran
-    others = set(ran) - ort_caps - {"env", "report"}
+    others = set(ran) - ort_caps - {ENV, "report"}
     assert all(s.startswith("diff@") and s.endswith(("-ort_cpu", "-ort_int8")) for s in others), others
     assert not [s for s in ran if "torch_cpu" in s or s.startswith(("export@", "inputs@", "reference@"))]
     (tmp_path / "ran.txt").write_text("\n".join(ran) + "\n")
@@ -142,5 +146,5 @@ def test_a_real_onnxruntime_change_reruns_exactly_the_ort_cells(tmp_path):
     # and back: the current release restores the original fingerprint, the same cells re-run
     back = ran_stages(subprocess.run(["dvc", "repro"], cwd=r.path, env=env(), capture_output=True,
                                      text=True, check=True).stdout)
-    assert set(back) - {"env", "report"} <= set(ran)
+    assert set(back) - {ENV, "report"} <= set(ran)
     assert os.environ.get("PYTHONPATH") != str(target)

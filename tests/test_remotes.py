@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_repo, ran_stages, run, tree_digest
+from conftest import ENV, make_repo, ran_stages, run, tree_digest
 
 CELLS = [f"tiny_mlp-{d}-{p}" for d in ("fp32", "fp16") for p in ("torch_cpu", "ort_cpu")]
 SSHD = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/sbin/sshd") if os.path.exists(p)), None)
@@ -128,7 +128,7 @@ def source(tmp_path_factory):
     repo.run(["dvc", "repro"])
     repo.commit("first run")
     repo.edit("params.yaml", "atol: 1.0e-05", "atol: 2.0e-05")  # dtypes.fp16.tol.atol
-    ran = set(repo.repro()) - {"env"}
+    ran = set(repo.repro()) - {ENV}
     assert ran == {"diff@tiny_mlp-fp16-torch_cpu", "diff@tiny_mlp-fp16-ort_cpu", "report"}, ran
     repo.commit("fp16 atol 2e-5")
     return repo
@@ -168,12 +168,12 @@ def share_and_restore(source, tmp_path: Path, kind: str, where) -> None:
     p = run(["dvc", "repro", "--pull"], clone)
     ran = ran_stages(p.stdout)
     # nothing that ran on the source runs again: only the always_changed env probe
-    assert set(ran) <= {"env"}, (ran, p.stdout)
+    assert set(ran) <= {ENV}, (ran, p.stdout)
     assert not {s for s in ran if s.split("@")[0] in ("export", "capture", "engine", "reference", "diff")}
     # the very same bytes: ONNX, Parquet captures, metrics, report, latency files
     src, dst = tree_digest(source.path / "artifacts"), tree_digest(clone / "artifacts")
     assert len(src) > 20 and src == dst, {k for k in src.keys() | dst.keys() if src.get(k) != dst.get(k)}
-    assert run(["dvc", "status"], clone).stdout.split() == ["env:", "always", "changed"]
+    assert run(["dvc", "status"], clone).stdout.split() == [f"{ENV}:", "always", "changed"]
     # history works in the clone: both revisions' metrics are read (HEAD~1's straight from the remote):
     # the summary (the DVC metric: one entry per cell) and each cell's details (metrics.json, a plain
     # output, read as a target), where the fp16 tolerance change moved the tolerance metrics

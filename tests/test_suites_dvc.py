@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import make_repo
+from conftest import ENV, make_repo
 
 
 @pytest.mark.slow
@@ -26,9 +26,9 @@ def test_tolerance_change_reruns_only_that_suites_diffs(tmp_path):
     # keep the selection in conf/ (a queued/next `dvc exp run` composes from conf/ defaults)
     repo.edit("conf/config.yaml", "  - suites: []", "  - suites: [critical, modules]")
     repo.commit("select suites")
-    assert set(repo.exp_run()) - {"env"} == set()
+    assert set(repo.exp_run()) - {ENV} == set()
     repo.edit("conf/suites/critical.yaml", "{dtype: fp16, kind: grad, atol: 2.0e-2", "{dtype: fp16, kind: grad, atol: 3.0e-2")
     repo.commit("loosen critical fp16 grads")
-    ran = set(repo.exp_run()) - {"env"}
+    ran = set(repo.exp_run()) - {ENV}
     # the report shows the coverage matrix (its dependency report.coverage_dep), so it re-renders too
     assert ran == {"suite_diff@critical-fp16-torch_cpu", "suite_coverage@critical", "report"}, ran

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, env, make_repo, ran_stages
+from conftest import BIN, ENV, env, make_repo, ran_stages
 
 
 def _procs() -> dict[int, tuple[int, int, str, str]]:
@@ -88,7 +88,7 @@ def test_signal_to_parallel_repro_leaves_nothing_running(tmp_path, sig):
     assert sum(s.startswith("capture@") for s in ran_stages(r.stdout)) == 4
     import json
 
-    assert set(json.loads(repo.run(["dvc", "status", "--json"]).stdout or "{}")) <= {"env"}  # always_changed
+    assert set(json.loads(repo.run(["dvc", "status", "--json"]).stdout or "{}")) <= {ENV}  # always_changed
 
 
 def test_sweep_with_a_bad_combination_queues_nothing(tmp_path):

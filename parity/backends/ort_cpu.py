@@ -44,20 +44,22 @@ class OrtRunner(Runner):
             return f"{cls.ep} is not among onnxruntime's providers {ort.get_available_providers()}{hint}"
         return None
 
-    def _convert(self, path):
-        import onnx
-
-        m = onnx.load(str(path))
-        if self.job.dtype == "fp16":
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            m = convert_float_to_float16(m, keep_io_types=True)
-        elif self.job.dtype != "fp32":
+    def _convert(self, path) -> str | bytes:
+        """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
+        as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
+        fp16 is converted and serialised."""
+        if self.job.dtype == "fp32":
+            return str(path)
+        if self.job.dtype != "fp16":
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
-        return m.SerializeToString()
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        return convert_float_to_float16(onnx.load(str(path)), keep_io_types=True).SerializeToString()
 
     def _session(self, path, model: bytes | None = None):
-        """A session on `path` converted to the cell's dtype, or on `model` (serialized) as it is."""
+        """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes),
+        or on `model` (serialised) as it is."""
         import onnxruntime as ort
 
         so = ort.SessionOptions()

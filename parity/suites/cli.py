@@ -69,18 +69,31 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
     return cases
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity.suites.cli", description=__doc__,
+def suite_names(root: str | Path | None = None) -> list[str]:
+    return sorted(p.stem for p in (Path(root) if root else spec.suites_dir()).glob("*.yaml"))
+
+
+def main(argv=None, prog: str = "python -m parity.suites.cli") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("python -m parity.suites.cli", prog),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for cmd, hlp in (("list", "print the case ids of each suite"),
                      ("validate", "expand and resolve every target; print the first error (file, case, key)")):
         sp = sub.add_parser(cmd, help=hlp)
-        sp.add_argument("suites", nargs="+", help="suite names (conf/suites/<name>.yaml) or suite file paths")
+        sp.add_argument("suites", nargs="+" if cmd == "validate" else "*",
+                        help="suite names (conf/suites/<name>.yaml) or suite file paths"
+                             + (" (none: list the suites)" if cmd == "list" else ""))
         sp.add_argument("--root", default=None, help="suites folder (default: conf/suites)")
         if cmd == "list":
             sp.add_argument("--long", action="store_true", help="also print kind and op label")
     a = ap.parse_args(argv)
+    if a.cmd == "list" and not a.suites:  # the suites there are, with their case counts
+        for name in suite_names(a.root):
+            try:
+                print(f"{name}\t{len(list_cases(name, a.root))} cases")
+            except spec.SuiteError as e:
+                print(f"{name}\terror: {e}")
+        return 0
     rc = 0
     for s in a.suites:
         try:
