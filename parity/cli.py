@@ -92,7 +92,9 @@ def _compare(args) -> int:
         if args.html:
             from parity.report_compare import write_page
 
-            print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}", file=sys.stderr)
+            # on stderr with --json, so stdout stays one JSON document
+            print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}",
+                  file=sys.stderr if args.json else sys.stdout)
         return rc
     except RuntimeError as e:
         print(f"parity compare: {e}", file=sys.stderr)
