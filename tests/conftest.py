@@ -156,6 +156,20 @@ def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), provide
     return repo
 
 
+def fp16_regression(path: Path, tight: str) -> Repo:
+    """Two commits, verdicts by tolerance on ort_cpu: fp16 at a loose tolerance (every cell passes),
+    then fp16 at `tight` (a `tol: {...}` flow mapping the fp16 cells cannot meet: they regress)."""
+    r = make_repo(path, providers=("ort_cpu",))
+    r.edit("conf/config.yaml", "verdict: oracle", "verdict: tolerance")  # the verdict these tolerances decide
+    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0e-5, rtol: 1.0e-3}", "tol: {atol: 1.0, rtol: 1.0}")
+    r.exp_run()
+    r.commit("loose fp16")
+    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0, rtol: 1.0}", tight)
+    r.exp_run()
+    r.commit("tight fp16")
+    return r
+
+
 @pytest.fixture
 def repo(tmp_path) -> Repo:
     return make_repo(tmp_path / "repo")

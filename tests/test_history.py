@@ -6,22 +6,14 @@ import re
 
 import pytest
 
-from conftest import make_repo, run
+from conftest import fp16_regression, make_repo, run
 
 
 @pytest.fixture(scope="module")
 def two_commits(tmp_path_factory):
     """Commit 1: fp16 at a loose tolerance (every cell passes). Commit 2: fp16 at zero tolerance
     (fp16 cannot match fp32 bit for bit: the fp16 cells regress)."""
-    r = make_repo(tmp_path_factory.mktemp("history") / "repo", providers=("ort_cpu",))
-    r.edit("conf/config.yaml", "verdict: oracle", "verdict: tolerance")  # the verdict these tolerances decide
-    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0e-5, rtol: 1.0e-3}", "tol: {atol: 1.0, rtol: 1.0}")
-    r.exp_run()
-    r.commit("loose fp16")
-    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0, rtol: 1.0}", "tol: {atol: 0.0, rtol: 0.0}")
-    r.exp_run()
-    r.commit("exact fp16")
-    return r
+    return fp16_regression(tmp_path_factory.mktemp("history") / "repo", "tol: {atol: 0.0, rtol: 0.0}")
 
 
 def test_compare_names_the_regressed_cell_and_gates_ci(two_commits):

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, make_repo
+from conftest import ROOT, fp16_regression, make_repo
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER),
@@ -135,15 +135,7 @@ def test_report_shows_the_op_coverage_matrix_when_suites_ran(suite_report, brows
 def two_commits(tmp_path_factory):
     """Commit 1: fp16 at a loose tolerance (passes). Commit 2: fp16 at a tolerance it cannot meet
     (atol 1e-7, rtol 1e-6: an injected failure with finite ratios), verdicts by tolerance."""
-    r = make_repo(tmp_path_factory.mktemp("report-fail") / "repo", providers=("ort_cpu",))
-    r.edit("conf/config.yaml", "verdict: oracle", "verdict: tolerance")
-    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0e-5, rtol: 1.0e-3}", "tol: {atol: 1.0, rtol: 1.0}")
-    r.exp_run()
-    r.commit("loose fp16")
-    r.edit("conf/dtypes/fp16.yaml", "tol: {atol: 1.0, rtol: 1.0}", "tol: {atol: 1.0e-7, rtol: 1.0e-6}")
-    r.exp_run()
-    r.commit("tight fp16")
-    return r
+    return fp16_regression(tmp_path_factory.mktemp("report-fail") / "repo", "tol: {atol: 1.0e-7, rtol: 1.0e-6}")
 
 
 def test_failing_layers_show_mismatch_counts_and_the_worst_element(two_commits, browser):
