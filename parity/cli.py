@@ -9,6 +9,8 @@
                                             grammar), live progress, a compact table
   parity exp [--md] [-n N] [--all-params]  dvc exp show narrowed to what differs (parity/expview.py)
   parity repro -j N [--provider P ...]     dvc repro with N cells at once (shared stages first)
+  parity repro --cluster ADDRESS           the cells on a Ray cluster, results through the DVC remote
+  parity worker --address HEAD             join a Ray cluster advertising this node's providers
   parity show CELL                         one cell: verdict, drift origin, failing layers with
                                             mismatch counts and worst elements
   parity list models|dtypes|providers|suites   the options of a conf/ group
@@ -153,6 +155,16 @@ def _version() -> str:
         return __version__
 
 
+def _repro(args) -> int:
+    if args.cluster:  # Ray is imported only here (the optional parity[cluster] extra)
+        from parity import cluster
+
+        return cluster.run_from_args(args)
+    from parity import parallel
+
+    return parallel.run_from_args(args)
+
+
 def _json_flag(c: argparse.ArgumentParser) -> None:
     c.add_argument("--json", action="store_true", help="one JSON document on stdout (docs/cli-json.md)")
 
@@ -188,7 +200,13 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("repro", help="dvc repro with N independent cells at once (DVC has no jobs flag)",
                        description=parallel.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parallel.add_arguments(c)
-    c.set_defaults(fn=parallel.run_from_args)
+    c.add_argument("--cluster", metavar="ADDRESS", help="run the cells on a Ray cluster (`auto`: the local "
+                   "instance); needs parity[cluster] and a DVC remote every node reaches (docs/cluster.md)")
+    c.set_defaults(fn=_repro)
+    c = sub.add_parser("worker", help="join a Ray cluster advertising this node's providers (parity[cluster])")
+    from parity.cluster import add_worker_arguments
+
+    add_worker_arguments(c)
     c = sub.add_parser("show", help="one cell: verdict, drift origin, failing layers and their worst elements")
     c.add_argument("cell", help="model-dtype-provider, e.g. resnet18-fp16-ort_cpu")
     c.add_argument("--all", action="store_true", help="every layer outside atol/rtol, not only the worst 10")

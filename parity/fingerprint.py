@@ -163,6 +163,32 @@ def collect(components) -> dict:
     return {c: component(c) for c in sorted(set(components))}
 
 
+# Set only by `parity repro --cluster` (parity/cluster.py) on the dvc processes it starts, so a run
+# off a cluster writes the same bytes as before. NODE: JSON {hostname, ray_node_id} of the node that
+# runs the cell. UNAVAILABLE: JSON {provider: reason} for providers no node of the cluster advertises.
+CLUSTER_NODE_ENV = "PARITY_CLUSTER_NODE"
+CLUSTER_UNAVAILABLE_ENV = "PARITY_CLUSTER_UNAVAILABLE"
+
+
+def cluster_unavailable(provider: str) -> str | None:
+    """Why no node of the cluster can run `provider` (the env probe writes it into provider-<name>.json,
+    so such a cell is cached apart from real runs; the capture reports it as UNAVAILABLE), or None."""
+    import json
+    import os
+
+    return json.loads(os.environ.get(CLUSTER_UNAVAILABLE_ENV) or "{}").get(provider)
+
+
+def cluster_node(uses) -> dict | None:
+    """The node a cluster cell runs on, for its status.json: hostname, Ray node id and this node's
+    fingerprint of the components the provider uses. None off a cluster."""
+    import json
+    import os
+
+    raw = os.environ.get(CLUSTER_NODE_ENV)
+    return {**json.loads(raw), "fingerprint": collect(uses)} if raw else None
+
+
 # Thread-count variables of the libraries the backends run on (OpenMP, MKL, OpenBLAS).
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 

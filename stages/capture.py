@@ -51,14 +51,17 @@ def main(argv=None) -> int:
                      reference=Path(a.reference) if a.reference else None)
     key = config.cell_key(a.model, a.dtype, a.provider)
     t0 = time.perf_counter()
+    from parity import fingerprint
+
+    unavailable = fingerprint.cluster_unavailable(a.provider)  # parity repro --cluster: no node offers it
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
     except ValueError as e:
         res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}
     else:
-        res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0) if timed else 0,
-                          cap.get("repeats", 1) if timed else 0)
-        settings = cls.settings(job) if res.status != "UNSUPPORTED" and hasattr(cls, "settings") else {}
+        res = CaptureResult("UNAVAILABLE", unavailable) if unavailable else run_capture(
+            cls, job, load(a.inputs), cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0)
+        settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable and hasattr(cls, "settings") else {}
     rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
     out = Path(a.out)
     store.write(out / "layers.parquet", rows if res.status == "OK" else [],
@@ -69,6 +72,8 @@ def main(argv=None) -> int:
               "own": write_own(out / "own.parquet", res, key)}
     if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)
         status["settings"] = settings
+    if fingerprint.cluster_node(pc["uses"]):  # parity repro --cluster: where the numbers come from
+        status["node"] = fingerprint.cluster_node(pc["uses"])
     if job.engine_dir is not None and (job.engine_dir / "build.json").exists():
         # which engine each number comes from, and what fusion removed in the engine under test
         from parity.io import read_json

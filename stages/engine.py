@@ -41,7 +41,9 @@ def main(argv=None) -> int:
         import importlib
 
         backend = importlib.import_module(mod)
-        why = backend.availability()
+        from parity.fingerprint import cluster_unavailable
+
+        why = cluster_unavailable(a.provider) or backend.availability()  # parity repro --cluster
         if why:
             info = {"status": "UNAVAILABLE", "reason": why}
         else:

@@ -32,7 +32,10 @@ def main(argv=None) -> int:
     for name, fp in comps.items():
         write_json(out / f"{name}.json", fp)
     for prov, pc in sorted(p["providers"].items()):
-        write_json(out / f"provider-{prov}.json", {c: comps[c] for c in sorted(pc["uses"])})
+        fp = {c: comps[c] for c in sorted(pc["uses"])}
+        if fingerprint.cluster_unavailable(prov):  # parity repro --cluster: no node offers it
+            fp["cluster"] = fingerprint.cluster_unavailable(prov)
+        write_json(out / f"provider-{prov}.json", fp)
     write_json(out / "host.json", fingerprint.host())
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
