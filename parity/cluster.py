@@ -434,7 +434,9 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
         refs[opts.remote(bref, commit, files, c, pl.cell_stages[c], sorted(pl.needs[c]),
                          [_rel(m, root) for m in pl.metrics.get(c, [])],
                          os.environ.get(CLUSTER_UNAVAILABLE_ENV, ""))] = c
-    prog = parallel._Progress(len(cells), out, {})
+    from parity.ui import Progress
+
+    prog = Progress(len(cells), out, "parity repro --cluster", every=30.0)
     done: dict[str, dict] = {}
     per_node: dict[str, int] = {}
     pending = list(refs)
@@ -442,41 +444,48 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in ready:
-                c = refs[ref]
-                try:
-                    r = ray.get(ref)
-                except Exception as e:  # noqa: BLE001 (the task raised, or failed after every retry)
-                    res.failed[c] = f"task failed: {str(e).strip().splitlines()[-1][:300]}"
-                    prog.cell(c, False, 0.0, [], res.failed[c])
-                    continue
-                host = f"{r['node']['hostname']}/{r['node']['ray_node_id'][:8]}"
-                per_node[host] = per_node.get(host, 0) + 1
-                res.ran += r["ran"]
-                s = r["secs"]
-                where = f"on {host}: " + ", ".join(f"{k} {v:.1f}s" for k, v in s.items())
-                if r["ok"]:
-                    done[c] = r
-                    prog.metrics[c] = []
-                    prog.verdicts[c] = r.get("verdict") or "ran"
-                    state = (r.get("verdict") or "ok") + (f" (drift origin {r['origin']})" if r.get("origin") else "")
-                    prog.ui.line(f"parity: {len(done)}/{len(cells)}  {c}: {state} {where}", advance=1)
-                    prog.done += 1
-                else:
-                    res.failed[c] = f"{r['why']} on {host}"
-                    prog.cell(c, False, sum(s.values()), r["ran"], res.failed[c])
-                    prog.ui.line(r.get("log", ""))
+                _collect(refs[ref], ref, res, prog, done, per_node)
+            prog.heartbeat(f"parity: {prog.done}/{len(cells)} cells done, {len(pending)} running or queued "
+                           f"(done per node: {_per_node(per_node)})")
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)
-        for ref in pending:
             res.failed[refs[ref]] = "cancelled (Ctrl-C)"
         res.returncode = 128 + signal.SIGINT
         print(f"parity: interrupted: cancelled {len(pending)} remote task(s)", file=out, flush=True)
     finally:
         prog.close()
-    print("parity: cells per node: " + ", ".join(f"{h} {n}" for h, n in sorted(per_node.items())),
-          file=out, flush=True)
+    print(f"parity: cells per node: {_per_node(per_node)}", file=out, flush=True)
     return done
+
+
+def _per_node(per_node: dict[str, int]) -> str:
+    return ", ".join(f"{h} {n}" for h, n in sorted(per_node.items())) or "none yet"
+
+
+def _collect(cell: str, ref, res: parallel.Result, prog, done: dict, per_node: dict) -> None:
+    """One finished task: its line (verdict, node, seconds per phase), its failure if any."""
+    import ray
+
+    try:
+        r = ray.get(ref)
+    except Exception as e:  # noqa: BLE001 (the task raised, or its node died MAX_RETRIES + 1 times)
+        res.failed[cell] = f"task failed: {(str(e).strip().splitlines() or [type(e).__name__])[-1][:300]}"
+        prog.line(f"parity: {cell}: FAILED ({res.failed[cell]})", advance=1)
+        return
+    host = f"{r['node']['hostname']}/{r['node']['ray_node_id'][:8]}"
+    per_node[host] = per_node.get(host, 0) + 1
+    res.ran += r["ran"]
+    where = f"on {host}: " + ", ".join(f"{k} {v:.1f}s" for k, v in r["secs"].items())
+    if r["ok"]:
+        done[cell] = r
+        state = (r.get("verdict") or "ok") + (f" (drift origin {r['origin']})" if r.get("origin") else "")
+    else:
+        res.failed[cell] = f"{r['why']} on {host}"
+        state = f"FAILED ({r['why']})"
+    prog.line(f"parity: {prog.done + 1}/{prog.total}  {cell}: {state} {where}", advance=1)
+    if not r["ok"] and r.get("log"):
+        prog.line(r["log"])
 
 
 def _check_placement(root: Path, placed: dict[str, dict], out: TextIO) -> None:

@@ -196,3 +196,26 @@ def test_provider_no_node_offers_is_unavailable_and_strict_fails(tmp_path, local
     p = parity_repro(repo, "--cluster", cl.address, check=False)
     assert p.returncode == 1, p.stderr
     assert f"these cells did not run: {cell}" in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_matrix_placement_across_three_nodes(tmp_path, local_cluster):
+    """The acceptance matrix: 2 models x 2 dtypes x 4 providers. One node advertises only
+    torch_compile, one only ort_int8, the head the rest: every cell is placed on a node that advertises
+    its provider (status.json), the lock and metrics equal a sequential `dvc repro`, and a following
+    `dvc repro` runs only env."""
+    repo = make_repo(tmp_path / "repo", models=("tiny_mlp", "mlp"), dtypes=("fp32", "fp16"),
+                     providers=("torch_cpu", "ort_cpu", "torch_compile", "ort_int8"))
+    with_remote(repo, tmp_path)
+    cl = local_cluster([["torch_cpu", "ort_cpu"], ["torch_compile"], ["ort_int8"]])
+    p = parity_repro(repo, "--cluster", cl.address)
+    log = p.stdout + p.stderr
+    cells = cells_of(repo)
+    assert len(cells) == 16
+    where = {"torch_cpu": 0, "ort_cpu": 0, "torch_compile": 1, "ort_int8": 2}
+    for c in cells:
+        assert status(repo, c)["node"]["ray_node_id"] == cl.node_id(where[c.split("-", 2)[2]]), (c, log)
+    assert "ran here" not in log and "warning" not in log, log
+    seq = sequential_twin(repo, tmp_path)
+    assert_same_as_sequential(repo, seq, cells)
+    assert repo.repro() == [ENV]
