@@ -52,6 +52,7 @@ def stats(xs: list[float]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="rounds run first and discarded (default 1)")
     ap.add_argument("--models", default="tiny_mlp,mlp")
     ap.add_argument("--dtypes", default="fp32,fp16")
     ap.add_argument("--providers", default="torch_cpu,ort_cpu,torch_compile,ort_int8")
@@ -97,16 +98,16 @@ def main() -> int:
     try:
         stale()
         timed(["dvc", "repro"], repo.path)  # upstream (export, reference, baseline) once, outside the rounds
-        for rnd in range(a.runs + 1):
+        for rnd in range(1 - a.warmup, a.runs + 1):
             for name, cmd in sides.items():
                 stale()
                 dt, out = timed(cmd, repo.path)
-                if rnd:
+                if rnd > 0:
                     vals[name].append(dt)
                     if "--cluster" in cmd:
                         phases += [dict(cell=m[0], checkout=float(m[1]), pull=float(m[2]), run=float(m[3]),
                                         push=float(m[4])) for m in PHASE.findall(out)]
-                print(f"bench: round {rnd}{' (warm-up)' if not rnd else ''}: {name}: {dt:.1f}s", flush=True)
+                print(f"bench: round {rnd}{' (warm-up)' if rnd <= 0 else ''}: {name}: {dt:.1f}s", flush=True)
     finally:
         cl.shutdown()
     load_after = os.getloadavg()

@@ -148,17 +148,30 @@ def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------- the task (runs on a node)
 
-def _deathsig() -> None:
-    """In the child: die with the Ray worker that started it (Linux), so a killed node leaves no dvc."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Kills the process group argv[2] once this watchdog's parent (the Ray worker running the cell) is
+# gone: a node that dies, or a task cancelled by Ctrl-C on the driver, leaves no dvc and no stage behind.
+_WATCHDOG = """import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while os.getppid() == parent:
+    time.sleep(0.2)
+try:
+    os.killpg(group, signal.SIGKILL)
+except OSError:
+    pass
+"""
 
 
 def _run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env=env or parallel._env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, preexec_fn=_deathsig)
+    """`cmd` in a process group of its own, watched: if this worker dies, the whole group is killed."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=env or parallel._env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    w = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(p.pid)], start_new_session=True)
+    try:
+        out, _ = p.communicate()
+    finally:
+        w.kill()
+        w.wait()
+    return subprocess.CompletedProcess(cmd, p.returncode, out, None)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,10 @@ Ray process is stopped in teardown.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -57,6 +60,38 @@ def local_cluster(tmp_path):
     yield start
     for c in made:
         c.shutdown()
+
+
+def procs_under(path: Path) -> list[int]:
+    """Live processes whose working directory is under `path` (Linux /proc)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(d / "cwd")).is_relative_to(path):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def gone_within(path: Path, seconds: float = 20.0) -> list[int]:
+    end = time.monotonic() + seconds
+    while procs_under(path) and time.monotonic() < end:
+        time.sleep(0.2)
+    return procs_under(path)
+
+
+def wait_phase(cl: LocalCluster, nodes, phase: str, proc: subprocess.Popen, seconds: float = 600) -> int | None:
+    """The first of `nodes` whose task reaches `phase` (its running.json), or None if the driver ended."""
+    end = time.monotonic() + seconds
+    while proc.poll() is None and time.monotonic() < end:
+        for i in nodes:
+            m = cl.workdirs[i] / "running.json"
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(m.read_text()).get("phase") == phase:
+                    return i
+        time.sleep(0.05)
+    return None
 
 
 def with_remote(repo, tmp: Path) -> None:
@@ -150,16 +185,9 @@ def test_killed_node_mid_cell_completes_elsewhere(tmp_path, local_cluster):
     cl = local_cluster([[], ["ort_cpu"], ["ort_cpu"]])
     drv = subprocess.Popen([f"{BIN}/parity", "repro", "--cluster", cl.address], cwd=repo.path, env=env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed = None
-    deadline = time.monotonic() + 600
-    while killed is None and drv.poll() is None and time.monotonic() < deadline:
-        for i in (1, 2):
-            m = cl.workdirs[i] / "running.json"
-            if m.exists() and json.loads(m.read_text() or "{}").get("phase") == "run":
-                killed = i
-                cl.cluster.remove_node(cl.nodes[i], allow_graceful=False)
-                break
-        time.sleep(0.05)
+    killed = wait_phase(cl, (1, 2), "run", drv)
+    if killed is not None:
+        cl.cluster.remove_node(cl.nodes[killed], allow_graceful=False)
     out, _ = drv.communicate(timeout=900)
     assert killed is not None, out
     assert drv.returncode == 0, out
@@ -171,7 +199,27 @@ def test_killed_node_mid_cell_completes_elsewhere(tmp_path, local_cluster):
     runs = [d for d in (tmp_path / "remote" / "runs").rglob("*") if d.is_file()]
     keys = {f.parent.parent.name for f in runs}
     assert len(runs) == len(keys), runs
+    # the killed attempt stopped in its dvc repro and left no process behind
+    assert json.loads((cl.workdirs[killed] / "running.json").read_text())["phase"] == "run"
+    assert gone_within(cl.workdirs[killed]) == []
     assert repo.repro() == [ENV]
+
+
+def test_ctrl_c_cancels_remote_tasks(tmp_path, local_cluster):
+    """SIGINT to the driver while a node runs a cell: the driver cancels the task, exits 130, and no
+    dvc or stage process of the cell is left on the node."""
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    with_remote(repo, tmp_path)
+    cl = local_cluster([[], ["ort_cpu"]])
+    drv = subprocess.Popen([f"{BIN}/parity", "repro", "--cluster", cl.address], cwd=repo.path, env=env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wait_phase(cl, (1,), "run", drv) == 1
+    drv.send_signal(signal.SIGINT)
+    out, _ = drv.communicate(timeout=300)
+    assert drv.returncode == 130, out
+    assert "cancelled 1 remote task(s)" in out, out
+    assert gone_within(cl.workdirs[1]) == []
+    assert json.loads((cl.workdirs[1] / "running.json").read_text())["phase"] == "run"
 
 
 def test_provider_no_node_offers_is_unavailable_and_strict_fails(tmp_path, local_cluster):
