@@ -55,6 +55,7 @@ RES = "provider:"
 GPU_RES = "gpu:"
 CELL_SHARE = 0.001        # of a provider resource (a node advertises 1.0) that one cell asks for
 MAX_RETRIES = 3           # Ray re-runs a task whose node or worker died this many times
+CANCEL_WAIT_S = 30.0      # Ctrl-C: how long to wait for cancelled tasks to be gone
 WORKDIR_ENV = "PARITY_WORKDIR"
 MARKER = "running.json"   # in the node's work dir: the cell and phase its task is in (progress, tests)
 LOCK_FILES = ("dvc.lock", "env/dvc.lock")
@@ -317,8 +318,12 @@ def offered() -> set[str]:
             if k.startswith(RES)}
 
 
+_PROVIDERS: list[str] = []  # params.yaml's providers, longest first (set by repro)
+
+
 def _provider(cell: str) -> str:
-    return cell.split("-", 2)[2]
+    """The provider of cell `model-dtype-provider` (names may hold '-': matched against params)."""
+    return next((p for p in _PROVIDERS if cell.endswith("-" + p)), cell.rsplit("-", 1)[-1])
 
 
 def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] = (), dtypes: Sequence[str] = (),
@@ -336,6 +341,9 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
     if not pl.cells:
         print("parity: repro --cluster: the filters select no cell", file=out)
         return parallel.Result(2)
+    import yaml
+
+    _PROVIDERS[:] = sorted(yaml.safe_load((root / "params.yaml").read_text())["providers"], key=len, reverse=True)
     import ray
 
     try:
@@ -400,7 +408,7 @@ def _drive(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, unavailabl
         if r.returncode:
             res.failed["restore"] = "dvc repro --pull of the cells failed"
             print(f"parity: restore FAILED\n{parallel._tail(r.stdout)}", file=out, flush=True)
-        print(f"parity: restored {len(stages) - len(ran)} stage(s) from the run-cache"
+        print(f"parity: restored {len(CACHED.findall(r.stdout))} stage(s) from the run-cache"
               + (f"; ran here: {', '.join(ran)}" if ran else ""), file=out, flush=True)
         if local:
             print(f"parity: warning: {', '.join(local)} ran here, not restored from a node", file=out, flush=True)
@@ -462,8 +470,10 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
                            f"(done per node: {_per_node(per_node)})")
     except KeyboardInterrupt:
         for ref in pending:
-            ray.cancel(ref, force=True)
+            ray.cancel(ref, force=True)  # force: the worker process dies, and with it the cell's dvc group
             res.failed[refs[ref]] = "cancelled (Ctrl-C)"
+        # cancel is asynchronous: wait until every task is gone before the driver (and its job) ends
+        ray.wait(pending, num_returns=len(pending), timeout=CANCEL_WAIT_S)
         res.returncode = 128 + signal.SIGINT
         print(f"parity: interrupted: cancelled {len(pending)} remote task(s)", file=out, flush=True)
     finally:

@@ -267,3 +267,18 @@ def test_matrix_placement_across_three_nodes(tmp_path, local_cluster):
     seq = sequential_twin(repo, tmp_path)
     assert_same_as_sequential(repo, seq, cells)
     assert repo.repro() == [ENV]
+
+
+def test_worker_resources_come_from_the_env_probe():
+    """`parity worker --resources`: one `provider:<name>` per provider whose runner is available here,
+    none for TensorRT (not installed), and the reason on `parity worker` for each one left out."""
+    p = subprocess.run([f"{BIN}/parity", "worker", "--resources"], env=env(), capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert {"provider:torch_cpu", "provider:ort_cpu", "provider:ort_int8", "provider:torch_compile"} <= set(res)
+    assert "provider:trt" not in res
+    from parity.cluster import node_resources
+
+    _, missing = node_resources(Path(__file__).resolve().parents[1])
+    assert "TensorRT" in missing["trt"]
