@@ -46,6 +46,27 @@ class CompileError(RuntimeError):
     run_capture records COMPILE_FAIL with the compiler's exception as the reason."""
 
 
+class OpSkip(Exception):
+    """Raised by Runner.run_op (or the suite around it) when a case ends with a status other than OK
+    (EXPORT_FAIL, COMPILE_FAIL, INFER_FAIL, INVALID, UNAVAILABLE...) and a reason."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@dataclass
+class OpJob:
+    """One suite cell (suite x dtype x provider) as the op-level hook (Runner.run_op) sees it."""
+    provider: str
+    provider_cfg: dict
+    dtype: str               # the torch dtype name of the cell (dtypes.<d>.torch): float32, float16, ...
+    seed: int = 0
+    repeats: int = 3
+    threads: int = 1
+    onnx_opset: int = 17
+
+
 @dataclass
 class CaptureJob:
     model: str
@@ -82,9 +103,26 @@ class CaptureResult:
 
 
 class Runner:
-    """One backend at one dtype. Lifecycle: availability() -> activate() -> infer()* -> deactivate()."""
+    """One backend at one dtype. Lifecycle: availability() -> activate() -> infer()* -> deactivate().
+    The same class runs a model (CaptureJob: activate/infer/infer_plain) and one op of a suite
+    (OpJob: run_op), so a provider behaves the same in the model pipeline and in suites."""
 
-    def __init__(self, job: CaptureJob):
+    # -- capabilities (class attributes; read by config, env, suites and the engine stage) --
+    # runs an exported ONNX graph: the suite coverage's ONNX-export column counts its EXPORT_FAILs
+    onnx_based: bool = False
+    # conf dtypes `mode:` values it runs (config checks providers x dtypes against it at compose)
+    precision_modes: tuple[str, ...] = ("cast",)
+    # fingerprint components (parity.fingerprint) its results depend on, beside the conf's `uses:`;
+    # `fingerprint_probes` adds components of its own: {name: zero-argument function -> dict}
+    fingerprint_components: tuple[str, ...] = ()
+    fingerprint_probes: dict = {}
+    # builds a serialized engine in a stage of its own (engine@model-dtype-provider) before capture
+    engine_build: bool = False
+    # run_op also returns gradients (suite cases with `grad: true`); runs float64 gradcheck cases
+    op_grads: bool = False
+    op_gradcheck: bool = False
+
+    def __init__(self, job: "CaptureJob | OpJob"):
         self.job = job
 
     @classmethod
@@ -128,6 +166,14 @@ class Runner:
 
     def deactivate(self) -> None:
         """Release sessions/devices."""
+
+    def run_op(self, side, args, kwargs, grad: dict | None = None) -> tuple[list, float, list | None]:
+        """The op-level hook (suites; self.job is an OpJob): run one op or module `side`
+        (parity.backends.ops.Side) on `args`/`kwargs` (torch tensors at the cell's dtype) on this
+        backend. Returns ([(name, tensor)] outputs `out:<leaf>` then `grad:...` when `grad` is given
+        and op_grads, median latency in ms, ONNX op types or None). Raise OpSkip for a status."""
+        raise OpSkip("UNAVAILABLE", f"{type(self).__name__} has no op-level hook (Runner.run_op): "
+                                    "its provider cannot run suites")
 
     # Mixed precision (the plan stage, parity/analysis/plan.py). `plan_items` says what mixed() takes:
     # "modules" (leaf module names: torch runners), "onnx_nodes" (node names of the plain graph,

@@ -35,10 +35,12 @@ def bucket(x) -> str | None:
 
 
 def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: Path | None = None,
-          onnx_opset: int | None = None) -> dict:
+          onnx_opset: int | None = None, onnx_providers=()) -> dict:
     """cells: (dtype, provider) in matrix order; reads diff_dir/<dtype>-<provider>/results.json and
-    timing_dir/<dtype>-<provider>.json (when present)."""
+    timing_dir/<dtype>-<provider>.json (when present). onnx_providers: the providers whose runner is
+    ONNX-based (Runner.onnx_based): their EXPORT_FAILs make the ONNX column's EXPORT_FAIL."""
     cols, per_col, lat = [], {}, {}
+    onnx_cols = {f"{prov}/{dtype}" for dtype, prov in cells if prov in set(onnx_providers)}
     for dtype, prov in cells:
         col = f"{prov}/{dtype}"
         cols.append(col)
@@ -55,7 +57,7 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
                 op["case_ids"].append(r["id"])
             if r.get("onnx_ops"):
                 op["onnx"].update(r["onnx_ops"])
-            if col.startswith("ort") and r["status"] == "EXPORT_FAIL":
+            if col in onnx_cols and r["status"] == "EXPORT_FAIL":
                 op["onnx_fail"] = True
             cell = op["cells"].setdefault(col, {"statuses": [], "max_abs": [], "ratios": []})
             cell["statuses"].append((r["status"], r["reason"], r["id"]))
