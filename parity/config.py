@@ -308,10 +308,30 @@ def validate(p: dict) -> dict:
             if "dtype" in r and r["dtype"] not in p["dtypes"]:
                 pass  # a rule for a dtype not selected in this run is allowed (it just never matches)
     if p.get("suites"):
-        from parity.suites import spec as suite_spec  # light (yaml); expands every selected suite
-
-        suite_spec.validate_params(p)
+        _suites(p)
     return p
+
+
+def _suites(p: dict) -> None:
+    """Every selected suite expands (structure only). parity.suites.spec is light (yaml) and never
+    imports config: config -> spec, one way."""
+    import copy
+
+    from parity.suites import spec
+
+    suites = p.get("suites") or {}
+    if not isinstance(suites, dict):
+        raise ConfigError(f"suites: expected a mapping (a multi-select group), got {suites!r}")
+    for name, sec in suites.items():
+        if "-" in name or "/" in name:
+            raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
+        if isinstance(sec, dict) and "tolerances" not in sec:
+            raise ConfigError(f"suites.{name}: missing key 'tolerances' (conf/suites/{name}.yaml): give "
+                              f"`tolerances: []` for none (the suite's diff stages depend on that key)")
+        try:
+            spec.expand(name, copy.deepcopy(sec))
+        except spec.SuiteError as e:
+            raise ConfigError(f"suites.{name}: {e}") from None
 
 
 def check_runner(where: str, prov: dict) -> None:

@@ -175,6 +175,23 @@ class Runner:
         raise OpSkip("UNAVAILABLE", f"{type(self).__name__} has no op-level hook (Runner.run_op): "
                                     "its provider cannot run suites")
 
+    # -- engine build (engine_build = True; the engine@model-dtype-provider stage) --
+    @classmethod
+    def engine_availability(cls) -> str | None:
+        """None if engines can be built here, else why not (before any model is read)."""
+        return f"{cls.__name__} builds no engine (Runner.engine_build is false)"
+
+    @classmethod
+    def engine_precision(cls, dtype_cfg: dict) -> str:
+        """The engine precision of a conf dtype ('int8' needs calibration samples)."""
+        return ""
+
+    @classmethod
+    def build_engine(cls, model_dir: Path, dtype_cfg: dict, options: dict, calibration: list | None,
+                     out: Path, timing_cache: Path, layer_names: list[str]) -> dict:
+        """Build the cell's engines under `out`; returns build.json's content (status, reason, ...)."""
+        raise NotImplementedError(f"{cls.__name__} has no engine build (Runner.build_engine)")
+
     # Mixed precision (the plan stage, parity/analysis/plan.py). `plan_items` says what mixed() takes:
     # "modules" (leaf module names: torch runners), "onnx_nodes" (node names of the plain graph,
     # model.onnx: ORT runners), or None (this backend cannot run a mixed model).

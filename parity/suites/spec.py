@@ -40,7 +40,6 @@ case id and the key.
 from __future__ import annotations
 
 import ast
-import copy
 import fnmatch
 import itertools
 import operator
@@ -511,22 +510,3 @@ def tolerance_for(p: dict, suite: str, dtype: str, case_id: str, kind: str) -> t
             continue
         atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"suites.{suite}.tolerances[{i}]"
     return atol, rtol, src
-
-
-def validate_params(p: dict) -> None:
-    """Called from parity.config.validate: every selected suite expands (structure only)."""
-    from parity.config import ConfigError
-
-    suites = p.get("suites") or {}
-    if not isinstance(suites, dict):
-        raise ConfigError(f"suites: expected a mapping (a multi-select group), got {suites!r}")
-    for name, sec in suites.items():
-        if "-" in name or "/" in name:
-            raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
-        if isinstance(sec, dict) and "tolerances" not in sec:
-            raise ConfigError(f"suites.{name}: missing key 'tolerances' (conf/suites/{name}.yaml): give "
-                              f"`tolerances: []` for none (the suite's diff stages depend on that key)")
-        try:
-            expand(name, copy.deepcopy(sec))
-        except SuiteError as e:
-            raise ConfigError(f"suites.{name}: {e}") from None
