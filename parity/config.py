@@ -305,8 +305,7 @@ def validate(p: dict) -> dict:
             if "atol" not in r:
                 raise ConfigError(f"{w}: a rule needs atol and rtol")
             _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
-            if "dtype" in r and r["dtype"] not in p["dtypes"]:
-                pass  # a rule for a dtype not selected in this run is allowed (it just never matches)
+            # a rule for a dtype not selected in this run is allowed (it just never matches)
     if p.get("suites"):
         _suites(p)
     return p
@@ -442,17 +441,18 @@ def die(err: Exception, code: int = 2):
 
 def tolerance_for(p: dict, model: str, dtype: str, layer: str) -> tuple[float, float, str]:
     """(atol, rtol, source-key) for a layer: dtype default, then model rules in order (last wins)."""
-    import fnmatch
+    from parity import tolerance
 
-    t = p["dtypes"][dtype]["tol"]
-    atol, rtol, src = float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol"
-    for i, r in enumerate(p["models"][model].get("tolerances") or []):
-        if "dtype" in r and r["dtype"] != dtype:
-            continue
-        if "layer" in r and not fnmatch.fnmatchcase(layer, r["layer"]):
-            continue
-        atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"models.{model}.tolerances[{i}]"
-    return atol, rtol, src
+    return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["models"][model].get("tolerances"),
+                             f"models.{model}.tolerances", dtype, layer=layer)
+
+
+def unsupported_dtype(provider: str, prov: dict, dtype: str) -> str | None:
+    """Why `provider` (its conf `prov`) does not run `dtype` (its `dtypes:` lacks it), or None."""
+    supported = prov.get("dtypes", [])
+    if dtype in supported:
+        return None
+    return f"provider {provider} supports dtypes {supported}, not {dtype} (conf/providers/{provider}.yaml)"
 
 
 def stage_parser(module: str, doc: str | None, cell: bool = False):

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from parity import paths
+
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
 NOT_STARTED = "not started: parity repro was stopped"
@@ -486,11 +488,11 @@ def _longest_first(root: Path, cells: list[str]) -> list[str]:
     else its model's ONNX size; ties keep params order. Only the order changes, never the results."""
     def cost(cell: str) -> tuple[float, int]:
         try:
-            t = json.loads((root / "artifacts" / "timing" / f"{cell}.json").read_text())
+            t = json.loads((root / paths.timing(cell)).read_text())
             ms = float(t["median_ms"]) * (int(t.get("warmup", 0)) + int(t.get("repeats", 1)))
         except (OSError, ValueError, KeyError, TypeError):
             ms = 0.0
-        onnx = root / "artifacts" / "models" / cell.split("-")[0] / "model.onnx"
+        onnx = root / paths.model_dir(cell.split("-")[0]) / "model.onnx"
         return ms, onnx.stat().st_size if onnx.exists() else 0
 
     return sorted(cells, key=cost, reverse=True)

@@ -30,10 +30,10 @@ from typing import Collection
 
 import numpy as np
 
-from parity import store
+from parity import config, status, store
 from parity.store import PLAIN
 
-STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "COMPILE_FAIL", "INFER_FAIL")
+STATUSES = status.RUNNER  # the one vocabulary: parity.status
 
 
 class Unavailable(RuntimeError):
@@ -220,10 +220,9 @@ def _cause(e: CompileError) -> str:
 
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
                 warmup: int, repeats: int) -> CaptureResult:
-    supported = job.provider_cfg.get("dtypes", [])
-    if job.dtype not in supported:
-        return CaptureResult("UNSUPPORTED", f"provider {job.provider} supports dtypes {supported}, "
-                                            f"not {job.dtype} (conf/providers/{job.provider}.yaml)")
+    why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
+    if why:
+        return CaptureResult("UNSUPPORTED", why)
     try:
         why = cls.availability(job)
     except Exception as e:  # an availability probe that raises means: not available

@@ -45,14 +45,20 @@ class OrtRunner(Runner):
             return f"{cls.ep} is not among onnxruntime's providers {ort.get_available_providers()}{hint}"
         return None
 
+    def _torch_dtype(self) -> str:
+        """The cell's element type (dtypes.<d>.torch), whatever the conf dtype is called."""
+        return self.job.dtype_cfg.get("torch", "float32")
+
     def _convert(self, path) -> str | bytes:
         """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
         as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
         fp16 is converted and serialised."""
-        if self.job.dtype == "fp32":
+        torch_dtype = self._torch_dtype()
+        if torch_dtype == "float32":
             return str(path)
-        if self.job.dtype != "fp16":
-            raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
+        if torch_dtype != "float16":
+            raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype} "
+                             f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -123,7 +129,7 @@ class OrtRunner(Runner):
     def _mixed_model(self, m, fp32_nodes: set):
         """`m` at the cell's dtype with the nodes `fp32_nodes` left in float32 (fp16:
         convert_float_to_float16's node_block_list, Casts inserted around them)."""
-        if self.job.dtype != "fp16":
+        if self._torch_dtype() != "float16":
             raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
         return mixed_fp16(m, fp32_nodes, shapes_inferred=True)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity import config
+
 
 def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration: Path, out: Path,
                timing_cache: Path) -> dict:
@@ -12,9 +14,9 @@ def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration:
     from parity.backends import load_runner
 
     pc, dc = p["providers"][provider], p["dtypes"][dtype]
-    if dtype not in pc["dtypes"]:
-        return {"status": "UNSUPPORTED", "reason": f"provider {provider} supports dtypes {pc['dtypes']}, "
-                                                   f"not {dtype} (conf/providers/{provider}.yaml)"}
+    why = config.unsupported_dtype(provider, pc, dtype)
+    if why:
+        return {"status": "UNSUPPORTED", "reason": why}
     cls = load_runner(pc["runner"], pc.get("import"))
     why = cls.engine_availability()
     if why:

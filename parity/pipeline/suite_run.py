@@ -4,7 +4,7 @@ Light: this process never imports torch (the workers do)."""
 
 from __future__ import annotations
 
-from parity import store
+from parity import config, store
 from parity.suites import pool, spec
 
 
@@ -25,11 +25,7 @@ def _not_run(p: dict, dtype: str, provider: str) -> str | None:
     mode = p["dtypes"][dtype].get("mode", "cast")
     if mode != "cast":
         return f"suites run cast precisions only; dtypes.{dtype}.mode is {mode!r}"
-    prov = p["providers"][provider]
-    if dtype not in prov.get("dtypes", []):
-        return (f"provider {provider} supports dtypes {prov.get('dtypes')}, not {dtype} "
-                f"(conf/providers/{provider}.yaml)")
-    return None
+    return config.unsupported_dtype(provider, p["providers"][provider], dtype)
 
 
 def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None, progress=None):

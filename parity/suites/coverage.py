@@ -16,10 +16,11 @@ import math
 import statistics
 from pathlib import Path
 
+from parity import status
+
 # worst first: what an op's cell shows when its cases disagree
-SEVERITY = ("CRASH", "TIMEOUT", "INFER_FAIL", "EXPORT_FAIL", "COMPILE_FAIL", "NAN_IN_OUTPUT", "MISMATCH",
-            "NAN_IN_REFERENCE", "UNAVAILABLE", "UNSUPPORTED", "INVALID", "OK")
-RAN = ("OK", "MISMATCH", "NAN_IN_OUTPUT", "NAN_IN_REFERENCE")
+SEVERITY = status.SEVERITY  # the one vocabulary: parity.status
+RAN = status.CASE_RAN
 BUCKETS = (("0", 0.0), ("<1e-6", 1e-6), ("<1e-4", 1e-4), ("<1e-2", 1e-2), ("<1", 1.0), (">=1", math.inf))
 
 
