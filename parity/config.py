@@ -70,6 +70,8 @@ VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcel
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
+# the built-in fingerprint components (parity.fingerprint.PROBES); a runner declares more
+# (Runner.fingerprint_components)
 COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt", "cpu")
 
 
@@ -241,9 +243,10 @@ def validate(p: dict) -> dict:
         where = f"providers.{name}"
         _check_keys(where, prov, PROVIDER_KEYS, required=("runner", "dtypes", "uses"))
         check_runner(where, prov)
+        valid = (*COMPONENTS, *runner_components(prov))
         for u in prov["uses"]:
-            if u not in COMPONENTS:
-                raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(COMPONENTS)}")
+            if u not in valid:
+                raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(valid)}")
         if not isinstance(prov.get("engine", False), bool):
             raise ConfigError(f"{where}.engine: expected true or false, got {prov['engine']!r}")
         _provider_options(where, prov)
@@ -359,6 +362,16 @@ def check_runner(where: str, prov: dict) -> None:
         imports.check_runner(prov["runner"], declared, valid)
     except imports.NotAllowed as e:
         raise ConfigError(f"{where}.runner: {e}") from None
+
+
+def runner_components(prov: dict) -> dict:
+    """Fingerprint components the provider's runner class declares (Runner.fingerprint_components,
+    read from its source, never imported): {name: distributions}."""
+    from parity import imports
+
+    mod, _, cls = str(prov.get("runner", "")).partition(":")
+    got = imports.class_literal(mod, cls, "fingerprint_components") if cls else None
+    return got if isinstance(got, dict) else {}
 
 
 def check_import_model(where: str, name) -> None:

@@ -89,6 +89,12 @@ def test_no_import_cycle_in_parity():
     assert not cycles, "import cycles in parity:\n" + "\n".join(cycles)
 
 
+def test_builtin_fingerprint_components_are_the_ones_config_accepts():
+    from parity import config, fingerprint
+
+    assert sorted(fingerprint.PROBES) == sorted(config.COMPONENTS)
+
+
 def test_stage_modules_are_thin():
     long = {f.name: n for f in sorted((ROOT / "stages").glob("*.py"))
             if (n := len(f.read_text().splitlines())) > STAGE_MAX_LINES}
@@ -137,6 +143,9 @@ from parity.backends.ort_cpu import OrtCpuRunner
 
 
 class OrtCpuBasicRunner(OrtCpuRunner):
+    # a fingerprint component of its own: its cells re-run when this package's version changes
+    fingerprint_components = {"packaging": ("packaging",)}
+
     def _session_options(self):
         so = super()._session_options()
         so.enable_mem_pattern = False
@@ -146,7 +155,7 @@ PROVIDER_CONF = """\
 ort_cpu_basic:
   runner: parity.backends.ort_cpu_basic:OrtCpuBasicRunner
   dtypes: [fp32, fp16]
-  uses: [onnxruntime, onnx, cpu]
+  uses: [onnxruntime, onnx, cpu, packaging]
   options:
     graph_optimization_level: basic
 """
@@ -200,6 +209,8 @@ def test_a_provider_and_a_model_are_one_file_each(tmp_path):
     assert {"capture@tinyconv-fp32-ort_cpu_basic", "diff@tinyconv-fp32-ort_cpu_basic",
             "suite_run@mine-fp32-ort_cpu_basic", "suite_coverage@mine"} <= set(ran), ran
     art = repo.path / "artifacts"
+    fp = json.loads((art / "env/provider-ort_cpu_basic.json").read_text())
+    assert set(fp) == {"onnxruntime", "onnx", "cpu", "packaging"} and fp["packaging"].get("packaging"), fp
     st = json.loads((art / "capture/tinyconv-fp32-ort_cpu_basic/status.json").read_text())
     assert st["status"] == "OK", st
     m = json.loads((art / "diff/tinyconv-fp32-ort_cpu_basic/metrics.json").read_text())

@@ -112,10 +112,10 @@ class Runner:
     onnx_based: bool = False
     # conf dtypes `mode:` values it runs (config checks providers x dtypes against it at compose)
     precision_modes: tuple[str, ...] = ("cast",)
-    # fingerprint components (parity.fingerprint) its results depend on, beside the conf's `uses:`;
-    # `fingerprint_probes` adds components of its own: {name: zero-argument function -> dict}
-    fingerprint_components: tuple[str, ...] = ()
-    fingerprint_probes: dict = {}
+    # fingerprint components of its own, beside the built-in ones (parity.fingerprint.PROBES) a conf's
+    # `uses:` can name: {component: (distribution, ...)}, fingerprinted as those packages' versions.
+    # A literal dict in the class body: compose reads it without importing the module.
+    fingerprint_components: dict[str, tuple[str, ...]] = {}
     # builds a serialized engine in a stage of its own (engine@model-dtype-provider) before capture
     engine_build: bool = False
     # run_op also returns gradients (suite cases with `grad: true`); runs float64 gradcheck cases
@@ -221,6 +221,10 @@ def _cause(e: CompileError) -> str:
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
                 warmup: int, repeats: int) -> CaptureResult:
     why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
+    mode = job.dtype_cfg.get("mode", "cast")
+    if not why and mode not in cls.precision_modes:
+        why = (f"{cls.__name__} runs precision modes {list(cls.precision_modes)}, not {mode!r} "
+               f"(dtypes.{job.dtype}.mode; Runner.precision_modes)")
     if why:
         return CaptureResult("UNSUPPORTED", why)
     try:

@@ -39,6 +39,7 @@ def set_tf32(torch, on: bool) -> None:
 
 class TorchRunner(Runner):
     device = "cpu"
+    precision_modes = TORCH_MODES
 
     def _device(self) -> str:
         return (self.job.provider_cfg.get("options") or {}).get("device", self.device)

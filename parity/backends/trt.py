@@ -228,6 +228,7 @@ class _Engine:
 
 class TrtRunner(Runner):
     engine_build = True
+    precision_modes = ("cast", "int8_static", "fp8")
 
     @classmethod
     def engine_availability(cls) -> str | None:
