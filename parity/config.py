@@ -51,7 +51,6 @@ SECTION_KEYS = {
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
 ARCH_SOURCES = ("parity", "torchvision", "import")
-PARITY_ZOO = ("mlp", "transformer_block")  # builders live in parity/models/zoo.py
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set()}
@@ -281,8 +280,9 @@ def validate(p: dict) -> dict:
                 raise ConfigError(f"{where}.arch.calibrate.shape: expected a list of positive ints, got {c['shape']!r}")
         if arch["source"] not in ARCH_SOURCES:
             raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
-        if arch["source"] == "parity" and arch["name"] not in PARITY_ZOO:
-            raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. Valid: {_choices(PARITY_ZOO)}")
+        if arch["source"] == "parity" and arch["name"] not in parity_zoo():
+            raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. "
+                              f"Valid: {_choices(parity_zoo())}")
         if arch["source"] == "import":
             check_import_model(f"{where}.arch.name", arch["name"])
         if not isinstance(m["input"], list) or not m["input"]:
@@ -372,6 +372,18 @@ def runner_components(prov: dict) -> dict:
     mod, _, cls = str(prov.get("runner", "")).partition(":")
     got = imports.class_literal(mod, cls, "fingerprint_components") if cls else None
     return got if isinstance(got, dict) else {}
+
+
+def parity_zoo() -> tuple[str, ...]:
+    """parity's own models: the keys of parity/models/zoo.py's BUILDERS, read from its source (torch is
+    not imported at compose), so a zoo model is a builder there plus its conf file."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parent / "models" / "zoo.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILDERS" for t in node.targets):
+            return tuple(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return ()
 
 
 def check_import_model(where: str, name) -> None:

@@ -1,4 +1,4 @@
-"""The shape of the house (ARCHITECTURE.md) holds, and extending it is one file each.
+"""The shape of the house (the layers README's Layout names) holds, and extending it is one file each.
 
 - rules: no module of `parity` imports `stages`; no stage imports another; no import cycle in
   `parity`; no stage module over ~80 lines; light stages import neither torch nor onnx at start
