@@ -204,7 +204,20 @@ def validate(p: dict) -> dict:
             _check_keys(sec, p[sec], keys)
     if "seed" in p:
         _num("seed", p["seed"], lo=0, integer=True)
+    _sections(p)
+    _dtypes(p)
+    _providers(p)
+    _analysis(p)
+    _derived(p)
+    for name, m in p["models"].items():
+        _model(f"models.{name}", m)
+    if p.get("suites"):
+        _suites(p)
+    return p
 
+
+def _sections(p: dict) -> None:
+    """export, inputs, capture, diff."""
     exp = p.get("export", {})
     exporter = exp.get("exporter", "dynamo")
     if exporter not in EXPORTERS:
@@ -222,6 +235,8 @@ def validate(p: dict) -> dict:
     if verdict not in VERDICT_MODES:
         raise ConfigError(f"diff.verdict: unknown verdict mode {verdict!r}. Valid: {_choices(VERDICT_MODES)}")
 
+
+def _dtypes(p: dict) -> None:
     for name, d in p["dtypes"].items():
         _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode", "oracle"}, required=("torch", "tol", "oracle"))
         _check_keys(f"dtypes.{name}.oracle", d["oracle"], {"k", "slack"}, required=("k",))
@@ -238,6 +253,8 @@ def validate(p: dict) -> dict:
                               f"{' or '.join(DTYPE_MODES[mode])}, not '{d['torch']}'")
         _tol(f"dtypes.{name}.tol", d["tol"])
 
+
+def _providers(p: dict) -> None:
     for name, prov in p["providers"].items():
         where = f"providers.{name}"
         _check_keys(where, prov, PROVIDER_KEYS, required=("runner", "dtypes", "uses"))
@@ -257,7 +274,10 @@ def validate(p: dict) -> dict:
                         f"provider/dtype pairs; without it the cell is reported as UNSUPPORTED). "
                         f"{name} supports: {_choices(prov['dtypes'])} (conf/providers/{name}.yaml `dtypes:`). "
                         f"Drop '{dt}' or '{name}' from the selection, e.g. -S 'dtypes=[...]'")
-    _analysis(p)
+
+
+def _derived(p: dict) -> None:
+    """The keys params.yaml resolves from the selection (capture/engine providers, plan dtypes)."""
     for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
                       ("plan_dtypes", plan_dtypes(p))):
         got = p.get(key)
@@ -268,50 +288,52 @@ def validate(p: dict) -> dict:
             raise ConfigError(f"{key}: {got!r} does not match the selected {src} (expected {want}): "
                               f"it is resolved from them; compose params.yaml again (parity compose)")
 
-    for name, m in p["models"].items():
-        where = f"models.{name}"
-        _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
-        arch = m["arch"]
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
-        if "calibrate" in arch:
-            c = arch["calibrate"]
-            _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
-            if not isinstance(c["shape"], list) or not all(isinstance(s, int) and s > 0 for s in c["shape"]):
-                raise ConfigError(f"{where}.arch.calibrate.shape: expected a list of positive ints, got {c['shape']!r}")
-        if arch["source"] not in ARCH_SOURCES:
-            raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
-        if arch["source"] == "parity" and arch["name"] not in parity_zoo():
-            raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. "
-                              f"Valid: {_choices(parity_zoo())}")
-        if arch["source"] == "import":
-            check_import_model(f"{where}.arch.name", arch["name"])
-        if not isinstance(m["input"], list) or not m["input"]:
-            raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
-        for i, spec in enumerate(m["input"]):
-            w = f"{where}.input[{i}]"
-            init = spec.get("init", "normal") if isinstance(spec, dict) else None
-            if init not in INPUT_INITS:
-                raise ConfigError(f"{w}.init: unknown init '{init}'. Valid: {_choices(INPUT_INITS)}")
-            _check_keys(w, spec, {"name", "shape", "dtype", "init"} | INPUT_INITS[init], required=("name", "shape"))
-            if not isinstance(spec["shape"], list) or not all(isinstance(s, int) and s > 0 for s in spec["shape"]):
-                raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
-            if spec.get("dtype", "float32") not in INPUT_DTYPES:
-                raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
-        rules = m.get("tolerances") or []
-        if not isinstance(rules, list):
-            raise ConfigError(f"{where}.tolerances: expected a list of rules")
-        for i, r in enumerate(rules):
-            w = f"{where}.tolerances[{i}]"
-            _check_keys(w, r, TOL_RULE_KEYS)
-            if ("atol" in r) != ("rtol" in r):
-                raise ConfigError(f"{w}: give atol and rtol together (torch.testing convention), got {sorted(r)}")
-            if "atol" not in r:
-                raise ConfigError(f"{w}: a rule needs atol and rtol")
-            _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
-            # a rule for a dtype not selected in this run is allowed (it just never matches)
-    if p.get("suites"):
-        _suites(p)
-    return p
+
+def _model(where: str, m: dict) -> None:
+    _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
+    arch = m["arch"]
+    _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+    if "calibrate" in arch:
+        c = arch["calibrate"]
+        _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
+        if not isinstance(c["shape"], list) or not all(isinstance(s, int) and s > 0 for s in c["shape"]):
+            raise ConfigError(f"{where}.arch.calibrate.shape: expected a list of positive ints, got {c['shape']!r}")
+    if arch["source"] not in ARCH_SOURCES:
+        raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
+    if arch["source"] == "parity" and arch["name"] not in parity_zoo():
+        raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. "
+                          f"Valid: {_choices(parity_zoo())}")
+    if arch["source"] == "import":
+        check_import_model(f"{where}.arch.name", arch["name"])
+    if not isinstance(m["input"], list) or not m["input"]:
+        raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
+    for i, spec in enumerate(m["input"]):
+        w = f"{where}.input[{i}]"
+        init = spec.get("init", "normal") if isinstance(spec, dict) else None
+        if init not in INPUT_INITS:
+            raise ConfigError(f"{w}.init: unknown init '{init}'. Valid: {_choices(INPUT_INITS)}")
+        _check_keys(w, spec, {"name", "shape", "dtype", "init"} | INPUT_INITS[init], required=("name", "shape"))
+        if not isinstance(spec["shape"], list) or not all(isinstance(s, int) and s > 0 for s in spec["shape"]):
+            raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
+        if spec.get("dtype", "float32") not in INPUT_DTYPES:
+            raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
+    _tolerance_rules(where, m.get("tolerances"))
+
+
+def _tolerance_rules(where: str, rules) -> None:
+    """A model's `tolerances:` rules (a rule for a dtype not selected in this run is allowed: it
+    just never matches)."""
+    rules = rules or []
+    if not isinstance(rules, list):
+        raise ConfigError(f"{where}.tolerances: expected a list of rules")
+    for i, r in enumerate(rules):
+        w = f"{where}.tolerances[{i}]"
+        _check_keys(w, r, TOL_RULE_KEYS)
+        if ("atol" in r) != ("rtol" in r):
+            raise ConfigError(f"{w}: give atol and rtol together (torch.testing convention), got {sorted(r)}")
+        if "atol" not in r:
+            raise ConfigError(f"{w}: a rule needs atol and rtol")
+        _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
 
 
 def _suites(p: dict) -> None:
