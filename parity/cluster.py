@@ -78,16 +78,13 @@ def _providers(root: Path) -> dict[str, dict]:
 
 def provider_availability(name: str, pc: dict) -> str | None:
     """None if this machine can run provider `name`, else why not (its runner's own availability probe;
-    for `engine: true` providers the backend module's build check)."""
-    import importlib
-
+    for `engine: true` providers the runner's engine_availability)."""
     from parity.backends import CaptureJob, load_runner
 
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
         if pc.get("engine"):
-            check = getattr(importlib.import_module(cls.__module__), "availability", None)
-            return check() if check else None
+            return cls.engine_availability()
         dt = (pc.get("dtypes") or ["fp32"])[0]
         job = CaptureJob(model="probe", model_cfg={}, dtype=dt, dtype_cfg={}, provider=name, provider_cfg=pc,
                          model_dir=Path("."))
