@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from parity.suites import values
+
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float64": torch.float64}
 
@@ -83,32 +85,8 @@ def opinfo_db() -> dict:
 
 
 # ---------------------------------------------------------------------------------------- inputs
-def make_tensor(spec: dict, rng: np.random.Generator) -> torch.Tensor:
-    shape, kind = spec["shape"], spec["dtype"]
-    (init, prm), = spec["init"].items()
-    if init == "normal":
-        a = rng.normal(prm[0], prm[1], shape)
-    elif init == "uniform":
-        a = rng.uniform(prm[0], prm[1], shape)
-    elif init == "randint":
-        a = rng.integers(prm[0], prm[1], shape)
-    elif init == "fixed":
-        a = np.asarray(prm).reshape(shape)
-    else:
-        a = np.full(shape, prm[0])
-    a = {"float": lambda: a.astype(np.float32), "int": lambda: a.astype(np.int64),
-         "bool": lambda: a.astype(bool)}[kind]()
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def materialize(obj, rng):
-    if isinstance(obj, dict) and set(obj) == {"tensor"}:
-        return make_tensor(obj["tensor"], rng)
-    if isinstance(obj, list):
-        return [materialize(v, rng) for v in obj]
-    if isinstance(obj, dict):
-        return {k: materialize(v, rng) for k, v in obj.items()}
-    return obj
+make_tensor = values.make_tensor  # every preset dtype, random values, constructs: parity.suites.values
+materialize = values.materialize
 
 
 def tmap(obj, f):
@@ -136,7 +114,7 @@ def leaves(obj, prefix="") -> list[tuple[str, torch.Tensor]]:
 
 
 def to_dtype(x: torch.Tensor, dt) -> torch.Tensor:
-    return x.to(dt) if x.is_floating_point() else x
+    return values.to_cell(x, dt)
 
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
@@ -151,7 +129,7 @@ def as_numpy(t: torch.Tensor) -> np.ndarray:
 # ------------------------------------------------------------------------------------ callables
 def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None, imports=()):
     """(fn, module or None) for an op or module description."""
-    obj = resolve(desc["target"], imports, desc["kind"])
+    obj = values.resolve_code(desc["target"], imports, desc["kind"])
     if desc["kind"] == "module":
         torch.manual_seed(seed)
         m = obj(*ctor_args, **(ctor_kwargs or {}))
@@ -159,11 +137,14 @@ def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None, impor
     return obj, None
 
 
-def build(case: dict, seed: int):
+def build(case: dict, seed: int, sample: int = 0, ctx: dict | None = None):
     """(sides, args, kwargs): sides = {name: (fn, module, extra_args, extra_kwargs)} with fp32
-    tensors in args/kwargs."""
-    s = case_seed(seed, case["id"])
+    tensors in args/kwargs. Sample k > 0 draws from its own seed; ctx collects the drawn values."""
+    s = case_seed(seed, case["id"] if not sample else f"{case['id']}#s{sample}")
     rng = np.random.default_rng(s)
+    ctx = {} if ctx is None else ctx
+    ctx.update(imports=case.get("imports", ()), seed=s)
+    materialize = lambda obj, rng: values.materialize(obj, rng, ctx)  # noqa: E731
     kind = case["kind"]
     if kind == "opinfo":
         oi = case["opinfo"]
@@ -302,10 +283,25 @@ class _Wrap(torch.nn.Module):
         self.ta, self.tk = template_args, template_kwargs
 
     def forward(self, *tensors):
+        # complex tensors travel as real [..., 2] views (ONNX has no complex inputs or outputs)
         it = iter(tensors)
-        a = tmap(self.ta, lambda t: next(it))
-        k = tmap(self.tk, lambda t: next(it))
-        return call(self.side, a, k)
+        a = tmap(self.ta, lambda t: torch.view_as_complex(next(it)) if t.is_complex() else next(it))
+        k = tmap(self.tk, lambda t: torch.view_as_complex(next(it)) if t.is_complex() else next(it))
+        return tmap(call(self.side, a, k), lambda t: torch.view_as_real(t) if t.is_complex() else t)
+
+
+def _export(wrap, ts, names, cell) -> bytes:
+    """ONNX bytes of one case: the legacy exporter (default; fast per op) or dynamo, at the case's
+    opset (case `export:` over suites_run.onnx_opset)."""
+    opset = int(cell.get("onnx_opset", 17))
+    if cell.get("exporter") == "dynamo":
+        prog = torch.onnx.export(wrap, tuple(ts), None, dynamo=True, opset_version=opset, input_names=names,
+                                 verbose=False)
+        return prog.model_proto.SerializeToString()
+    buf = io.BytesIO()
+    torch.onnx.export(wrap, tuple(ts), buf, dynamo=False, opset_version=opset, input_names=names,
+                      do_constant_folding=False)
+    return buf.getvalue()
 
 
 def _run_ort(side, args, kwargs, cell, grad_case):
@@ -314,19 +310,16 @@ def _run_ort(side, args, kwargs, cell, grad_case):
 
     dt = TORCH_DTYPES[cell["torch_dtype"]]
     sd = side_at(side, dt)
-    ts = [t for _, t in leaves([args, kwargs])]
+    ts = [torch.view_as_real(t) if t.is_complex() else t for _, t in leaves([args, kwargs])]
     wrap = _Wrap(sd, args, kwargs).eval()
-    buf = io.BytesIO()
     names = [f"in{i}" for i in range(len(ts))]
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(wrap, tuple(ts), buf, dynamo=False, opset_version=int(cell.get("onnx_opset", 17)),
-                              input_names=names, do_constant_folding=False)
+            data = _export(wrap, ts, names, cell)
     except Exception as e:
-        raise SkipCase("EXPORT_FAIL", "torch.onnx.export: " + reason_of(e)) from None
-    data = buf.getvalue()
+        raise SkipCase("EXPORT_FAIL", f"torch.onnx.export ({cell.get('exporter') or 'legacy'}): " + reason_of(e)) from None
     model = onnx.load_from_string(data)
     ops = sorted({n.op_type for n in model.graph.node})
     graph_inputs = {i.name for i in model.graph.input}
@@ -377,7 +370,54 @@ def _gradcheck(case, cell, seed):
 
 
 def run_case(case: dict, cell: dict) -> dict:
-    """cell: provider, torch_dtype, seed, repeats, threads, onnx_opset, options, grad (bool)."""
+    """cell: provider, torch_dtype, seed, repeats, threads, onnx_opset, options, grad (bool).
+    A case with `samples: N` runs N input draws; sample k's tensors are named `<name>#s<k>` (k > 0)."""
+    cell = dict(cell)
+    if case.get("export"):
+        cell["exporter"] = case["export"]["exporter"]
+        cell["onnx_opset"] = case["export"].get("opset") or cell.get("onnx_opset", 17)
+    n = int(case.get("samples", 1))
+    res, drawn = None, []
+    for k in range(n):
+        r = _run_sample(case, cell, k)
+        drawn.append(r.pop("drawn", None))
+        if r["status"] != "OK" or n == 1:
+            if n > 1:
+                r["reason"] = f"sample {k}: {r.get('reason', '')}"
+            res = r
+            break
+        sfx = f"#s{k}" if k else ""
+        if res is None:
+            res = dict(r, outputs=[], reference=[], latency_ms=[], ref_latency_ms=[])
+        res["outputs"] += [(nm + sfx, a) for nm, a in r["outputs"]]
+        res["reference"] += [(nm + sfx, a) for nm, a in r["reference"]]
+        res["latency_ms"].append(r["latency_ms"])
+        res["ref_latency_ms"].append(r["ref_latency_ms"])
+    if n > 1 and res.get("status") == "OK":
+        res["latency_ms"] = statistics.median(res["latency_ms"])
+        res["ref_latency_ms"] = statistics.median(res["ref_latency_ms"])
+    if any(drawn):
+        res["drawn"] = drawn if n > 1 else drawn[0]
+    if _has_complex(case) and res.get("status") == "OK" and cell["torch_dtype"] != "float32":
+        res["note"] = (f"complex inputs: real and imaginary parts rounded to {cell['torch_dtype']}, computed in "
+                       f"complex64 (no complex32 kernels on these backends)")
+    return res
+
+
+def _has_complex(case: dict) -> bool:
+    return '"dtype": "complex' in repr(case).replace("'", '"')
+
+
+def _baseline(case: dict, cell: dict, ex):
+    """(executor, cell, torch dtype) of what this case is compared to: torch eager fp32 on the rounded
+    inputs by default; `baseline: P@cell|fp32|fp64` picks another provider and precision."""
+    b = case.get("baseline") or {"provider": "torch_cpu", "precision": "fp32"}
+    prec = {"fp32": "float32", "fp64": "float64"}.get(b["precision"], cell["torch_dtype"])
+    bex = EXECUTORS.get(PROVIDER_EXECUTOR.get(b["provider"], ""))
+    return bex, dict(cell, provider=b["provider"], torch_dtype=prec), TORCH_DTYPES[prec]
+
+
+def _run_sample(case: dict, cell: dict, sample: int) -> dict:
     seed = int(cell.get("seed", 0))
     try:
         if case["kind"] == "gradcheck":
@@ -389,16 +429,19 @@ def run_case(case: dict, cell: dict) -> dict:
             return {"status": "UNAVAILABLE", "reason": f"no suite executor for provider {cell['provider']!r} "
                                                        f"(parity/suites/execute.py PROVIDER_EXECUTOR)"}
         dt = TORCH_DTYPES[cell["torch_dtype"]]
+        ctx: dict = {}
         try:
-            sides, args, kwargs = build(case, seed)
+            sides, args, kwargs = build(case, seed, sample, ctx)
         except SkipCase:
             raise
         except Exception as e:
             return {"status": "INVALID", "reason": "building the case: " + reason_of(e)}
+        bex, bcell, rdt = _baseline(case, cell, ex)
         p_args = tmap(args, lambda t: to_dtype(t, dt))
         p_kwargs = tmap(kwargs, lambda t: to_dtype(t, dt))
-        r_args = tmap(p_args, lambda t: t.float() if t.is_floating_point() else t)
-        r_kwargs = tmap(p_kwargs, lambda t: t.float() if t.is_floating_point() else t)
+        # the baseline runs on the cell's rounded inputs, at its own precision
+        r_args = tmap(p_args, lambda t: values.to_reference(t, rdt))
+        r_kwargs = tmap(p_kwargs, lambda t: values.to_reference(t, rdt))
         want_grad = bool(case.get("grad")) and bool(cell.get("grad", True)) and ex is _run_torch
         gcase = {"loss": case.get("loss", "sum"), "seed": case_seed(seed, case["id"] + "/grad")} if want_grad else None
         if case["kind"] == "pair":
@@ -412,13 +455,20 @@ def run_case(case: dict, cell: dict) -> dict:
             main = sides["b"]
         else:
             main = sides["main"]
-            rcell = dict(cell, torch_dtype="float32")
-            # the reference's parameters are the provider's, rounded to dt and back: like the inputs
-            rside = side_at(side_at(main, dt), torch.float32)
+            # the baseline's parameters are the provider's, rounded to dt and back: like the inputs
+            rside = side_at(side_at(main, dt), rdt)
             try:
-                ref, rms, _ = _run_torch(rside, r_args, r_kwargs, rcell, gcase)
+                ref, rms, _ = bex(rside, r_args, r_kwargs, bcell, gcase if bex is _run_torch else None)
+            except SkipCase as e:
+                return {"status": "INVALID", "reason": f"baseline {bcell['provider']}: {e.status}: {e.reason}"}
             except Exception as e:
-                return {"status": "INVALID", "reason": "fails on the fp32 reference too: " + reason_of(e)}
+                return {"status": "INVALID", "reason": f"fails on the baseline ({bcell['provider']} "
+                                                       f"{bcell['torch_dtype']}) too: " + reason_of(e)}
+            if bex is not _run_torch and gcase:
+                gcase = None  # no gradients on an ONNX baseline: compare forward outputs only
+            zero = _zero_output(case, ref)
+            if zero:
+                return {"status": "INVALID", "reason": zero, "drawn": ctx.get("drawn")}
         try:
             out, ms, ops = ex(main, p_args, p_kwargs, cell, gcase)
         except SkipCase as e:
@@ -427,6 +477,16 @@ def run_case(case: dict, cell: dict) -> dict:
             return {"status": "INFER_FAIL", "reason": reason_of(e)}
         return {"status": "OK", "reason": "", "outputs": [(n, as_numpy(t)) for n, t in out],
                 "reference": [(n, as_numpy(t)) for n, t in ref], "latency_ms": ms, "ref_latency_ms": rms,
-                "onnx_ops": ops}
+                "onnx_ops": ops, "drawn": ctx.get("drawn")}
     except SkipCase as e:
         return {"status": e.status, "reason": e.reason}
+
+
+def _zero_output(case: dict, ref) -> str | None:
+    """With `zero_output: fail`, why a reference whose first output is all zeros cannot judge the case."""
+    if case.get("zero_output") != "fail" or not ref:
+        return None
+    name, t = ref[0]
+    if t.numel() and not bool(torch.count_nonzero(t.detach())):
+        return f"the baseline's first output {name} is all zeros (zero_output: fail): any result would pass"
+    return None
