@@ -16,7 +16,7 @@ from pathlib import Path
 
 from parity import config, store
 from parity.io import exit_now, write_json
-from parity.suites import pool, spec
+from parity.suites import features, pool, spec
 
 
 def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None, progress=None):
@@ -41,14 +41,20 @@ def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None
                 "onnx_opset": int(sr.get("onnx_opset", 17)), "options": prov.get("options") or {},
                 "grad": bool(sr.get("grad", True))}
         limits = [c["timeout_s"] or float(sr.get("timeout_s", 60)) for c in cases]
+        skips = [features.skip_reason(c, provider, dtype) for c in cases]  # skip_on: never sent to a worker
+        todo = [i for i, why in enumerate(skips) if not why]
+        results = [{"status": "SKIPPED", "reason": why} if why else None for why in skips]
         with pool.Pool(workers or int(sr.get("workers", 2)), threads=cell["threads"]) as pl:
-            results = pl.run(cases, cell, limits, progress=progress)
+            for i, r in zip(todo, pl.run([cases[i] for i in todo], cell, [limits[i] for i in todo], progress=progress)
+                            if todo else []):
+                results[i] = r
             stats = {"restarts": pl.restarts, "crashes": pl.crashes, "timeouts": pl.timeouts}
     for idx, (c, r) in enumerate(zip(cases, results)):
         names = [n for n, _ in r.get("outputs", [])]
         rows.append({"id": c["id"], "label": c["label"], "kind": c["kind"], "status": r["status"],
                      "reason": r.get("reason", ""), "outputs": names, "onnx_ops": r.get("onnx_ops"),
-                     "gradcheck": r.get("gradcheck")})
+                     "gradcheck": r.get("gradcheck"),
+                     **{k: r[k] for k in ("note", "drawn") if r.get(k) is not None}})
         for k, (n, a) in enumerate(r.get("outputs", [])):
             outs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
         for k, (n, a) in enumerate(r.get("reference", [])):
