@@ -274,3 +274,15 @@ def suites_code(p: dict, root: Path | None = None) -> dict[str, dict]:
             continue
         out[name] = suite_code(cases, root)
     return out
+
+
+def tolerances_by_dtype(suites: dict, dtypes) -> dict:
+    """{suite: {dtype: the suite's tolerance rules that can apply at that dtype, each with its index}}:
+    params.yaml's `suite_tolerances` (resolved at compose), which suite_diff@suite-dtype-provider
+    depends on instead of the whole rule list, so a rule scoped to fp16 re-runs only fp16 diffs."""
+    out = {}
+    for name, sec in sorted((suites or {}).items()):
+        rules = (sec or {}).get("tolerances") or [] if isinstance(sec, dict) else []
+        out[name] = {d: [dict(r, index=i) for i, r in enumerate(rules)
+                         if isinstance(r, dict) and r.get("dtype", d) == d] for d in dtypes}
+    return out
