@@ -38,7 +38,7 @@ def _fmt(v, f):
 def render(suite: str, case: dict, results: dict[str, dict]) -> str:
     shown = {k: v for k, v in case.items() if k not in ("file",)}
     lines = [f"{suite} / {case['id']}  ({case['label']}, {case['file']})", "",
-             yaml.safe_dump(shown, sort_keys=False, default_flow_style=None, width=110).rstrip(), ""]
+             yaml.safe_dump(json.loads(json.dumps(shown)), sort_keys=False, default_flow_style=None, width=110).rstrip(), ""]
     if not results:
         lines.append("no results yet (run `dvc exp run -S 'suites=[...]'` or `dvc repro`)")
         return "\n".join(lines)
