@@ -68,6 +68,9 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
                 raise spec.SuiteError(c["file"], c["id"], key, f"unknown {what} {t!r}: {type(e).__name__}: {e}") from None
             if not callable(obj):
                 raise spec.SuiteError(c["file"], c["id"], key, f"{t!r} is not callable")
+            if kind == "module" and not isinstance(obj, type):
+                raise spec.SuiteError(c["file"], c["id"], key, f"{t!r} is not a class: `module:` constructs a "
+                                                               f"class with `args`; call a function with `op:`")
     return cases
 
 

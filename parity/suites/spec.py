@@ -28,6 +28,10 @@ A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
           - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
           - {id: mine, op: mypkg.ops:fused_gelu, import: mypkg.ops, inputs: [x]}  # code of your own
 
+More keys (parity.suites.features): preset dtypes complex/float64/int32/...; random values
+{uniform}, {randint}, {bernoulli}, {choice}, {optional}; `file:path.py::Symbol` targets; nested
+{construct: ...} nodes; and on the spec or a case: export, baseline, samples, skip_on, zero_output.
+
 Targets resolve only in torch namespaces (aten::, torch.*, torch.nn.functional.*, torch.special.*,
 torch.linalg.*, torch.fft.*; torch.nn.<Module> for module cases) and parity.suites.testops, unless
 the case or the suite's spec declares `import: <module>` (or a list): the module, and the packages
@@ -475,8 +479,9 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
         try:
             if features.is_file_target(target):
                 features.check_file_target(target, features.repo_root(case["file"]))
-            else:
-                imports.check_suite_target(target, kind, declared)
+            else:  # located from the suite's repository root first: where the workers run
+                imports.check_suite_target(target, kind, declared,
+                                           imports.search_path([str(features.repo_root(case["file"]))]))
         except (imports.NotAllowed, ValueError) as e:
             cerr(str(e), key)
     if declared:
