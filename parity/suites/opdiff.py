@@ -146,7 +146,8 @@ class Converter:
         if t == "ref":
             ref = node["ref"]
             if isinstance(ref, dict):  # {ref: {var: name}}: a template variable naming a preset
-                return f"${{{ref.get('var', ref.get('name'))}}}"
+                # (not "${name}": suite files are Hydra conf files, where ${...} is an interpolation)
+                return {"preset": f"{{{ref.get('var', ref.get('name'))}}}"}
             if ref in self.presets:
                 return f"${ref}"
             if ref in self.raw_presets:

@@ -253,6 +253,8 @@ def _value(v, dims, presets, err, key):
         if name not in presets:
             err(f"unknown preset '{name}'. Presets: {', '.join(sorted(presets)) or '(none)'}", key)
         return {"tensor": dict(presets[name], name=name)}
+    if isinstance(v, dict) and set(v) == {"preset"} and isinstance(v["preset"], str):  # {preset: NAME} = $NAME
+        return _value("$" + v["preset"], dims, presets, err, key)
     if isinstance(v, dict) and set(v) <= PRESET_KEYS and "shape" in v:  # inline preset
         return {"tensor": dict(_check_preset(v, dims, lambda m: err(m, key)), name="inline")}
     if isinstance(v, dict):  # random / choice / optional / construct (parity.suites.features)
