@@ -98,6 +98,7 @@ def test_each_feature_validates(feat_repo, monkeypatch):
     ("{id: a, module: 'file:suitehelp/nope.py::Scale', inputs: [x]}", "no file suitehelp/nope.py"),
     ("{id: a, module: 'file:suitehelp/toy.py::Nope', inputs: [x]}", "suitehelp/toy.py defines no 'Nope'"),
     ("{id: a, module: 'file:../toy.py::Scale', inputs: [x]}", "give a path inside the repository"),
+    ("{id: a, module: 'file:suitehelp/toy.py::itemsize', inputs: [x]}", "is a function, not a class"),
 ])
 def test_bad_feature_values_name_the_case_and_key(feat_repo, monkeypatch, text, message):
     monkeypatch.chdir(feat_repo)
@@ -174,3 +175,21 @@ def test_dtypes_random_values_and_samples_are_explicit(feat_results):
     # samples: 3 independent draws, each compared
     assert [n for n in rows["samples3"]["outputs"]] == ["out:0", "out:0#s1", "out:0#s2"]
     assert not (outs["samples3/out:0"] == outs["samples3/out:0#s1"]).all()
+
+
+def test_suite_show_prints_one_case_in_every_cell(feat_results, feat_repo, monkeypatch, capsys):
+    from parity.io import write_json
+    from parity.suites import show
+
+    monkeypatch.chdir(feat_repo)
+    for (prov, dt), (_, diffed, _) in feat_results.items():
+        write_json(feat_repo / "artifacts/suites/diff/feat" / f"{dt}-{prov}" / "results.json",
+                   {"suite": "feat", "dtype": dt, "provider": prov, "cases": list(diffed.values())}, sort_keys=False)
+    assert show.main(["feat", "skipped_on_ort"]) == 0
+    out = capsys.readouterr().out
+    assert "feat / skipped_on_ort  (aten::relu" in out and "skip_on:" in out
+    cells = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.startswith(("torch_cpu/", "ort_cpu/")) and ":" not in line.split()[1]}
+    assert cells["ort_cpu/fp16"] == "SKIPPED" and cells["torch_cpu/fp16"] == "OK" and len(cells) == 4
+    assert "ort_cpu/fp16 reason: skip_on: known ORT gap" in out
+    assert show.main(["feat", "skipped_on_or"]) == 2
+    assert "no case 'skipped_on_or'. Close: skipped_on_ort" in capsys.readouterr().err

@@ -95,6 +95,40 @@ def check_file_target(target: str, root: Path) -> Path:
     return f
 
 
+def top_level_kind(path: Path, name: str) -> str | None:
+    """"class", "function" or "other" for what binds `name` at the top level of a .py file (read,
+    never imported); None if the file cannot be read or parsed."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError):
+        return None
+    kind = None
+    for n in tree.body:
+        if isinstance(n, ast.ClassDef) and n.name == name:
+            kind = "class"
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name:
+            kind = "function"
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.ImportFrom, ast.Import)) and name in {
+                getattr(t, "id", None) for t in ast.walk(n) if isinstance(t, ast.Name)} | {
+                a.asname or a.name for a in getattr(n, "names", [])}:
+            kind = "other"
+    return kind
+
+
+def not_a_class(target: str, file: Path | None) -> str | None:
+    """Why a `module:` target is not a class (a factory function), else None: `module:` constructs a
+    class with `args`; a function goes in `op:`."""
+    if file is None:
+        return None
+    attr = target.replace(":", ".").rpartition(".")[2] if not is_file_target(target) else split_file_target(target)[1]
+    if top_level_kind(file, attr) == "function":
+        return (f"'{target}' is a function, not a class: `module:` constructs a class with `args` and calls it "
+                f"with `inputs`; call a function with `op:`")
+    return None
+
+
 def repo_root(file: str | Path) -> Path:
     """The repository a suite file belongs to: the folder holding conf/suites/<name>.yaml, else the
     working directory (where the stages and the suite workers run)."""

@@ -479,13 +479,18 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
     targets += [("construct", "module", t) for t in features.case_targets(case) if t not in named]
     for key, kind, target in targets:
         try:
+            search = imports.search_path([str(features.repo_root(case["file"]))])
             if features.is_file_target(target):
-                features.check_file_target(target, features.repo_root(case["file"]))
+                f = features.check_file_target(target, features.repo_root(case["file"]))
             else:  # located from the suite's repository root first: where the workers run
-                imports.check_suite_target(target, kind, declared,
-                                           imports.search_path([str(features.repo_root(case["file"]))]))
+                hit = imports.check_suite_target(target, kind, declared, search)
+                spec_ = imports.locate(hit[0], search) if hit and not imports.torch_target(target, kind) else None
+                f = Path(spec_.origin) if spec_ is not None and spec_.has_location and spec_.origin else None
         except (imports.NotAllowed, ValueError) as e:
             cerr(str(e), key)
+        why = features.not_a_class(target, f) if kind == "module" and key == "module" else None
+        if why:
+            cerr(why, key)
     if declared:
         case["imports"] = declared
 
