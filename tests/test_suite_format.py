@@ -89,6 +89,21 @@ def test_each_feature_validates(feat_repo, monkeypatch):
     assert cases["nested_construct"]["ctor_args"][0]["construct"]["target"] == "torch.nn.Linear"
 
 
+def test_validate_sees_the_helpers_the_workers_see_from_any_directory(feat_repo, tmp_path):
+    """Workers run at the repository root; validating the suite file from elsewhere resolves its
+    file: and import: helpers from that root too."""
+    (feat_repo / "conf" / "suites" / "decl.yaml").write_text(
+        "decl:\n  tolerances: []\n  spec:\n    import: suitehelp.toy\n    presets: {x: {shape: [4]}}\n"
+        "    cases:\n      - {id: a, op: suitehelp.toy:itemsize, inputs: [x]}\n"
+        "      - {id: b, module: 'file:suitehelp/toy.py::Scale', args: [{construct: torch.nn.ReLU}], inputs: [x]}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = subprocess.run([sys.executable, "-m", "parity.suites.cli", "validate", str(feat_repo / "conf/suites/decl.yaml")],
+                       cwd=elsewhere, env=env(), capture_output=True, text=True)
+    (feat_repo / "conf" / "suites" / "decl.yaml").unlink()
+    assert p.returncode == 0 and "decl.yaml: OK, 2 cases" in p.stdout, p.stdout + p.stderr
+
+
 @pytest.mark.parametrize("text, message", [
     ("{id: a, op: aten::relu, inputs: [x], export: {exporter: dynamo, opset: 17}}",
      "key 'export.opset': opset 17 is out of range for the dynamo exporter (valid: [18, 25])"),
