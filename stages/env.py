@@ -7,7 +7,7 @@ Writes, under --out:
   host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
 and under --code, <model>.json: the sha256 of an `import` model's source files (parity.codedeps), a
 dependency of that model's stages, so editing the user's model code re-runs exactly those; and
-suite-<suite>.json: the same for the modules a suite names (parity.suites.features.suite_code).
+suite-<suite>.json: the same for the modules a suite names (parity.suites.code).
 Identical machines give identical bytes, so downstream stages re-run only when something they use
 changed.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from parity import codedeps, config
 from parity.io import write_json
-from parity.suites import features
+from parity.suites import code as suite_code
 
 
 def main(argv=None) -> int:
@@ -30,7 +30,10 @@ def main(argv=None) -> int:
 
     p = config.load_or_die(a.params)
     out = Path(a.out)
-    comps = fingerprint.collect(config.COMPONENTS)
+    declared = {}
+    for pc in p["providers"].values():
+        declared.update(config.runner_components(pc))
+    comps = fingerprint.collect([*config.COMPONENTS, *declared], declared)
     for name, fp in comps.items():
         write_json(out / f"{name}.json", fp)
     for prov, pc in sorted(p["providers"].items()):
@@ -40,7 +43,7 @@ def main(argv=None) -> int:
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
     for model, code in codedeps.models_code(p["models"]).items():
         write_json(Path(a.code or out.parent / "code") / f"{model}.json", code)
-    for suite, code in features.suites_code(p).items():  # modules a suite names: deps of its run stages
+    for suite, code in suite_code.suites_code(p).items():  # modules a suite names: deps of its run stages
         write_json(Path(a.code or out.parent / "code") / f"suite-{suite}.json", code)
     for name, fp in comps.items():
         desc = ", ".join(f"{k}={v}" for k, v in fp.items())

@@ -293,23 +293,6 @@ def suite_code(cases: list[dict], root: Path, roots=None) -> dict:
     return {"source": "suite", "files": dict(sorted(out.items()))}
 
 
-def suites_code(p: dict, root: Path | None = None) -> dict[str, dict]:
-    """{suite: what its run stages depend on (suite_code)} for every suite selected in params `p`;
-    written by the env stage to artifacts/code/suite-<name>.json (a dep of suite_run@<name>-*)."""
-    from parity.suites import spec
-
-    root = Path.cwd() if root is None else root
-    out = {}
-    for name, sec in sorted((p.get("suites") or {}).items()):
-        try:
-            cases = spec.expand(name, sec)
-        except spec.SuiteError as e:
-            out[name] = {"source": "suite", "error": str(e)}
-            continue
-        out[name] = suite_code(cases, root)
-    return out
-
-
 def tolerances_by_dtype(suites: dict, dtypes) -> dict:
     """{suite: {dtype: the suite's tolerance rules that can apply at that dtype, each with its index}}:
     params.yaml's `suite_tolerances` (resolved at compose), which suite_diff@suite-dtype-provider

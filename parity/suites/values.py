@@ -118,12 +118,26 @@ def load_file_target(target: str):
     return obj
 
 
-def resolve_code(target: str, imports, kind: str):
-    if features.is_file_target(target):
-        return load_file_target(target)
-    from parity.suites import execute
+def resolve(path: str, imports=(), kind: str = "op"):
+    """aten::name[.overload] -> torch.ops.aten op; 'pkg.mod:attr' or 'pkg.mod.attr' -> the object.
+    A module outside the torch namespaces is imported only if `imports` (the case's `import:`)
+    declares it (parity.imports; the suite was checked at compose, this is checked again here)."""
+    if path.startswith("aten::"):
+        name, _, ov = path[6:].partition(".")
+        pkt = getattr(torch.ops.aten, name)
+        return getattr(pkt, ov) if ov else pkt
+    from parity import imports as code
 
-    return execute.resolve(target, imports, kind)
+    mod, attr = code.check_suite_target(path, kind, list(imports or ()), files=False)
+    obj = importlib.import_module(mod)
+    for a in attr.split("."):
+        obj = getattr(obj, a)
+    return obj
+
+
+def resolve_code(target: str, imports, kind: str):
+    """resolve(), and `file:path.py::Symbol` targets."""
+    return load_file_target(target) if features.is_file_target(target) else resolve(target, imports, kind)
 
 
 def is_fixed(t: torch.Tensor) -> bool:
