@@ -18,7 +18,8 @@ Checked at expansion (parity.suites.spec calls in here) and carried in each expa
                      args/kwargs: an object built (not called) before the case's module, nestable.
   export             `export: {exporter: legacy | dynamo, opset: N}` on the spec or a case (ORT cells).
   baseline           `baseline: torch_cpu@fp32` (default: torch eager fp32 on the dtype-rounded
-                     inputs), `torch_cpu@fp64`, or `<provider>@cell | @fp32`: what a cell is compared to.
+                     inputs), `torch_cpu@fp64`, or `<provider>@cell | @fp32` (a selected provider's
+                     runner, or torch_cpu's): what a cell is compared to.
   samples            `samples: N`: N independent input draws per case (outputs `out:0`, `out:0#s1`, ...).
   skip_on            `skip_on: [{provider: ort_cpu, dtype: fp16, reason: "..."}]` (fnmatch patterns,
                      reason required): that (case, provider, dtype) is SKIPPED with the reason.
@@ -38,7 +39,8 @@ FIXED_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "compl
 PRESET_DTYPES = FOLLOW_DTYPES + FIXED_DTYPES
 RANDOM_NODES = {"uniform": 2, "randint": 2, "bernoulli": 1, "choice": None}
 EXPORTERS = {"legacy": (13, 23), "dynamo": (18, 25)}
-# providers a suite cell can run on (parity/suites/execute.py PROVIDER_EXECUTOR) and so be a baseline
+# providers a baseline may name (it runs through that provider's runner: a selected provider, or
+# torch_cpu, whose eager runner is always there; parity.suites.execute._baseline)
 SUITE_PROVIDERS = ("torch_cpu", "ort_cpu", "ort_cpu_noopt", "torch_compile")
 BASELINE_PRECISIONS = ("cell", "fp32", "fp64")
 DEFAULT_BASELINE = "torch_cpu@fp32"
