@@ -14,7 +14,7 @@
   parity show CELL                         one cell: verdict, drift origin, failing layers with
                                             mismatch counts and worst elements
   parity list models|dtypes|providers|suites   the options of a conf/ group
-  parity suite list|validate SUITE ...     expand an op/module suite (conf/suites) without running it
+  parity suite list|validate|show|import-opdiff ...  expand a suite (conf/suites), show a case, convert opdiff
   parity completion bash|zsh               a shell completion script (shtab)
 
 --json (check, compare, sweep, show, list) prints one JSON document on stdout: docs/cli-json.md.

@@ -33,6 +33,7 @@ TOP_KEYS = {
     "report": "report inputs (coverage_dep: resolved by the Hydra plugin)",
     "suites": "op/module suites, one per conf/suites/*.yaml option (parity/suites)",
     "suites_run": "suite execution settings (workers, timeouts, gradient checks)",
+    "suite_tolerances": "each suite's tolerance rules per dtype (resolved from `suites`, `dtypes`; suite diff deps)",
     "capture_providers": "providers captured directly (resolved from `providers`; dvc.yaml capture matrix)",
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
     "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",

@@ -13,6 +13,7 @@ are those strings).
   COMPILE_FAIL      a compiler (torch.compile) raised on a model/op that runs eagerly
   INFER_FAIL        running it failed
   CRASH / TIMEOUT   a suite worker died / ran past its limit on the case (parity.suites.pool)
+  SKIPPED           a suite case skipped on this (provider, dtype) by its `skip_on` rule, with the reason
   NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
   PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
 """
@@ -35,6 +36,7 @@ class Status(StrEnum):
     INFER_FAIL = "INFER_FAIL"
     CRASH = "CRASH"
     TIMEOUT = "TIMEOUT"
+    SKIPPED = "SKIPPED"
     NOT_RUN = "NOT_RUN"
     MISSING = "MISSING"
     PASS = "PASS"
@@ -50,10 +52,10 @@ S = Status
 RUNNER = _values(S.OK, S.UNSUPPORTED, S.UNAVAILABLE, S.EXPORT_FAIL, S.COMPILE_FAIL, S.INFER_FAIL)
 # a suite case's statuses in the order the suite diff counts them
 CASE_ORDER = _values(S.OK, S.MISMATCH, S.NAN_IN_OUTPUT, S.NAN_IN_REFERENCE, S.INVALID, S.EXPORT_FAIL,
-                     S.COMPILE_FAIL, S.INFER_FAIL, S.CRASH, S.TIMEOUT, S.UNAVAILABLE, S.UNSUPPORTED)
+                     S.COMPILE_FAIL, S.INFER_FAIL, S.CRASH, S.TIMEOUT, S.UNAVAILABLE, S.UNSUPPORTED, S.SKIPPED)
 # worst first: what an op's coverage cell shows when its cases disagree
 SEVERITY = _values(S.CRASH, S.TIMEOUT, S.INFER_FAIL, S.EXPORT_FAIL, S.COMPILE_FAIL, S.NAN_IN_OUTPUT, S.MISMATCH,
-                   S.NAN_IN_REFERENCE, S.UNAVAILABLE, S.UNSUPPORTED, S.INVALID, S.OK)
+                   S.NAN_IN_REFERENCE, S.UNAVAILABLE, S.UNSUPPORTED, S.SKIPPED, S.INVALID, S.OK)
 # a suite case the provider ran (counted in support rates)
 CASE_RAN = _values(S.OK, S.MISMATCH, S.NAN_IN_OUTPUT, S.NAN_IN_REFERENCE)
 # a model cell's verdicts when it ran

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     write_json(out / f"{a.suite}.json", cov, sort_keys=False)
     write_text(out / f"{a.suite}.csv", coverage.to_csv(cov))
     sup = ", ".join(f"{k}={v:.0%}" for k, v in cov["support_by_provider"].items() if v is not None)
-    print(f"suite_coverage@{a.suite}: {len(cov['rows'])} ops x {len(cov['columns'])} cells; support: {sup}")
+    print(f"suite_coverage@{a.suite}: {len(cov['ops'])} ops, {len(cov['rows'])} cases x {len(cov['columns'])} cells; support: {sup}")
     return 0
 
 

@@ -150,14 +150,24 @@ def test_coverage_matrix_and_html(selftest_fp16, tmp_path):
     write_json(tmp_path / "diff" / "fp16-torch_cpu" / "results.json", {"cases": list(res.values())}, sort_keys=False)
     cov = coverage.build("selftest", [("fp16", "torch_cpu"), ("fp16", "ort_cpu")], tmp_path / "diff", None, 17,
                          ["ort_cpu"])
-    by_op = {r["op"]: r for r in cov["rows"]}
+    by_op = {r["op"]: r for r in cov["ops"]}
     assert by_op["parity.suites.testops:abort"]["cells"]["torch_cpu/fp16"]["status"] == "CRASH"
     assert by_op["aten::add"]["cases"] == 2
     assert by_op["aten::add"]["cells"]["ort_cpu/fp16"]["status"] == "NOT_RUN"
-    csv_text = coverage.to_csv(cov)
-    assert csv_text.splitlines()[0] == "op,cases,onnx_ops(opset 17),torch_cpu/fp16,ort_cpu/fp16"
+    # a row per case, grouped by op, with that case's own numbers
+    add_rows = [r for r in cov["rows"] if r["op"] == "aten::add"]
+    assert len(add_rows) == 2 and len({r["case"] for r in add_rows}) == 2
+    idx = [i for i, r in enumerate(cov["rows"]) if r["op"] == "aten::add"]
+    assert idx == list(range(idx[0], idx[0] + 2))  # adjacent: grouped by op
+    ok_case = next(r for r in add_rows if r["cells"]["torch_cpu/fp16"]["status"] == "OK")
+    assert ok_case["cells"]["torch_cpu/fp16"]["max_abs"] is not None
+    csv_lines = coverage.to_csv(cov).splitlines()
+    assert csv_lines[0] == "op,case,onnx_ops(opset 17),torch_cpu/fp16,ort_cpu/fp16"
+    assert sum(1 for line in csv_lines if line.startswith("aten::add,")) == 2
     html = render.render_coverage_html(cov)
     assert 'title="CRASH: abort: worker killed by SIGABRT' in html
+    anchor = render.case_anchor("selftest", ok_case["case"])
+    assert f"href='#{anchor}'" in html and f"<details id='{anchor}'>" in html  # the matrix links the numbers
     assert "<script" not in html and "http" not in html and "<svg" in html
 
 

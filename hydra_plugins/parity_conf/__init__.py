@@ -122,6 +122,18 @@ def _plan_dep(*, _root_) -> str:
     return paths.PLAN if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
 
 
+def _suite_tolerances(*, _root_) -> dict:
+    """params.yaml's suite_tolerances: each suite's tolerance rules per selected dtype (the ones that
+    can apply there), what a suite diff stage depends on (parity.suites.features.tolerances_by_dtype)."""
+    from parity.suites import features
+
+    suites = _root_.get("suites")
+    suites = OmegaConf.to_container(suites, resolve=False) if OmegaConf.is_config(suites) else (suites or {})
+    return OmegaConf.create(features.tolerances_by_dtype(suites, list(_root_.get("dtypes") or {})))
+
+
+if not OmegaConf.has_resolver("parity_suite_tolerances"):
+    OmegaConf.register_new_resolver("parity_suite_tolerances", _suite_tolerances)
 if not OmegaConf.has_resolver("parity_plan_dep"):
     OmegaConf.register_new_resolver("parity_plan_dep", _plan_dep)
 if not OmegaConf.has_resolver("parity_validate"):

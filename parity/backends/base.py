@@ -65,6 +65,7 @@ class OpJob:
     repeats: int = 3
     threads: int = 1
     onnx_opset: int = 17
+    exporter: str = "legacy"  # ONNX-based runners: legacy (TorchScript) | dynamo (a suite case's `export:`)
 
 
 @dataclass

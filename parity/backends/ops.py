@@ -139,7 +139,8 @@ class Wrap(torch.nn.Module):
         self.ta, self.tk = template_args, template_kwargs
 
     def forward(self, *tensors):
+        # complex tensors travel as real [..., 2] views (ONNX has no complex inputs or outputs)
         it = iter(tensors)
-        a = tmap(self.ta, lambda t: next(it))
-        k = tmap(self.tk, lambda t: next(it))
-        return call(self.side, a, k)
+        a = tmap(self.ta, lambda t: torch.view_as_complex(next(it)) if t.is_complex() else next(it))
+        k = tmap(self.tk, lambda t: torch.view_as_complex(next(it)) if t.is_complex() else next(it))
+        return tmap(call(self.side, a, k), lambda t: torch.view_as_real(t) if t.is_complex() else t)

@@ -208,7 +208,7 @@ class OrtRunner(Runner):
         from parity.backends.base import OpSkip
 
         sd = ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype])
-        data, names, ts = _export_op(sd, args, kwargs, self.job.onnx_opset)
+        data, names, ts = _export_op(sd, args, kwargs, self.job.onnx_opset, getattr(self.job, "exporter", "legacy"))
         model = onnx.load_from_string(data)
         onnx_ops = sorted({n.op_type for n in model.graph.node})
         graph_inputs = {i.name for i in model.graph.input}
@@ -231,8 +231,9 @@ class OrtRunner(Runner):
         return [(f"out:{n}", torch.from_numpy(np.asarray(r))) for n, r in zip(ref_names, res)], ms, onnx_ops
 
 
-def _export_op(side, args, kwargs, opset: int):
-    """(serialised ONNX, input names, input tensors) of one side; OpSkip EXPORT_FAIL if it fails."""
+def _export_op(side, args, kwargs, opset: int, exporter: str = "legacy"):
+    """(serialised ONNX, input names, input tensors) of one side with the legacy (TorchScript) or the
+    dynamo exporter; complex tensors as real [..., 2] views (ops.Wrap); OpSkip EXPORT_FAIL if it fails."""
     import contextlib
     import io
     import warnings
@@ -242,7 +243,7 @@ def _export_op(side, args, kwargs, opset: int):
     from parity.backends import ops
     from parity.backends.base import OpSkip
 
-    ts = [t for _, t in ops.leaves([args, kwargs])]
+    ts = [torch.view_as_real(t) if t.is_complex() else t for _, t in ops.leaves([args, kwargs])]
     wrap = ops.Wrap(side, args, kwargs).eval()
     buf = io.BytesIO()
     names = [f"in{i}" for i in range(len(ts))]
@@ -250,10 +251,14 @@ def _export_op(side, args, kwargs, opset: int):
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")
+            if exporter == "dynamo":
+                prog = torch.onnx.export(wrap, tuple(ts), None, dynamo=True, opset_version=int(opset),
+                                         input_names=names, verbose=False)
+                return prog.model_proto.SerializeToString(), names, ts
             torch.onnx.export(wrap, tuple(ts), buf, dynamo=False, opset_version=int(opset),
                               input_names=names, do_constant_folding=False)
     except Exception as e:
-        raise OpSkip("EXPORT_FAIL", "torch.onnx.export: " + ops.reason_of(e)) from None
+        raise OpSkip("EXPORT_FAIL", f"torch.onnx.export ({exporter}): " + ops.reason_of(e)) from None
     return buf.getvalue(), names, ts
 
 

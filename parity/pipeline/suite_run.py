@@ -5,7 +5,7 @@ Light: this process never imports torch (the workers do)."""
 from __future__ import annotations
 
 from parity import config, store
-from parity.suites import pool, spec
+from parity.suites import features, pool, spec
 
 
 def cell_of(p: dict, dtype: str, provider: str) -> dict:
@@ -17,7 +17,10 @@ def cell_of(p: dict, dtype: str, provider: str) -> dict:
             "torch_dtype": p["dtypes"][dtype]["torch"], "seed": int(p.get("seed", 0)),
             "repeats": int(sr.get("repeats", 3)), "threads": int(sr.get("threads", 1)),
             "onnx_opset": int(sr.get("onnx_opset", 17)), "options": prov.get("options") or {},
-            "grad": bool(sr.get("grad", True))}
+            "grad": bool(sr.get("grad", True)),
+            # the selected providers' runners: a case's `baseline: PROVIDER@...` runs through one of them
+            "runners": {n: {"runner": c["runner"], "import": c.get("import"), "options": c.get("options") or {}}
+                        for n, c in sorted(p["providers"].items())}}
 
 
 def _not_run(p: dict, dtype: str, provider: str) -> str | None:
@@ -38,15 +41,21 @@ def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None
     else:
         cell = cell_of(p, dtype, provider)
         limits = [c["timeout_s"] or float(sr.get("timeout_s", 60)) for c in cases]
+        skips = [features.skip_reason(c, provider, dtype) for c in cases]  # skip_on: never sent to a worker
+        todo = [i for i, why in enumerate(skips) if not why]
+        results = [{"status": "SKIPPED", "reason": why} if why else None for why in skips]
         with pool.Pool(workers or int(sr.get("workers", 2)), threads=cell["threads"]) as pl:
-            results = pl.run(cases, cell, limits, progress=progress)
+            ran = pl.run([cases[i] for i in todo], cell, [limits[i] for i in todo], progress=progress) if todo else []
+            for i, r in zip(todo, ran):
+                results[i] = r
             stats = {"restarts": pl.restarts, "crashes": pl.crashes, "timeouts": pl.timeouts}
     rows, outs, refs, timing = [], [], [], {}
     for idx, (c, r) in enumerate(zip(cases, results)):
         names = [n for n, _ in r.get("outputs", [])]
         rows.append({"id": c["id"], "label": c["label"], "kind": c["kind"], "status": r["status"],
                      "reason": r.get("reason", ""), "outputs": names, "onnx_ops": r.get("onnx_ops"),
-                     "gradcheck": r.get("gradcheck")})
+                     "gradcheck": r.get("gradcheck"),
+                     **{k: r[k] for k in ("note", "drawn") if r.get(k) is not None}})
         for k, (n, a) in enumerate(r.get("outputs", [])):
             outs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
         for k, (n, a) in enumerate(r.get("reference", [])):

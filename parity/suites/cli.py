@@ -1,5 +1,7 @@
 """`parity suite list|validate SUITE...`: expand suites and print case ids, or the exact error
-(file, case id, key), without running anything.
+(file, case id, key), without running anything. `parity suite show SUITE CASE` prints one case (its
+expanded spec and its results in every cell); `parity suite import-opdiff FILE.yaml` converts an
+opdiff suite (parity.suites.opdiff).
 
     python -m parity.suites.cli list critical
     python -m parity.suites.cli validate critical --file my_suite.yaml
@@ -66,6 +68,9 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
                 raise spec.SuiteError(c["file"], c["id"], key, f"unknown {what} {t!r}: {type(e).__name__}: {e}") from None
             if not callable(obj):
                 raise spec.SuiteError(c["file"], c["id"], key, f"{t!r} is not callable")
+            if kind == "module" and not isinstance(obj, type):
+                raise spec.SuiteError(c["file"], c["id"], key, f"{t!r} is not a class: `module:` constructs a "
+                                                               f"class with `args`; call a function with `op:`")
     return cases
 
 
@@ -74,6 +79,15 @@ def suite_names(root: str | Path | None = None) -> list[str]:
 
 
 def main(argv=None, prog: str = "python -m parity.suites.cli") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["import-opdiff"]:  # light: yaml only (parity.suites.opdiff)
+        from parity.suites import opdiff
+
+        return opdiff.main(argv[1:], prog=f"{prog} import-opdiff")
+    if argv[:1] == ["show"]:
+        from parity.suites import show
+
+        return show.main(argv[1:], prog=f"{prog} show")
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("python -m parity.suites.cli", prog),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -1,10 +1,12 @@
-"""The coverage matrix of a suite: op x (provider/dtype) -> status, with support rates per provider,
-an ONNX-export column, max_abs histograms and latency relative to the reference. Light: json/csv
-only (no numpy, no torch), so the report stage can import it.
+"""The coverage matrix of a suite: a row per case, grouped by op, x (provider/dtype) -> status,
+with support rates per provider, an ONNX-export column, max_abs histograms and latency relative to
+the reference. Light: json/csv only (no numpy, no torch), so the report stage can import it.
 
-An op's status in a cell is the worst over its cases (an op with a template has several); the
-reason is the first case with that status. `supported` counts cases the provider ran (OK, MISMATCH,
-NAN_*); INVALID cases (they fail on the reference too) are left out of the rates.
+`rows` has one row per case (in op order, then case order) with that case's numbers in each cell
+(status, reason, max_abs, rel_l2, tol_ratio, grad_tol_ratio, tolerance source, latency ratio);
+`ops` has one row per op whose status in a cell is the worst over its cases (the reason is the first
+case with that status). `supported` counts cases the provider ran (OK, MISMATCH, NAN_*); INVALID
+cases (they fail on the reference too) and SKIPPED ones (skip_on) are left out of the rates.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from parity import status
 # worst first: what an op's cell shows when its cases disagree
 SEVERITY = status.SEVERITY  # the one vocabulary: parity.status
 RAN = status.CASE_RAN
+CASE_NUMBERS = ("max_abs", "rel_l2", "tol_ratio", "grad_max_abs", "grad_tol_ratio", "tol_source", "grad_tol_source",
+                "note", "drawn")
 BUCKETS = (("0", 0.0), ("<1e-6", 1e-6), ("<1e-4", 1e-4), ("<1e-2", 1e-2), ("<1", 1.0), (">=1", math.inf))
 
 
@@ -50,10 +54,11 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
         t = Path(timing_dir) / f"{dtype}-{prov}.json" if timing_dir else None
         lat[col] = json.loads(t.read_text())["cases"] if t and t.exists() else {}
     ops = _ops(cols, per_col, lat, onnx_cols)
-    rows = [_row(op, cols) for op in ops.values()]
+    op_rows = [_row(op, cols) for op in ops.values()]
+    rows = _case_rows(cols, per_col, lat, ops)
     stats = _column_stats(cols, per_col)
     return {"suite": suite, "columns": cols, "reference": "torch_cpu/fp32 eager on the dtype-rounded inputs",
-            "onnx_opset": onnx_opset, "rows": rows, "counts": stats["counts"], "support": stats["support"],
+            "onnx_opset": onnx_opset, "rows": rows, "ops": op_rows, "counts": stats["counts"], "support": stats["support"],
             "pass_rate": stats["pass_rate"], "support_by_provider": stats["support_by_provider"],
             "histogram": stats["histogram"], "buckets": [n for n, _ in BUCKETS],
             # backward checks vs the fp32 reference's gradients (input and parameter grads)
@@ -82,6 +87,30 @@ def _ops(cols: list[str], per_col: dict, lat: dict, onnx_cols: set) -> dict[str,
             if t and t.get("ref_latency_ms"):
                 cell["ratios"].append(t["latency_ms"] / t["ref_latency_ms"])
     return ops
+
+
+def _case_rows(cols: list[str], per_col: dict, lat: dict, ops: dict) -> list[dict]:
+    """A row per case, grouped by op (op order, then case order), with the case's own numbers per column."""
+    cases: dict[str, dict] = {}
+    for col in cols:
+        for r in per_col[col] or []:
+            t = lat[col].get(r["id"])
+            crow = cases.setdefault(r["id"], {"op": r["label"], "case": r["id"], "kind": r.get("kind"), "onnx": "",
+                                              "cells": {}})
+            if r.get("onnx_ops") and not crow["onnx"]:
+                crow["onnx"] = " ".join(sorted(r["onnx_ops"]))
+            crow["cells"][col] = {"status": r["status"], "reason": r.get("reason", ""),
+                                  **{k: r[k] for k in CASE_NUMBERS if r.get(k) is not None},
+                                  "latency_ratio": (t["latency_ms"] / t["ref_latency_ms"]
+                                                    if t and t.get("ref_latency_ms") else None)}
+    rows = []
+    for op in ops.values():
+        for cid in op["case_ids"]:
+            crow = cases[cid]
+            for col in cols:
+                crow["cells"].setdefault(col, {"status": "NOT_RUN", "reason": "no result (stage not run)"})
+            rows.append(crow)
+    return rows
 
 
 def _row(op: dict, cols: list[str]) -> dict:
@@ -116,7 +145,7 @@ def _column_stats(cols: list[str], per_col: dict) -> dict:
         for r in rs:
             cnt[r["status"]] = cnt.get(r["status"], 0) + 1
         counts[col] = dict(sorted(cnt.items(), key=lambda kv: SEVERITY.index(kv[0]) if kv[0] in SEVERITY else 0))
-        valid = [r for r in rs if r["status"] != "INVALID"]
+        valid = [r for r in rs if r["status"] not in ("INVALID", "SKIPPED")]
         ran = sum(1 for r in valid if r["status"] in RAN)
         support[col] = ran / len(valid) if valid else None
         pass_rate[col] = sum(1 for r in valid if r["status"] == "OK") / len(valid) if valid else None
@@ -142,9 +171,9 @@ def to_csv(cov: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     cols = cov["columns"]
-    w.writerow(["op", "cases", f"onnx_ops(opset {cov.get('onnx_opset')})", *cols])
-    for r in cov["rows"]:
-        w.writerow([r["op"], r["cases"], r["onnx"], *(r["cells"][c]["status"] for c in cols)])
+    w.writerow(["op", "case", f"onnx_ops(opset {cov.get('onnx_opset')})", *cols])
+    for r in cov["rows"]:  # a row per case, grouped by op
+        w.writerow([r["op"], r["case"], r["onnx"], *(r["cells"][c]["status"] for c in cols)])
     w.writerow(["(support rate)", "", "", *("" if cov["support"][c] is None else f"{cov['support'][c]:.3f}" for c in cols)])
     w.writerow(["(pass rate)", "", "", *("" if cov["pass_rate"][c] is None else f"{cov['pass_rate'][c]:.3f}" for c in cols)])
     return buf.getvalue()

@@ -20,6 +20,7 @@ rounding of its inputs. Results are plain dicts:
 from __future__ import annotations
 
 import importlib
+import statistics
 import warnings
 import zlib
 
@@ -30,6 +31,7 @@ from parity.backends import load_runner
 from parity.backends.base import OpJob, OpSkip
 from parity.backends.ops import TORCH_DTYPES, as_numpy, reason_of, side_at, tmap, to_dtype
 from parity.backends.torch_cpu import TorchCpuRunner
+from parity.suites import values
 
 SkipCase = OpSkip  # a case that ends with a status other than OK
 
@@ -39,21 +41,7 @@ def case_seed(seed: int, cid: str) -> int:
 
 
 # ------------------------------------------------------------------------------------ resolution
-def resolve(path: str, imports=(), kind: str = "op"):
-    """aten::name[.overload] -> torch.ops.aten op; 'pkg.mod:attr' or 'pkg.mod.attr' -> the object.
-    A module outside the torch namespaces is imported only if `imports` (the case's `import:`)
-    declares it (parity.imports; the suite was checked at compose, this is checked again here)."""
-    if path.startswith("aten::"):
-        name, _, ov = path[6:].partition(".")
-        pkt = getattr(torch.ops.aten, name)
-        return getattr(pkt, ov) if ov else pkt
-    from parity import imports as code
-
-    mod, attr = code.check_suite_target(path, kind, list(imports or ()), files=False)
-    obj = importlib.import_module(mod)
-    for a in attr.split("."):
-        obj = getattr(obj, a)
-    return obj
+resolve = values.resolve  # aten::, torch.*, declared imports (parity.suites.values)
 
 
 _OP_DB = None
@@ -70,38 +58,14 @@ def opinfo_db() -> dict:
 
 
 # ---------------------------------------------------------------------------------------- inputs
-def make_tensor(spec: dict, rng: np.random.Generator) -> torch.Tensor:
-    shape, kind = spec["shape"], spec["dtype"]
-    (init, prm), = spec["init"].items()
-    if init == "normal":
-        a = rng.normal(prm[0], prm[1], shape)
-    elif init == "uniform":
-        a = rng.uniform(prm[0], prm[1], shape)
-    elif init == "randint":
-        a = rng.integers(prm[0], prm[1], shape)
-    elif init == "fixed":
-        a = np.asarray(prm).reshape(shape)
-    else:
-        a = np.full(shape, prm[0])
-    a = {"float": lambda: a.astype(np.float32), "int": lambda: a.astype(np.int64),
-         "bool": lambda: a.astype(bool)}[kind]()
-    return torch.from_numpy(np.ascontiguousarray(a))
-
-
-def materialize(obj, rng):
-    if isinstance(obj, dict) and set(obj) == {"tensor"}:
-        return make_tensor(obj["tensor"], rng)
-    if isinstance(obj, list):
-        return [materialize(v, rng) for v in obj]
-    if isinstance(obj, dict):
-        return {k: materialize(v, rng) for k, v in obj.items()}
-    return obj
+make_tensor = values.make_tensor  # every preset dtype, random values, constructs: parity.suites.values
+materialize = values.materialize
 
 
 # ------------------------------------------------------------------------------------ callables
 def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None, imports=()):
     """(fn, module or None) for an op or module description."""
-    obj = resolve(desc["target"], imports, desc["kind"])
+    obj = values.resolve_code(desc["target"], imports, desc["kind"])
     if desc["kind"] == "module":
         torch.manual_seed(seed)
         m = obj(*ctor_args, **(ctor_kwargs or {}))
@@ -109,11 +73,14 @@ def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None, impor
     return obj, None
 
 
-def build(case: dict, seed: int):
+def build(case: dict, seed: int, sample: int = 0, ctx: dict | None = None):
     """(sides, args, kwargs): sides = {name: (fn, module, extra_args, extra_kwargs)} with fp32
-    tensors in args/kwargs."""
-    s = case_seed(seed, case["id"])
+    tensors in args/kwargs. Sample k > 0 draws from its own seed; ctx collects the drawn values."""
+    s = case_seed(seed, case["id"] if not sample else f"{case['id']}#s{sample}")
     rng = np.random.default_rng(s)
+    ctx = {} if ctx is None else ctx
+    ctx.update(imports=case.get("imports", ()), seed=s)
+    materialize = lambda obj, rng: values.materialize(obj, rng, ctx)  # noqa: E731
     kind = case["kind"]
     if kind == "opinfo":
         oi = case["opinfo"]
@@ -196,23 +163,78 @@ def runner_for(cell: dict, dtype: str | None = None):
         raise OpSkip("UNAVAILABLE", why)
     job = OpJob(cell["provider"], prov, dtype or cell["torch_dtype"], seed=int(cell.get("seed", 0)),
                 repeats=int(cell.get("repeats", 3)), threads=int(cell.get("threads") or 1),
-                onnx_opset=int(cell.get("onnx_opset", 17)))
+                onnx_opset=int(cell.get("onnx_opset", 17)), exporter=cell.get("exporter") or "legacy")
     return cls(job)
 
 
-def _reference(main, dt, args, kwargs, cell, gcase):
-    """The fp32 reference (torch_cpu's runner, eager) on the dtype-rounded inputs; parameters are the
-    provider's, rounded to dt and back, like the inputs."""
-    r_args = tmap(args, lambda t: t.float() if t.is_floating_point() else t)
-    r_kwargs = tmap(kwargs, lambda t: t.float() if t.is_floating_point() else t)
-    rside = side_at(side_at(main, dt), torch.float32)
-    ref = TorchCpuRunner(OpJob("torch_cpu", {"options": {}}, "float32", repeats=int(cell.get("repeats", 3))))
-    return ref.run_op(rside, r_args, r_kwargs, gcase)
+def _baseline(case: dict, main, dt, args, kwargs, cell, gcase):
+    """What a case is compared to, on the cell's rounded inputs: torch eager fp32 (torch_cpu's
+    runner) by default; `baseline: PROVIDER@cell|fp32|fp64` runs that provider's runner (a selected
+    provider, or torch_cpu) at that precision. Parameters are the provider's, rounded to dt and back."""
+    b = case.get("baseline") or {"provider": "torch_cpu", "precision": "fp32"}
+    prec = {"fp32": "float32", "fp64": "float64"}.get(b["precision"], cell["torch_dtype"])
+    rdt = TORCH_DTYPES[prec]
+    r_args = tmap(args, lambda t: values.to_reference(t, rdt))
+    r_kwargs = tmap(kwargs, lambda t: values.to_reference(t, rdt))
+    rside = side_at(side_at(main, dt), rdt)
+    conf = (cell.get("runners") or {}).get(b["provider"])
+    if conf is None and b["provider"] != "torch_cpu":
+        raise OpSkip("INVALID", f"baseline {b['provider']}: not a selected provider (select it, or use torch_cpu)")
+    if case.get("baseline") is None or conf is None:  # torch_cpu eager, as the default always was
+        ref = TorchCpuRunner(OpJob("torch_cpu", {"options": {}}, prec, repeats=int(cell.get("repeats", 3))))
+    else:
+        ref = runner_for(dict(cell, provider=b["provider"], **conf), prec)
+    return ref.run_op(rside, r_args, r_kwargs, gcase if ref.op_grads else None), ref.op_grads
 
 
 def run_case(case: dict, cell: dict) -> dict:
     """cell: provider, runner (its conf `runner:`), import, torch_dtype, seed, repeats, threads,
-    onnx_opset, options, grad (bool)."""
+    onnx_opset, options, grad (bool), runners (the selected providers', for baselines).
+    A case with `samples: N` runs N input draws; sample k's tensors are named `<name>#s<k>` (k > 0)."""
+    cell = dict(cell)
+    if case.get("export"):
+        cell["exporter"] = case["export"]["exporter"]
+        cell["onnx_opset"] = case["export"].get("opset") or cell.get("onnx_opset", 17)
+    n = int(case.get("samples", 1))
+    res, drawn = None, []
+    for k in range(n):
+        r = _run_sample(case, cell, k)
+        drawn.append(r.pop("drawn", None))
+        if r["status"] != "OK" or n == 1:
+            if n > 1:
+                r["reason"] = f"sample {k}: {r.get('reason', '')}"
+            res = r
+            break
+        sfx = f"#s{k}" if k else ""
+        if res is None:
+            res = dict(r, outputs=[], reference=[], latency_ms=[], ref_latency_ms=[])
+        res["outputs"] += [(nm + sfx, a) for nm, a in r["outputs"]]
+        res["reference"] += [(nm + sfx, a) for nm, a in r["reference"]]
+        res["latency_ms"].append(r["latency_ms"])
+        res["ref_latency_ms"].append(r["ref_latency_ms"])
+    if n > 1 and res.get("status") == "OK":
+        res["latency_ms"] = statistics.median(res["latency_ms"])
+        res["ref_latency_ms"] = statistics.median(res["ref_latency_ms"])
+    if any(drawn):
+        res["drawn"] = drawn if n > 1 else drawn[0]
+    if '"dtype": "complex' in repr(case).replace("'", '"') and res.get("status") == "OK" \
+            and cell["torch_dtype"] != "float32":
+        res["note"] = (f"complex inputs: real and imaginary parts rounded to {cell['torch_dtype']}, computed in "
+                       f"complex64 (no complex32 kernels on these backends)")
+    return res
+
+
+def _zero_output(case: dict, ref) -> str | None:
+    """With `zero_output: fail`, why a baseline whose first output is all zeros cannot judge the case."""
+    if case.get("zero_output") != "fail" or not ref:
+        return None
+    name, t = ref[0]
+    if t.numel() and not bool(torch.count_nonzero(t.detach())):
+        return f"the baseline's first output {name} is all zeros (zero_output: fail): any result would pass"
+    return None
+
+
+def _run_sample(case: dict, cell: dict, sample: int) -> dict:
     seed = int(cell.get("seed", 0))
     try:
         if case["kind"] == "gradcheck":
@@ -221,14 +243,15 @@ def run_case(case: dict, cell: dict) -> dict:
             return _gradcheck(case, cell, seed)
         runner = runner_for(cell)
         dt = TORCH_DTYPES[cell["torch_dtype"]]
+        ctx: dict = {}
         try:
-            sides, args, kwargs = build(case, seed)
+            sides, args, kwargs = build(case, seed, sample, ctx)
         except SkipCase:
             raise
         except Exception as e:
             return {"status": "INVALID", "reason": "building the case: " + reason_of(e)}
-        p_args = tmap(args, lambda t: to_dtype(t, dt))
-        p_kwargs = tmap(kwargs, lambda t: to_dtype(t, dt))
+        p_args = tmap(args, lambda t: values.to_cell(t, dt))
+        p_kwargs = tmap(kwargs, lambda t: values.to_cell(t, dt))
         want_grad = bool(case.get("grad")) and bool(cell.get("grad", True)) and runner.op_grads
         gcase = {"loss": case.get("loss", "sum"), "seed": case_seed(seed, case["id"] + "/grad")} if want_grad else None
         if case["kind"] == "pair":
@@ -243,9 +266,16 @@ def run_case(case: dict, cell: dict) -> dict:
         else:
             main = sides["main"]
             try:
-                ref, rms, _ = _reference(main, dt, p_args, p_kwargs, cell, gcase)
+                (ref, rms, _), base_grads = _baseline(case, main, dt, p_args, p_kwargs, cell, gcase)
+            except SkipCase as e:
+                return {"status": "INVALID", "reason": f"baseline: {e.status}: {e.reason}"}
             except Exception as e:
-                return {"status": "INVALID", "reason": "fails on the fp32 reference too: " + reason_of(e)}
+                return {"status": "INVALID", "reason": "fails on the baseline too: " + reason_of(e)}
+            if not base_grads:
+                gcase = None  # no gradients on an ONNX baseline: compare forward outputs only
+            zero = _zero_output(case, ref)
+            if zero:
+                return {"status": "INVALID", "reason": zero, "drawn": ctx.get("drawn")}
         try:
             out, ms, ops = runner.run_op(main, p_args, p_kwargs, gcase)
         except SkipCase as e:
@@ -254,6 +284,6 @@ def run_case(case: dict, cell: dict) -> dict:
             return {"status": "INFER_FAIL", "reason": reason_of(e)}
         return {"status": "OK", "reason": "", "outputs": [(n, as_numpy(t)) for n, t in out],
                 "reference": [(n, as_numpy(t)) for n, t in ref], "latency_ms": ms, "ref_latency_ms": rms,
-                "onnx_ops": ops}
+                "onnx_ops": ops, "drawn": ctx.get("drawn")}
     except SkipCase as e:
         return {"status": e.status, "reason": e.reason}

@@ -28,6 +28,10 @@ A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
           - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
           - {id: mine, op: mypkg.ops:fused_gelu, import: mypkg.ops, inputs: [x]}  # code of your own
 
+More keys (parity.suites.features): preset dtypes complex/float64/int32/...; random values
+{uniform}, {randint}, {bernoulli}, {choice}, {optional}; `file:path.py::Symbol` targets; nested
+{construct: ...} nodes; and on the spec or a case: export, baseline, samples, skip_on, zero_output.
+
 Targets resolve only in torch namespaces (aten::, torch.*, torch.nn.functional.*, torch.special.*,
 torch.linalg.*, torch.fft.*; torch.nn.<Module> for module cases) and parity.suites.testops, unless
 the case or the suite's spec declares `import: <module>` (or a list): the module, and the packages
@@ -47,15 +51,17 @@ from pathlib import Path
 
 import yaml
 
+from parity.suites import features
+
 SUITE_KEYS = {"tolerances", "spec"}
-SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases", "import"}
+SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases", "import", *features.OPTION_KEYS}
 KINDS = ("op", "module", "pair", "gradcheck", "opinfo")
 CASE_KEYS = {"id", *KINDS, "inputs", "args", "kwargs", "vars", "only", "skip", "grad", "loss", "train",
-             "timeout_s", "import"}
+             "timeout_s", "import", *features.OPTION_KEYS}
 PAIR_SIDE_KEYS = {"op", "module", "args", "kwargs"}
 PRESET_KEYS = {"shape", "dtype", "init"}
-PRESET_DTYPES = ("float", "int", "bool")
-INITS = {"normal": 2, "uniform": 2, "randint": 2, "fixed": None, "fill": 1}
+PRESET_DTYPES = features.PRESET_DTYPES
+INITS = {"normal": 2, "uniform": 2, "randint": 2, "fixed": None, "fill": 1, "bernoulli": 1}
 LOSSES = ("sum", "mse")
 TOL_RULE_KEYS = {"dtype", "case", "kind", "atol", "rtol"}
 TOL_KINDS = ("out", "grad")
@@ -142,9 +148,12 @@ def _check_preset(p: dict, dims: dict, err) -> dict:
     shape = [_eval_dim(s, dims, err) for s in p["shape"]]
     if any(s < 0 for s in shape):
         err(f"negative size in shape {shape}")
-    dt = p.get("dtype", "float")
-    if dt not in PRESET_DTYPES:
-        err(f"unknown dtype kind '{dt}'. Valid: {', '.join(PRESET_DTYPES)}")
+    dtype = p.get("dtype", "float")
+    if dtype not in PRESET_DTYPES:
+        err(f"unknown dtype '{dtype}'. Valid: {', '.join(PRESET_DTYPES)}")
+    dt = features.kind_of(dtype)
+    if dt == "complex":
+        dt = "float"  # generated like float (real and imaginary parts), then made complex
     init = p.get("init", "normal" if dt == "float" else ("randint" if dt == "int" else "randint"))
     if isinstance(init, str):
         init = {init: None}
@@ -158,7 +167,7 @@ def _check_preset(p: dict, dims: dict, err) -> dict:
         if iname not in defaults:
             err(f"init '{iname}' needs parameters")
         params = defaults[iname]
-    if iname == "fill" and not isinstance(params, list):
+    if iname in ("fill", "bernoulli") and not isinstance(params, list):
         params = [params]
     if not isinstance(params, list):
         err(f"init {iname}: expected a list of parameters, got {params!r}")
@@ -170,14 +179,16 @@ def _check_preset(p: dict, dims: dict, err) -> dict:
     if iname == "randint" and dt == "float":
         err("init randint needs dtype: int or bool")
     if iname in ("normal", "uniform") and dt != "float":
-        err(f"init {iname} needs dtype: float")
+        err(f"init {iname} needs a float or complex dtype")
+    if iname == "bernoulli" and dt != "bool":
+        err("init bernoulli needs dtype: bool")
     if iname == "fixed":
         numel = 1
         for s in shape:
             numel *= s
         if len(params) != numel:
             err(f"init fixed: {len(params)} values for shape {shape} ({numel} elements)")
-    return {"shape": shape, "dtype": dt, "init": {iname: params}}
+    return {"shape": shape, "dtype": dtype, "init": {iname: params}}
 
 
 # ------------------------------------------------------------------------------------------ templates
@@ -228,7 +239,7 @@ def _combos(case: dict, err) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------- cases
 def _is_path(s) -> bool:
-    return isinstance(s, str) and (s.startswith("aten::") and len(s) > 6
+    return features.is_file_target(s) or isinstance(s, str) and (s.startswith("aten::") and len(s) > 6
                                    or re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*(:[A-Za-z_][\w.]*)?", s) is not None
                                    and ("." in s or ":" in s))
 
@@ -240,8 +251,14 @@ def _value(v, dims, presets, err, key):
         if name not in presets:
             err(f"unknown preset '{name}'. Presets: {', '.join(sorted(presets)) or '(none)'}", key)
         return {"tensor": dict(presets[name], name=name)}
+    if isinstance(v, dict) and set(v) == {"preset"} and isinstance(v["preset"], str):  # {preset: NAME} = $NAME
+        return _value("$" + v["preset"], dims, presets, err, key)
     if isinstance(v, dict) and set(v) <= PRESET_KEYS and "shape" in v:  # inline preset
         return {"tensor": dict(_check_preset(v, dims, lambda m: err(m, key)), name="inline")}
+    if isinstance(v, dict):  # random / choice / optional / construct (parity.suites.features)
+        node = features.value_node(v, lambda x: _value(x, dims, presets, err, key), err, key)
+        if node is not None:
+            return node
     if isinstance(v, str) and v in dims:
         return dims[v]
     if isinstance(v, list):
@@ -314,6 +331,7 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
                 "grad": bool(c.get("grad", ctx["grad"])), "loss": c.get("loss", ctx["loss"]),
                 "train": bool(c.get("train", False)),
                 "timeout_s": float(c.get("timeout_s", ctx["timeout_s"] or 0) or 0)}
+        case.update(features.options(c, ctx["spec"], cerr))
         if case["loss"] not in LOSSES:
             cerr(f"unknown loss '{case['loss']}'. Valid: {', '.join(LOSSES)}", "loss")
         if kind == "opinfo":
@@ -397,7 +415,7 @@ def expand_section(name: str, section: dict, file: str, root: Path | None = None
             raise SuiteError(file, None, f"spec.presets.{k}", m)
         presets[k] = _check_preset(v, rdims, perr)
     ctx = {"dims": rdims, "presets": presets, "grad": bool(spec.get("grad", False)),
-           "imports": _spec_imports(spec, file),
+           "imports": _spec_imports(spec, file), "spec": spec,
            "loss": spec.get("loss", "sum"), "timeout_s": spec.get("timeout_s", default_timeout)}
     if ctx["timeout_s"] is not None and (not isinstance(ctx["timeout_s"], (int, float)) or ctx["timeout_s"] <= 0):
         raise SuiteError(file, None, "spec.timeout_s", f"expected a positive number, got {ctx['timeout_s']!r}")
@@ -455,11 +473,22 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
         targets = []
     else:
         targets = [(case["kind"], case["kind"], case["target"])]
+    named = {x[2] for x in targets}
+    targets += [("construct", "module", t) for t in features.case_targets(case) if t not in named]
     for key, kind, target in targets:
         try:
-            imports.check_suite_target(target, kind, declared)
-        except imports.NotAllowed as e:
+            search = imports.search_path([str(features.repo_root(case["file"]))])
+            if features.is_file_target(target):
+                f = features.check_file_target(target, features.repo_root(case["file"]))
+            else:  # located from the suite's repository root first: where the workers run
+                hit = imports.check_suite_target(target, kind, declared, search)
+                spec_ = imports.locate(hit[0], search) if hit and not imports.torch_target(target, kind) else None
+                f = Path(spec_.origin) if spec_ is not None and spec_.has_location and spec_.origin else None
+        except (imports.NotAllowed, ValueError) as e:
             cerr(str(e), key)
+        why = features.not_a_class(target, f) if kind == "module" and key == "module" else None
+        if why:
+            cerr(why, key)
     if declared:
         case["imports"] = declared
 
