@@ -50,7 +50,7 @@ SECTION_KEYS = {
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
-ARCH_SOURCES = ("parity", "torchvision", "import")
+ARCH_SOURCES = ("parity", "torchvision", "import", "onnx")
 PARITY_ZOO = ("mlp", "transformer_block")  # builders live in parity/models/zoo.py
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
@@ -270,7 +270,11 @@ def validate(p: dict) -> dict:
         where = f"models.{name}"
         _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
         arch = m["arch"]
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+        if isinstance(arch, dict) and arch.get("source") == "onnx":
+            _onnx_arch(f"{where}.arch", arch)
+            arch = {**arch, "name": ""}
+        else:
+            _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
         if "calibrate" in arch:
             c = arch["calibrate"]
             _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
@@ -340,6 +344,15 @@ def check_runner(where: str, prov: dict) -> None:
         imports.check_runner(prov["runner"], declared, valid)
     except imports.NotAllowed as e:
         raise ConfigError(f"{where}.runner: {e}") from None
+
+
+def _onnx_arch(where: str, arch: dict) -> None:
+    """`arch: {source: onnx, path: <file>}`: the file must exist (a light check at compose time; the
+    export stage reads and checks the file itself: parity.pipeline.onnx_source.load_checked)."""
+    _check_keys(where, arch, {"source", "path"}, required=("source", "path"))
+    if not Path(str(arch["path"])).is_file():
+        raise ConfigError(f"{where}.path: {arch['path']}: no such file (relative to the repo root, "
+                          f"{Path.cwd()}); track it with git or `dvc add`")
 
 
 def check_import_model(where: str, name) -> None:

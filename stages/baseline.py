@@ -41,6 +41,13 @@ def main(argv=None) -> int:
     if not has_baseline(dc):
         res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{a.dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
                                                   "has no such mode; cells of this dtype are judged by tolerance"), []
+    elif p["models"][a.model]["arch"]["source"] == "onnx":  # an ONNX file: ORT CPU, no optimisation
+        from parity.pipeline import onnx_reference
+
+        res = onnx_reference.ort_capture(p, a.model, load(a.inputs), a.dtype)
+        res_status, reason = res.status, res.reason
+        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
+                if not t.name.startswith(store.PLAIN)]
     else:
         from parity.backends.torch_cpu import TorchCpuRunner
 
@@ -55,7 +62,8 @@ def main(argv=None) -> int:
                 if not t.name.startswith(store.PLAIN)]
     store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
     own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
-    write_json(out / "status.json", {"baseline": key, "provider": PROVIDER, "status": res_status, "reason": reason,
+    provider = "ort_cpu_noopt" if p["models"][a.model]["arch"]["source"] == "onnx" else PROVIDER
+    write_json(out / "status.json", {"baseline": key, "provider": provider, "status": res_status, "reason": reason,
                                      "own": own})
     print(f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {len(rows)} tensors, "
           f"{time.perf_counter() - t0:.1f}s")

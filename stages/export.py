@@ -22,6 +22,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    if p["models"][a.model]["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
+        from parity.pipeline.onnx_export import export_file
+        from parity.pipeline.onnx_source import OnnxSourceError
+
+        try:
+            print(export_file(a.model, p["models"][a.model], Path(a.out)))
+        except OnnxSourceError as e:
+            print(f"export@{a.model}: {e}", file=sys.stderr)
+            return 1
+        return 0
 
     import onnx
 

@@ -47,6 +47,10 @@ def main(argv=None) -> int:
 
     feeds = load(a.inputs)
     out = Path(a.out)
+    if p["models"][a.model]["arch"]["source"] == "onnx":  # ORT CPU, no optimisation (+ fp64 evaluator)
+        from parity.pipeline import onnx_reference
+
+        return onnx_reference.reference(p, a.model, feeds, out)
     rows = run(p, a.model, feeds, "float32")
     outputs = [t for t in rows if store.is_output(t.name)]
     # An output within atol of zero passes any diff, even against an all-zero actual: the default

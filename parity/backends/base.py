@@ -84,6 +84,10 @@ class CaptureResult:
 class Runner:
     """One backend at one dtype. Lifecycle: availability() -> activate() -> infer()* -> deactivate()."""
 
+    # whether the runner takes the exported ONNX graphs (model_dir), so also a model given as an ONNX
+    # file (arch.source: onnx); runners that build the torch model do not (UNSUPPORTED for such models)
+    runs_onnx_files: bool = False
+
     def __init__(self, job: CaptureJob):
         self.job = job
 
@@ -157,6 +161,9 @@ def _cause(e: CompileError) -> str:
 
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
                 warmup: int, repeats: int) -> CaptureResult:
+    if (job.model_cfg.get("arch") or {}).get("source") == "onnx" and not cls.runs_onnx_files:
+        return CaptureResult("UNSUPPORTED", f"models.{job.model} is an ONNX file (arch.source: onnx) and "
+                                            f"provider {job.provider} runs torch models only")
     supported = job.provider_cfg.get("dtypes", [])
     if job.dtype not in supported:
         return CaptureResult("UNSUPPORTED", f"provider {job.provider} supports dtypes {supported}, "

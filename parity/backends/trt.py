@@ -227,6 +227,8 @@ class _Engine:
 
 
 class TrtRunner(Runner):
+    runs_onnx_files = True  # engines are built from the exported ONNX graphs
+
     @classmethod
     def availability(cls, job):
         why = availability()

@@ -1,0 +1,1 @@
+"""What the stages do, as library functions (ARCHITECTURE.md layer 4)."""
