@@ -37,6 +37,7 @@ TOP_KEYS = {
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
     "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",
     "plan_dtypes": "dtypes that get a plan@model-dtype-provider stage (resolved from `analysis.plan`, `dtypes`)",
+    "reduce_dtypes": "dtypes that get reduce@model-dtype-provider stages (resolved from `analysis.reduce`, `dtypes`)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -46,7 +47,7 @@ SECTION_KEYS = {
     "diff": {"max_mismatch", "verdict"},
     "report": {"coverage_dep", "plan_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
-    "analysis": {"plan", "plan_target", "max_keep"},
+    "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
@@ -81,7 +82,10 @@ BOOLS = (("strict",), ("reference", "fp64"), ("capture", "latency"), ("suites_ru
 # (bool, int, str, dict, list), or a predicate with its description. A runner not listed here (a
 # user's own) gets only the mapping check.
 _ORT_OPTIONS = {"graph_optimization_level": ("disabled", "basic", "extended", "all"),
-                "provider_options": dict, "fallback": list}
+                "provider_options": dict, "fallback": list,
+                # diagnostic: emulate a miscompiled node (parity.backends.fault)
+                "fault": (lambda v: isinstance(v, dict) and set(v) <= {"node", "scale"} and "node" in v
+                          and isinstance(v.get("scale", 1.0), (int, float)), "{node: <name>, scale: <number>}")}
 _QTYPES = ("QInt8", "QUInt8")
 _TORCH_DEVICE = (lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
                  "cpu, cuda or cuda:<index>")
@@ -257,12 +261,12 @@ def validate(p: dict) -> dict:
                         f"Drop '{dt}' or '{name}' from the selection, e.g. -S 'dtypes=[...]'")
     _analysis(p)
     for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
-                      ("plan_dtypes", plan_dtypes(p))):
+                      ("plan_dtypes", plan_dtypes(p)), ("reduce_dtypes", reduce_dtypes(p))):
         got = p.get(key)
         if isinstance(got, str) and got.startswith("${"):
             continue  # unresolved at compose time (the Hydra plugin validates before resolving)
         if key in p and list(got or []) != want:
-            src = "`analysis.plan` and `dtypes`" if key == "plan_dtypes" else "`providers`"
+            src = f"`analysis.{key.split('_')[0]}` and `dtypes`" if key.endswith("_dtypes") else "`providers`"
             raise ConfigError(f"{key}: {got!r} does not match the selected {src} (expected {want}): "
                               f"it is resolved from them; compose params.yaml again (parity compose)")
 
@@ -375,6 +379,9 @@ def _analysis(p: dict) -> None:
     if a.get("plan_target") is not None:
         _tol("analysis.plan_target", a["plan_target"])
     _num("analysis.max_keep", a.get("max_keep", 16), lo=1, integer=True)
+    if not isinstance(a.get("reduce", False), bool):
+        raise ConfigError(f"analysis.reduce: expected true or false, got {a['reduce']!r}")
+    _num("analysis.reduce_rel_l2", a.get("reduce_rel_l2", 1e-3), lo=0)
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
@@ -389,6 +396,12 @@ def plan_dtypes(p: dict) -> list[str]:
         return []
     return [n for n, d in p["dtypes"].items() if isinstance(d, dict) and d.get("mode", "cast") in PLAN_MODES
             and not (d.get("mode", "cast") == "cast" and d.get("torch") in ("float32", "float64"))]
+
+
+def reduce_dtypes(p: dict) -> list[str]:
+    """Selected dtypes whose cells get a reduce@model-dtype-provider stage: all of them with
+    `analysis.reduce: true` (the stage reduces FAIL cells and skips the rest), else none."""
+    return list(p["dtypes"]) if (p.get("analysis") or {}).get("reduce") is True else []
 
 
 def engine_providers(p: dict) -> list[str]:
