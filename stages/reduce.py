@@ -65,11 +65,7 @@ def main(argv=None) -> int:
                             provider, trusted, limit)
         res = repro.summary(key, red, limit)
         if red.status == "REDUCED":
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="parity-reduce-") as d:
-                onnx.save(red.model, str(Path(d) / "r.onnx"))
-                prepared = provider.prepared(Path(d) / "r.onnx")
+            prepared = provider.prepared(onnx.ModelProto.FromString(red.model.SerializeToString()))
             repro.write_repro(out, key, red, prepared, provider.repro_settings(), limit)
             res["repro"] = "repro.py"
     write_json(out / "reduce.json", res, sort_keys=False)

@@ -38,6 +38,8 @@ def test_reduce_finds_the_faulty_node_and_repro_exits_1_then_0(tmp_path):
     good = _repro(cell, "reduced.source.onnx")
     assert good.returncode == 0, good.stdout + good.stderr
     assert "all 1 outputs match" in good.stdout
+    report = (r.path / "artifacts/report/report.md").read_text()
+    assert "(../reduce/tiny_onnx-fp32-ort_cpu/repro.py)" in report  # the report links the repro
     # the same reduction gives the same bytes (DVC stops at unchanged outputs)
     first = {f.name: f.read_bytes() for f in cell.iterdir()}
     r.run(["dvc", "repro", "-f", "-s", "reduce@tiny_onnx-fp32-ort_cpu"])

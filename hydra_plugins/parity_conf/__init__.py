@@ -118,6 +118,13 @@ def _plan_dep(*, _root_) -> str:
     return "artifacts/plan" if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
 
 
+def _reduce_dep(*, _root_) -> str:
+    """The report's reduce input: the reduce stages' folder with analysis.reduce, else conf/dtypes."""
+    return "artifacts/reduce" if (_root_.get("analysis") or {}).get("reduce") is True else "conf/dtypes"
+
+
+if not OmegaConf.has_resolver("parity_reduce_dep"):
+    OmegaConf.register_new_resolver("parity_reduce_dep", _reduce_dep)
 if not OmegaConf.has_resolver("parity_plan_dep"):
     OmegaConf.register_new_resolver("parity_plan_dep", _plan_dep)
 if not OmegaConf.has_resolver("parity_validate"):

@@ -53,13 +53,17 @@ class OrtRunner(Runner):
         """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
         as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
         fp16 is converted and serialised. With options.fault, the fault is applied first."""
+        m = None
+        if not isinstance(path, (str, Path)):  # a ModelProto in memory (reduce; converted in place)
+            m, path = path, None
         if self.job.dtype == "fp32" and not self._fault():
-            return str(path)
+            return str(path) if m is None else m.SerializeToString()
         if self.job.dtype not in ("fp32", "fp16"):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
         import onnx
 
-        m = onnx.load(str(path))
+        if m is None:
+            m = onnx.load(str(path))
         if self._fault():
             from parity.backends import fault
 
@@ -72,7 +76,8 @@ class OrtRunner(Runner):
 
     # -- reduce (parity.analysis.reduce): any ONNX graph, as this provider runs it --
     def prepared(self, path) -> bytes:
-        """The graph at `path` as this provider hands it to onnxruntime (dtype conversion, fault)."""
+        """The graph at `path` (or a ModelProto) as this provider hands it to onnxruntime (dtype
+        conversion, fault), serialised."""
         m = self._convert(path)
         return Path(m).read_bytes() if isinstance(m, str) else m
 
