@@ -139,3 +139,38 @@ def test_bad_onnx_file_fails_naming_file_and_problem(tmp_path, kind):
     assert "models/tiny.onnx" in err and words in err, err
     assert not (r.path / "artifacts" / "models" / "tiny_onnx").exists() or \
         not any((r.path / "artifacts" / "models" / "tiny_onnx").iterdir())
+
+
+@pytest.mark.slow
+def test_torchvision_onnx_as_a_file_runs_per_node(tmp_path):
+    """resnet18 exported by the pipeline, then used as a plain .onnx file (arch.source: onnx)."""
+    import shutil
+
+    from parity import store
+
+    r = make_repo(tmp_path / "repo", models=("resnet18",), dtypes=("fp32",), providers=("ort_cpu",))
+    r.repro("export@resnet18")
+    (r.path / "models").mkdir()
+    shutil.copy(r.path / "artifacts/models/resnet18/model.onnx", r.path / "models/rn18.onnx")
+    (r.path / "conf/models/rn18.yaml").write_text(model_conf("rn18", "models/rn18.onnx", (1, 3, 224, 224))
+                                                  .replace("name: x,", "name: input,"))
+    r.set_defaults(models=("rn18",), dtypes=("fp32", "fp16"), providers=("torch_cpu", "ort_cpu"))
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("resnet18 as an ONNX file")
+    r.repro()
+    a = r.path / "artifacts"
+    lj = json.loads((a / "models/rn18/layers.json").read_text())
+    import onnx
+
+    plain = onnx.load(str(r.path / "models/rn18.onnx"))
+    produced = [o for n in plain.graph.node for o in n.output]
+    assert len(lj["layers"]) > 50 and all(x["name"] in produced for x in lj["layers"])  # node outputs
+    assert lj["output_tensors"] == {"output": "output"}  # the file's output was already named output
+    for dtype in ("fp32", "fp16"):
+        st = json.loads((a / f"capture/rn18-{dtype}-ort_cpu/status.json").read_text())
+        assert st["status"] == "OK" and st["layers"] == len(lj["layers"]), st
+        assert json.loads((a / f"capture/rn18-{dtype}-torch_cpu/status.json").read_text())["status"] == "UNSUPPORTED"
+        m = json.loads((a / f"diff/rn18-{dtype}-ort_cpu/metrics.json").read_text())
+        assert m["verdict"] in ("PASS", "FAIL") and m["layers"] >= len(lj["layers"]), m
+    names = [t.name for t in store.read(a / "reference/rn18/fp32.parquet") if t.sample == 0]
+    assert names[:len(lj["layers"])] == [x["name"] for x in lj["layers"]]

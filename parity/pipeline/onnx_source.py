@@ -11,8 +11,8 @@ per node and run without torch.
   model output by.
 - The reference is ONNX Runtime CPU with every graph optimisation disabled (each node its own kernel,
   no fusion: the graph as written), run through the same OrtCpuRunner as the providers. The ONNX
-  reference evaluator was the other candidate: it is numpy, single-threaded and python-looped for Conv
-  (minutes for resnet50, against ~1 s), and no more exact at float32. It does serve as the fp64 golden
+  reference evaluator was the other candidate: it is numpy and much slower (resnet50, one sample, every
+  node output: 19 s at load ~12 against ~1 s), and no more exact at float32. It does serve as the fp64 golden
   run: the graph cast to float64 (onnxruntime has no float64 Conv kernel) where the evaluator runs every
   op; when it cannot, the reference has no fp64 run and cells are judged by tolerance, and say so.
 - The trusted baseline of the fp64 oracle (issue 9) for such a model is the same no-optimisation ORT
@@ -198,6 +198,9 @@ def instrument(m):
     plain.CopyFrom(m)
     outs = []
     for new, old in renamed.items():
+        if new == old:  # already named as the stages read it (a torch export's `output`)
+            outs.append(next(o for o in m.graph.output if o.name == old))
+            continue
         v = onnx.ValueInfoProto()
         v.CopyFrom(vi.get(old) or helper.make_empty_tensor_value_info(old))
         v.name = new
