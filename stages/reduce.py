@@ -40,7 +40,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     verdict = read_json(Path(a.diff) / "metrics.json").get("verdict")
     pc = p["providers"][a.provider]
-    cls = load_runner(pc["runner"], pc.get("import"))
+    try:
+        cls = load_runner(pc["runner"], pc.get("import"))
+    except ValueError as e:  # the runner cannot be imported here (UNAVAILABLE in the capture too)
+        cls, verdict = None, f"UNAVAILABLE ({e})"
 
     def job(dtype, provider, pcfg):
         return CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=dtype,
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
 
     if verdict != "FAIL":
         res = {"cell": key, "status": "SKIPPED", "reason": f"verdict {verdict}: only FAIL cells are reduced"}
-    elif not hasattr(cls, "run_graph"):
+    elif cls is None or not hasattr(cls, "run_graph"):
         res = {"cell": key, "status": "SKIPPED",
                "reason": f"provider {a.provider} runs no ONNX graphs (its runner has no run_graph hook)"}
     else:

@@ -97,7 +97,6 @@ class Graph:
     def cut(self, idx: list[int], ref: dict):
         """(ModelProto of nodes idx, its inputs, its checked outputs); None when an input has no
         reference value (a tensor whose type inference did not reach)."""
-        import onnx
         from onnx import helper
 
         idx = sorted(set(idx))
@@ -163,6 +162,7 @@ class Search:
         self.g, self.ref, self.p, self.limit = graph, ref, provider, limit
         self.trials = 0
         self.last: dict = {}
+        self.error = ""  # the last run the provider could not do (a cut it cannot build or run)
 
     def fails(self, idx) -> bool:
         c = self.g.cut(list(idx), self.ref)
@@ -172,7 +172,8 @@ class Search:
         self.trials += 1
         try:
             got = self.p.run_graph(self.p.prepared(sub), {t: self.ref[t] for t in ins})
-        except Exception:  # a cut the provider cannot build or run is not this failure
+        except Exception as e:  # a cut the provider cannot build or run is not this failure
+            self.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             return False
         worst = None
         for o in outs:
@@ -194,7 +195,8 @@ def reduce(m, feeds: dict, provider, trusted, limit: float = 1e-3) -> Reduction:
     n = len(g.nodes)
     res = Reduction("NOT_REPRODUCED", graph_nodes=n)
     if not s.fails(range(n)):
-        res.reason = (f"the plain graph on this provider agrees with the reference (ORT CPU, optimisation "
+        res.reason = (f"the provider could not run the plain graph for the reduction: {s.error}" if s.error else
+                      f"the plain graph on this provider agrees with the reference (ORT CPU, optimisation "
                       f"disabled): every output's rel_l2 <= {limit:g} (analysis.reduce_rel_l2) on sample 0")
         res.trials, res.seconds = s.trials, time.perf_counter() - t0
         return res
