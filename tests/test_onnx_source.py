@@ -174,3 +174,28 @@ def test_torchvision_onnx_as_a_file_runs_per_node(tmp_path):
         assert m["verdict"] in ("PASS", "FAIL") and m["layers"] >= len(lj["layers"]), m
     names = [t.name for t in store.read(a / "reference/rn18/fp32.parquet") if t.sample == 0]
     assert names[:len(lj["layers"])] == [x["name"] for x in lj["layers"]]
+
+
+def test_no_fp64_golden_where_the_evaluator_cannot_run_the_graph(tmp_path):
+    """A contrib op (com.microsoft FusedMatMul) runs on onnxruntime, not in the ONNX reference
+    evaluator: the fp32 reference is there, the fp64 golden is not, and the reason says which op."""
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    from parity.pipeline import onnx_reference
+
+    w = nh.from_array(np.eye(4, dtype=np.float32), "w")
+    g = h.make_graph([h.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", alpha=2.0),
+                      h.make_node("Relu", ["y"], ["z"])], "contrib",
+                     [h.make_tensor_value_info("x", T.FLOAT, [2, 4])], [h.make_tensor_value_info("z", T.FLOAT, [2, 4])], [w])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)], ir_version=8)
+    onnx.save(m, str(tmp_path / "c.onnx"))
+    p = {"models": {"c": {"arch": {"source": "onnx", "path": str(tmp_path / "c.onnx")},
+                          "input": [{"name": "x", "shape": [2, 4]}]}}, "dtypes": {"fp32": {}}}
+    feeds = [{"x": np.arange(8, dtype=np.float32).reshape(2, 4) - 3}]
+    rows = onnx_reference.reference_rows(p, "c", feeds)
+    # y (the contrib op's output) has no type ONNX shape inference can give: not captured (docs say so)
+    assert [t.name for t in rows] == ["z", "output"]
+    assert np.array_equal(rows[-1].array, np.maximum(2 * feeds[0]["x"], 0))
+    gold, why = onnx_reference.golden_rows(p, "c", feeds)
+    assert gold == [] and "FusedMatMul" in why, why
