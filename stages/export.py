@@ -27,7 +27,7 @@ def main(argv=None) -> int:
         from parity.pipeline.onnx_source import OnnxSourceError
 
         try:
-            print(export_file(a.model, p["models"][a.model], Path(a.out)))
+            print(f"export@{a.model}: {export_file(a.model, p['models'][a.model], Path(a.out))}")
         except OnnxSourceError as e:
             print(f"export@{a.model}: {e}", file=sys.stderr)
             return 1

@@ -33,5 +33,5 @@ def export_file(model: str, model_cfg: dict, out: Path) -> str:
     }, sort_keys=False)
     inv = op_inventory(plain)
     write_json(out / "ops.json", inv)
-    return (f"export@{model}: ONNX file {path}, {len(names)} node outputs captured, {inv['nodes']} nodes / "
+    return (f"ONNX file {path}, {len(names)} node outputs captured, {inv['nodes']} nodes / "
             f"{inv['op_types']} op types -> {out}")
