@@ -13,18 +13,6 @@ The capture stage fails the cell (EXPORT_FAIL, listing node names) when the mode
 
 from __future__ import annotations
 
-KEYS = {"node", "scale"}
-
-
-def spec_error(spec) -> str | None:
-    """None when `spec` is a valid fault option, else what is wrong with it."""
-    if not isinstance(spec, dict) or set(spec) - KEYS or "node" not in spec:
-        return f"expected {{node: <name>, scale: <float>}}, got {spec!r}"
-    if not isinstance(spec.get("scale", 1.01), (int, float)) or isinstance(spec.get("scale"), bool):
-        return f"scale: expected a number, got {spec.get('scale')!r}"
-    return None
-
-
 def find(m, target: str):
     """The main-graph node named `target`, or producing a tensor named `target`; None if absent."""
     for n in m.graph.node:
