@@ -13,6 +13,7 @@ The capture stage fails the cell (EXPORT_FAIL, listing node names) when the mode
 
 from __future__ import annotations
 
+
 def find(m, target: str):
     """The main-graph node named `target`, or producing a tensor named `target`; None if absent."""
     for n in m.graph.node:
