@@ -1,1 +1,2 @@
-"""What the stages do, as library functions (ARCHITECTURE.md layer 4)."""
+"""What each stage does, as library functions (the pipeline layer): stages/*.py parse
+arguments, call one function here and write their outs. Modules here never import stages."""
