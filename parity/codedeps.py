@@ -175,6 +175,21 @@ def models_code(models: dict, roots=None) -> dict[str, dict]:
         arch = m["arch"]
         if arch["source"] == "import":
             out[name] = model_code(str(arch["name"]).partition(":")[0], roots)
+        elif arch["source"] == "onnx":
+            out[name] = onnx_file_code(Path(str(arch["path"])))
         else:
             out[name] = {"source": arch["source"]}
     return out
+
+
+def onnx_file_code(path: Path) -> dict:
+    """An `arch.source: onnx` model's dependency: the sha256 of the file and of every other file beside
+    it (external data), so replacing the model or its weights re-runs exactly its stages."""
+    files = {}
+    if path.is_file():
+        files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        for f in sorted(path.parent.iterdir()):
+            if f.is_file() and f != path and f.suffix not in (".onnx", ".dvc", ".md") and not f.name.startswith("."):
+                files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return {"source": "onnx", "path": str(path), "files": files}
+

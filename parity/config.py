@@ -38,6 +38,7 @@ TOP_KEYS = {
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
     "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",
     "plan_dtypes": "dtypes that get a plan@model-dtype-provider stage (resolved from `analysis.plan`, `dtypes`)",
+    "reduce_dtypes": "dtypes that get reduce@model-dtype-provider stages (resolved from `analysis.reduce`, `dtypes`)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -45,13 +46,13 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"latency", "warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
-    "report": {"coverage_dep", "plan_dep"},
+    "report": {"coverage_dep", "plan_dep", "reduce_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
-    "analysis": {"plan", "plan_target", "max_keep"},
+    "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
-ARCH_SOURCES = ("parity", "torchvision", "import")
+ARCH_SOURCES = ("parity", "torchvision", "import", "onnx")
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set()}
@@ -83,7 +84,10 @@ BOOLS = (("strict",), ("reference", "fp64"), ("capture", "latency"), ("suites_ru
 # (bool, int, str, dict, list), or a predicate with its description. A runner not listed here (a
 # user's own) gets only the mapping check.
 _ORT_OPTIONS = {"graph_optimization_level": ("disabled", "basic", "extended", "all"),
-                "provider_options": dict, "fallback": list}
+                "provider_options": dict, "fallback": list,
+                # diagnostic: emulate a miscompiled node (parity.backends.fault)
+                "fault": (lambda v: isinstance(v, dict) and set(v) <= {"node", "scale"} and "node" in v
+                          and isinstance(v.get("scale", 1.0), (int, float)), "{node: <name>, scale: <number>}")}
 _QTYPES = ("QInt8", "QUInt8")
 _TORCH_DEVICE = (lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
                  "cpu, cuda or cuda:<index>")
@@ -280,12 +284,12 @@ def _providers(p: dict) -> None:
 def _derived(p: dict) -> None:
     """The keys params.yaml resolves from the selection (capture/engine providers, plan dtypes)."""
     for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
-                      ("plan_dtypes", plan_dtypes(p))):
+                      ("plan_dtypes", plan_dtypes(p)), ("reduce_dtypes", reduce_dtypes(p))):
         got = p.get(key)
         if isinstance(got, str) and got.startswith("${"):
             continue  # unresolved at compose time (the Hydra plugin validates before resolving)
         if key in p and list(got or []) != want:
-            src = "`analysis.plan` and `dtypes`" if key == "plan_dtypes" else "`providers`"
+            src = f"`analysis.{key.split('_')[0]}` and `dtypes`" if key.endswith("_dtypes") else "`providers`"
             raise ConfigError(f"{key}: {got!r} does not match the selected {src} (expected {want}): "
                               f"it is resolved from them; compose params.yaml again (parity compose)")
 
@@ -293,7 +297,11 @@ def _derived(p: dict) -> None:
 def _model(where: str, m: dict) -> None:
     _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
     arch = m["arch"]
-    _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+    if isinstance(arch, dict) and arch.get("source") == "onnx":
+        _onnx_arch(f"{where}.arch", arch)
+        arch = {**arch, "name": ""}
+    else:
+        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
     if "calibrate" in arch:
         c = arch["calibrate"]
         _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
@@ -409,6 +417,15 @@ def parity_zoo() -> tuple[str, ...]:
     return ()
 
 
+def _onnx_arch(where: str, arch: dict) -> None:
+    """`arch: {source: onnx, path: <file>}`: the file must exist (a light check at compose time; the
+    export stage reads and checks the file itself: parity.pipeline.onnx_source.load_checked)."""
+    _check_keys(where, arch, {"source", "path"}, required=("source", "path"))
+    if not Path(str(arch["path"])).is_file():
+        raise ConfigError(f"{where}.path: {arch['path']}: no such file (relative to the repo root, "
+                          f"{Path.cwd()}); track it with git or `dvc add`")
+
+
 def check_import_model(where: str, name) -> None:
     """An `arch.source: import` model names 'package.module:callable' whose module is a source file
     under the repo root or sys.path. Located without importing anything (validation never runs user
@@ -429,6 +446,9 @@ def _analysis(p: dict) -> None:
     if a.get("plan_target") is not None:
         _tol("analysis.plan_target", a["plan_target"])
     _num("analysis.max_keep", a.get("max_keep", 16), lo=1, integer=True)
+    if not isinstance(a.get("reduce", False), bool):
+        raise ConfigError(f"analysis.reduce: expected true or false, got {a['reduce']!r}")
+    _num("analysis.reduce_rel_l2", a.get("reduce_rel_l2", 1e-3), lo=0)
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
@@ -443,6 +463,12 @@ def plan_dtypes(p: dict) -> list[str]:
         return []
     return [n for n, d in p["dtypes"].items() if isinstance(d, dict) and d.get("mode", "cast") in PLAN_MODES
             and not (d.get("mode", "cast") == "cast" and d.get("torch") in ("float32", "float64"))]
+
+
+def reduce_dtypes(p: dict) -> list[str]:
+    """Selected dtypes whose cells get a reduce@model-dtype-provider stage: all of them with
+    `analysis.reduce: true` (the stage reduces FAIL cells and skips the rest), else none."""
+    return list(p["dtypes"]) if (p.get("analysis") or {}).get("reduce") is True else []
 
 
 def engine_providers(p: dict) -> list[str]:

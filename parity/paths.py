@@ -32,4 +32,5 @@ def model_dir(model: str) -> str:
 
 SUITES_COVERAGE = f"{ARTIFACTS}/suites/coverage"
 PLAN = f"{ARTIFACTS}/plan"
+REDUCE = f"{ARTIFACTS}/reduce"  # reduce@cell folders (analysis.reduce)
 REPORT = f"{ARTIFACTS}/report"

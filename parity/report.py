@@ -295,6 +295,7 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
     if plans:
         lines += ["## Mixed-precision plans (keep these layers in float32)", ""]
         lines += [f"- `{c['key']}`: {c['plan'].get('summary', c['plan'].get('outcome'))}" for c in plans] + [""]
+    lines += reduce_markdown(cells)
     if models:
         lines += ["## Models: op inventory", ""] + md_table(*model_rows(models)) + [""]
     lines += coverage_markdown(coverage or {})
@@ -409,6 +410,21 @@ def matrix_html(cells: list[dict]) -> str:
     return "".join(h)
 
 
+def reduce_markdown(cells: list) -> list[str]:
+    """The reduce stage's results (analysis.reduce): per reduced cell its nodes and a link to repro.py."""
+    done = [c for c in cells if (c.get("reduce") or {}).get("status") == "REDUCED"]
+    if not done:
+        return []
+    lines = ["## Reduced repros (a vendor can run these with numpy + onnxruntime only)", ""]
+    for c in done:
+        r = c["reduce"]
+        lines.append(f"- `{c['key']}`: {len(r['nodes'])} of {r['graph_nodes']} nodes "
+                     f"({', '.join(f'`{n}` {t}' for n, t in zip(r['nodes'], r['op_types']))}), worst output "
+                     f"`{(r.get('worst') or {}).get('output')}` rel_l2 {(r.get('worst') or {}).get('rel_l2', 0):.2e}: "
+                     f"[repro.py]({r['repro_link']})")
+    return lines + [""]
+
+
 def plan_html(plan: dict) -> str:
     """A cell's mixed-precision plan: the outcome, the keep-list, and the output error and latency
     of fp32, the full reduced model and the mixed one (plan.json, stages/plan.py)."""
@@ -496,6 +512,10 @@ def cell_html(c: dict) -> str:
                  + html_table(head, rows, "layers", mark=lambda r: "fail" if r[3] != "pass" else "") + "</details>")
     if c.get("plan"):
         h.append(plan_html(c["plan"]))
+    r = c.get("reduce") or {}
+    if r.get("repro_link"):
+        h.append(f"<p class='reduce'>Reduced repro: {len(r['nodes'])} node(s) ({e(', '.join(r['op_types']))}) "
+                 f"<a href='{e(r['repro_link'])}'>repro.py</a> (reduce.json, reduced.onnx beside it)</p>")
     h.append("</section>")
     return "".join(h)
 

@@ -26,6 +26,10 @@ def main(argv=None) -> int:
 
     feeds = load(a.inputs)
     out = Path(a.out)
+    if p["models"][a.model]["arch"]["source"] == "onnx":  # ORT CPU, no optimisation (+ fp64 evaluator)
+        from parity.pipeline import onnx_reference
+
+        return onnx_reference.reference(p, a.model, feeds, out)
     rows = reference.run(p, a.model, feeds, "float32")
     tiny = reference.tiny_outputs(rows)
     if tiny:

@@ -25,7 +25,8 @@ from parity import codedeps
 
 CODE_DIRS = ("parity", "stages", "hydra_plugins")
 # the conf/ groups whose YAML names modules a stage imports at run time (by stage module)
-CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "suite_run": ("suites", "providers"),
+CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "reduce": ("providers",),
+             "suite_run": ("suites", "providers"),
              "suite_coverage": ("providers",)}
 
 

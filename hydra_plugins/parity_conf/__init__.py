@@ -134,6 +134,17 @@ def _suite_tolerances(*, _root_) -> dict:
 
 if not OmegaConf.has_resolver("parity_suite_tolerances"):
     OmegaConf.register_new_resolver("parity_suite_tolerances", _suite_tolerances)
+
+
+def _reduce_dep(*, _root_) -> str:
+    """The report's reduce input: the reduce stages' folder with analysis.reduce, else conf/dtypes."""
+    from parity import paths
+
+    return paths.REDUCE if (_root_.get("analysis") or {}).get("reduce") is True else "conf/dtypes"
+
+
+if not OmegaConf.has_resolver("parity_reduce_dep"):
+    OmegaConf.register_new_resolver("parity_reduce_dep", _reduce_dep)
 if not OmegaConf.has_resolver("parity_plan_dep"):
     OmegaConf.register_new_resolver("parity_plan_dep", _plan_dep)
 if not OmegaConf.has_resolver("parity_validate"):

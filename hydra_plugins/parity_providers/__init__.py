@@ -5,6 +5,7 @@ matrices (conf/config.yaml):
   engine_providers: ${parity_providers:engine}     # `engine: true`: engine@cell builds, capture_engine@cell runs
 
   plan_dtypes: ${parity_plan:dtypes}               # analysis.plan: true -> the reduced-precision dtypes
+  reduce_dtypes: ${parity_plan:reduce}             # analysis.reduce: true -> every selected dtype
 
 An empty list gives an empty DVC matrix, so no engine stage exists unless e.g. trt is selected, and
 no plan stage unless analysis.plan is true (parity.config.plan_dtypes).
@@ -31,11 +32,11 @@ def _providers(kind: str, *, _root_) -> list:
 def _plan(kind: str, *, _root_) -> list:
     from parity import config
 
-    if kind != "dtypes":
-        raise ValueError(f"parity_plan: unknown kind '{kind}' (valid: dtypes)")
+    if kind not in ("dtypes", "reduce"):
+        raise ValueError(f"parity_plan: unknown kind '{kind}' (valid: dtypes, reduce)")
     p = {k: OmegaConf.to_container(_root_[k], resolve=True) if k in _root_ else None
          for k in ("dtypes", "analysis")}
-    return OmegaConf.create(config.plan_dtypes(p))
+    return OmegaConf.create(config.plan_dtypes(p) if kind == "dtypes" else config.reduce_dtypes(p))
 
 
 if not OmegaConf.has_resolver("parity_plan"):

@@ -221,6 +221,9 @@ def _cause(e: CompileError) -> str:
 
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
                 warmup: int, repeats: int) -> CaptureResult:
+    if (job.model_cfg.get("arch") or {}).get("source") == "onnx" and not (cls.onnx_based or cls.engine_build):
+        return CaptureResult("UNSUPPORTED", f"models.{job.model} is an ONNX file (arch.source: onnx) and "
+                                            f"provider {job.provider} runs torch models only")
     why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
     mode = job.dtype_cfg.get("mode", "cast")
     if not why and mode not in cls.precision_modes:

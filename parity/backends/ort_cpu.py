@@ -49,20 +49,53 @@ class OrtRunner(Runner):
         """The cell's element type (dtypes.<d>.torch), whatever the conf dtype is called."""
         return self.job.dtype_cfg.get("torch", "float32")
 
+    def _fault(self) -> dict | None:
+        """options.fault (parity.backends.fault): a diagnostic fault injected into every graph run."""
+        return (self.job.provider_cfg.get("options") or {}).get("fault")
+
     def _convert(self, path) -> str | bytes:
         """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
         as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
-        fp16 is converted and serialised."""
+        fp16 is converted and serialised. With options.fault, the fault is applied first."""
+        m = None
+        if not isinstance(path, (str, Path)):  # a ModelProto in memory (reduce; converted in place)
+            m, path = path, None
         torch_dtype = self._torch_dtype()
-        if torch_dtype == "float32":
-            return str(path)
-        if torch_dtype != "float16":
+        if torch_dtype == "float32" and not self._fault():
+            return str(path) if m is None else m.SerializeToString()
+        if torch_dtype not in ("float32", "float16"):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype} "
                              f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
         import onnx
+
+        if m is None:
+            m = onnx.load(str(path))
+        if self._fault():
+            from parity.backends import fault
+
+            m = fault.inject(m, self._fault())
+        if torch_dtype == "float32":
+            return m.SerializeToString()
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
-        return convert_float_to_float16(onnx.load(str(path)), keep_io_types=True).SerializeToString()
+        return convert_float_to_float16(m, keep_io_types=True).SerializeToString()
+
+    # -- reduce (parity.analysis.reduce): any ONNX graph, as this provider runs it --
+    def prepared(self, path) -> bytes:
+        """The graph at `path` (or a ModelProto) as this provider hands it to onnxruntime (dtype
+        conversion, fault), serialised."""
+        m = self._convert(path)
+        return Path(m).read_bytes() if isinstance(m, str) else m
+
+    def run_graph(self, model: bytes, feeds: dict) -> dict:
+        """Run a prepared graph (serialised) on this provider: {output name: value}."""
+        sess = self._session(None, model)
+        return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+    def repro_settings(self) -> dict:
+        """What repro.py needs to run a graph as this provider does, with onnxruntime alone."""
+        opt = (self.job.provider_cfg.get("options") or {}).get("graph_optimization_level", "all")
+        return {"ep": self.ep, "provider_options": self.provider_options(), "opt_level": OPT_LEVELS[opt]}
 
     def _session(self, path, model: bytes | None = None):
         """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes),
@@ -144,6 +177,13 @@ class OrtRunner(Runner):
         return [(self.ep, po) if po else self.ep, *fallback]
 
     def activate(self) -> None:
+        if self._fault():
+            import onnx
+
+            from parity.backends import fault
+
+            fault.check(onnx.load(str(self.job.model_dir / "model.onnx")), self._fault(),
+                        f"providers.{self.job.provider}.options.fault")
         self.layers = self._session(self.job.model_dir / "layers.onnx")
         self.plain = self._session(self.job.model_dir / "model.onnx")
         self.names = [o.name for o in self.layers.get_outputs()]
@@ -157,6 +197,8 @@ class OrtRunner(Runner):
 
     @property
     def own_unsupported(self) -> str | None:
+        if (self.job.model_cfg.get("arch") or {}).get("source") == "onnx":
+            return "ONNX-file model: own error not measured (every node output is a layer; see reduce)"
         if str(self.job.dtype_cfg.get("mode", "")).startswith("int8"):
             return "int8: own error not measured (the quantized graph is not fed from the reference)"
         return None

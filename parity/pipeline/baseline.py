@@ -27,6 +27,13 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
     if not has_baseline(dc):
         res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
                                                   "has no such mode; cells of this dtype are judged by tolerance"), []
+    elif p["models"][model]["arch"]["source"] == "onnx":  # an ONNX file: ORT CPU, no optimisation
+        from parity.pipeline import onnx_reference
+
+        res = onnx_reference.ort_capture(p, model, load(inputs), dtype)
+        res_status, reason = res.status, res.reason
+        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
+                if not t.name.startswith(store.PLAIN)]
     else:
         from parity.backends.torch_cpu import TorchCpuRunner
 
@@ -41,7 +48,8 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
                 if not t.name.startswith(store.PLAIN)]
     store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
     own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
-    write_json(out / "status.json", {"baseline": key, "provider": BASELINE_PROVIDER, "status": res_status,
+    provider = "ort_cpu_noopt" if p["models"][model]["arch"]["source"] == "onnx" else BASELINE_PROVIDER
+    write_json(out / "status.json", {"baseline": key, "provider": provider, "status": res_status,
                                      "reason": reason, "own": own})
     return (f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {len(rows)} tensors, "
             f"{time.perf_counter() - t0:.1f}s")

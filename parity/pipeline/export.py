@@ -23,6 +23,14 @@ def export_model(p: dict, model: str, out: Path) -> str:
     from parity.store import is_output
 
     m = p["models"][model]
+    if m["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
+        from parity.pipeline.onnx_export import export_file
+        from parity.pipeline.onnx_source import OnnxSourceError
+
+        try:
+            return export_file(model, m, out)
+        except OnnxSourceError as e:
+            raise ExportError(str(e)) from None
     exp = p.get("export", {})
     exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dic
             "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)),
             "timing": read_json(tp) if tp.exists() else {},
             "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},
-            "plan": _plan(p, plan)}
+            "plan": _plan(p, plan), "reduce": _reduce(p, art / "reduce" / key / "reduce.json")}
 
 
 def model_entry(art: Path, model: str) -> dict:
@@ -41,6 +41,16 @@ def model_entry(art: Path, model: str) -> dict:
     lj = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
     return {"ops": read_json(d / "ops.json") if (d / "ops.json").exists() else {},
             "exporter": lj.get("exporter"), "uncalled": lj.get("uncalled") or []}
+
+
+def _reduce(p: dict, path: Path) -> dict | None:
+    """reduce.json of a cell (analysis.reduce), with the repro's path relative to the report."""
+    if not (p.get("analysis") or {}).get("reduce") or not path.exists():
+        return None
+    r = read_json(path)
+    if r.get("repro"):
+        r["repro_link"] = f"../reduce/{path.parent.name}/{r['repro']}"
+    return r
 
 
 def _plan(p: dict, plan: Path) -> dict | None:

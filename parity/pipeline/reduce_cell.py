@@ -1,0 +1,64 @@
+"""reduce@model-dtype-provider as a library function (stages/reduce.py is its entry): decide whether
+the cell is reduced (verdict FAIL, a runner that runs ONNX graphs), run parity.analysis.reduce on the
+plain graph, and write the vendor's bundle (parity.analysis.repro) and reduce.json under `out`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+NOOPT = {"runner": "parity.backends.ort_cpu:OrtCpuRunner", "dtypes": ["fp32"],
+         "options": {"graph_optimization_level": "disabled"}}
+
+
+def first_sample(path: Path) -> dict:
+    """The inputs stage's sample 0, {input name: array}."""
+    from parity import store
+
+    return {t.name: t.array for t in store.read(path) if t.sample == 0}
+
+
+def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path,
+                diff_dir: Path, out: Path) -> dict:
+    """reduce.json's content, after writing it (and the bundle when REDUCED) under `out`."""
+    from parity import config
+    from parity.analysis import reduce, repro
+    from parity.backends import load_runner
+    from parity.backends.base import CaptureJob
+    from parity.io import read_json, write_json
+
+    key = config.cell_key(model, dtype, provider)
+    shutil.rmtree(out, ignore_errors=True)  # a re-run never keeps an earlier bundle
+    limit = float((p.get("analysis") or {}).get("reduce_rel_l2", 1e-3))
+    verdict = read_json(diff_dir / "metrics.json").get("verdict")
+    pc = p["providers"][provider]
+    try:
+        cls = load_runner(pc["runner"], pc.get("import"))
+    except ValueError as e:  # the runner cannot be imported here (UNAVAILABLE in the capture too)
+        cls, verdict = None, f"UNAVAILABLE ({e})"
+
+    def job(dt, prov, pcfg):
+        return CaptureJob(model=model, model_cfg=p["models"][model], dtype=dt, dtype_cfg=p["dtypes"].get(dt, {}),
+                          provider=prov, provider_cfg=pcfg, model_dir=model_dir, seed=p.get("seed", 0),
+                          threads=p.get("capture", {}).get("threads", 0))
+
+    if verdict != "FAIL":
+        res = {"cell": key, "status": "SKIPPED", "reason": f"verdict {verdict}: only FAIL cells are reduced"}
+    elif cls is None or not hasattr(cls, "run_graph"):
+        res = {"cell": key, "status": "SKIPPED",
+               "reason": f"provider {provider} runs no ONNX graphs (its runner has no run_graph hook)"}
+    else:
+        import onnx
+
+        from parity.backends.ort_cpu import OrtCpuRunner
+
+        runner = cls(job(dtype, provider, pc))
+        trusted = OrtCpuRunner(job("fp32", "ort_cpu_noopt", NOOPT))
+        red = reduce.reduce(onnx.load(str(model_dir / "model.onnx")), first_sample(inputs), runner, trusted, limit)
+        res = repro.summary(key, red, limit)
+        if red.status == "REDUCED":
+            prepared = runner.prepared(onnx.ModelProto.FromString(red.model.SerializeToString()))
+            repro.write_repro(out, key, red, prepared, runner.repro_settings(), limit)
+            res["repro"] = "repro.py"
+    write_json(out / "reduce.json", res, sort_keys=False)
+    return res

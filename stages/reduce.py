@@ -1,0 +1,44 @@
+"""reduce@model-dtype-provider (analysis.reduce: true): for a cell whose verdict is FAIL, shrink the
+plain graph to the smallest subgraph that still fails on the provider against the reference
+(parity.analysis.reduce) and write a vendor's repro bundle (parity.analysis.repro): reduced.onnx,
+reduced.source.onnx, inputs.npz, expected.npz, repro.py. Always writes reduce.json (status REDUCED,
+NOT_REPRODUCED, or SKIPPED with the reason: the cell passed, or the provider runs no ONNX graphs);
+the time it took goes to --timing (measured, so apart from the deterministic folder).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from parity import config
+
+
+def main(argv=None) -> int:
+    ap = config.stage_parser("stages.reduce", __doc__, cell=True)
+    ap.add_argument("--model-dir", required=True, help="export output (model.onnx: the plain graph)")
+    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--diff", required=True, help="the cell's diff folder (metrics.json: its verdict)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", required=True)
+    a = ap.parse_args(argv)
+    p = config.load_or_die(a.params)
+    from parity.io import write_json
+    from parity.pipeline.reduce_cell import reduce_cell
+
+    key = config.cell_key(a.model, a.dtype, a.provider)
+    t0 = time.perf_counter()
+    res = reduce_cell(p, a.model, a.dtype, a.provider, Path(a.model_dir), Path(a.inputs), Path(a.diff), Path(a.out))
+    seconds = time.perf_counter() - t0
+    write_json(a.timing, {"cell": key, "status": res["status"], "seconds": round(seconds, 3),
+                          "trials": res.get("trials", 0)})
+    nodes = f": {len(res['nodes'])} node(s) {', '.join(res['nodes'][:3])}" if res.get("nodes") else ""
+    print(f"reduce@{key}: {res['status']}{nodes}{' (' + res['reason'] + ')' if res.get('reason') else ''}, "
+          f"{res.get('trials', 0)} trials, {seconds:.1f}s -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    from parity.io import exit_now
+
+    exit_now(main())
