@@ -14,8 +14,10 @@ from pathlib import Path
 import onnx
 
 
-def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int) -> list[str]:
-    """Export `model` with every leaf call as an output; return output names (model outputs first)."""
+def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
+                  dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
+    """Export `model` with every leaf call as an output; return output names (model outputs first).
+    `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.inputspec)."""
     import torch
 
     from parity.models.layers import LayerRecorder
@@ -30,9 +32,24 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
     else:
         kwargs.update(dynamo=False)
         torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
+    if dynamic:
+        kwargs.update(dynamic_axes(input_names, dynamic, exporter))
     with torch.no_grad():
         torch.onnx.export(rec, example, str(path), **kwargs)
     return names
+
+
+def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exporter: str) -> dict:
+    """torch.onnx.export arguments declaring the `dynamic` axes ({input: {axis: dim name}},
+    parity.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
+    if exporter != "dynamo":
+        return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
+    from torch.export import Dim
+
+    objs = {d: Dim(d) for axes in dynamic.values() for d in axes.values()}
+    # LayerRecorder.forward(*inputs): the spec is one tuple, for the varargs
+    return {"dynamic_shapes": (tuple({a: objs[d] for a, d in dynamic[n].items()} if n in dynamic else None
+                                     for n in input_names),)}
 
 
 PATH_METADATA = ("pkg.torch.onnx.stack_trace",)
@@ -142,7 +159,7 @@ def input_error(model, example) -> str | None:
     return None
 
 
-def export_checked(model, example, input_names, path: Path, exporter: str, opset: int):
+def export_checked(model, example, input_names, path: Path, exporter: str, opset: int, dynamic=None):
     """Export the per-layer graph to `path` (published only when export and check succeed);
     return (output names, checked ModelProto). ExportFailed when the exporter raises."""
     import warnings
@@ -156,7 +173,7 @@ def export_checked(model, example, input_names, path: Path, exporter: str, opset
             with warnings.catch_warnings():
                 # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
                 warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
-                names = export_layers(model, example, input_names, tmp, exporter, opset)
+                names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic)
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
         full = strip_paths(onnx.load(str(tmp)))

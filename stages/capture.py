@@ -35,8 +35,10 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     # numpy, pyarrow and the backends after the arguments: `--help` and a bad argument stay quick
     from parity import store
-    from parity.backends import CaptureJob, load_runner, run_capture
+    from parity.backends import CaptureJob, load_runner
+    from parity import inputspec
     from parity.backends.base import CaptureResult, latency_stats, write_own
+    from parity.backends.shapes import capture_by_shape
     from parity.io import write_json
     from stages.inputs import load
 
@@ -54,19 +56,24 @@ def main(argv=None) -> int:
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
     except ValueError as e:
-        res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}
+        res, settings, by_shape = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}, None
     else:
-        res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0) if timed else 0,
-                          cap.get("repeats", 1) if timed else 0)
+        m = p["models"][a.model]  # several input shapes: a failure says which (parity.backends.shapes)
+        res, by_shape = capture_by_shape(cls, job, load(a.inputs), inputspec.sample_sets(m, p.get("inputs", {}).get(
+            "samples", 1)), cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
+            lambda label: inputspec.describe(m, label))
         settings = cls.settings(job) if res.status != "UNSUPPORTED" and hasattr(cls, "settings") else {}
     rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
     out = Path(a.out)
-    store.write(out / "layers.parquet", rows if res.status == "OK" else [],
+    store.write(out / "layers.parquet", rows if res.status == "OK" or by_shape else [],
                 {"cell": key, "status": res.status})
-    n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
+    first = min((t.sample for t in rows), default=0)  # sample 0's shape may have failed (models.<m>.shapes)
+    n_layers = sum(1 for t in rows if t.sample == first and not store.is_output(t.name))
     status = {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
               "status": res.status, "reason": res.reason, "layers": n_layers,
               "own": write_own(out / "own.parquet", res, key)}
+    if by_shape:  # models.<m>.shapes: each shape's status (a failure at one shape names it)
+        status["shapes"] = by_shape
     if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)
         status["settings"] = settings
     if job.engine_dir is not None and (job.engine_dir / "build.json").exists():

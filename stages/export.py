@@ -15,7 +15,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    from parity import config
+    from parity import config, inputspec
 
     ap = config.stage_parser("stages.export", __doc__)
     ap.add_argument("--model", required=True)
@@ -38,16 +38,20 @@ def main(argv=None) -> int:
     out = Path(a.out)
     t0 = time.perf_counter()
     model = build(m["arch"], p.get("seed", 0))
-    example = example_inputs(m["input"], samples({**p, "inputs": {"samples": 1}}, a.model)[0])
-    bad = input_error(model, example)
-    if bad:
-        shapes = ", ".join(str(list(x.shape)) for x in example)
-        print(f"export@{a.model}: models.{a.model}.input: the model does not accept inputs of shape "
-              f"{shapes}: {bad}", file=sys.stderr)
-        return 1
+    firsts, labels = samples({**p, "inputs": {"samples": 1}}, a.model), inputspec.labels(m)  # one per shape
+    for label, first in zip(labels, firsts):
+        example = example_inputs(m["input"], first)
+        bad = input_error(model, example)
+        if bad:
+            shapes = ", ".join(str(list(x.shape)) for x in example)
+            print(f"export@{a.model}: models.{a.model}.{'input' if label is None else 'shapes.' + label}: the model "
+                  f"does not accept inputs of shape {shapes}: {bad}", file=sys.stderr)
+            return 1
+    example = example_inputs(m["input"], firsts[labels.index(inputspec.export_label(m))])
+    dynamic = inputspec.dynamic_axes(m)  # axes whose size differs between models.<m>.shapes
     input_names = [s["name"] for s in m["input"]]
     try:
-        names, full = export_checked(model, example, input_names, out / "layers.onnx", exporter, opset)
+        names, full = export_checked(model, example, input_names, out / "layers.onnx", exporter, opset, dynamic)
     except ExportFailed as e:
         print(f"export@{a.model}: EXPORT_FAIL with exporter={exporter} opset={opset} "
               f"<export.exporter, export.opset>: {e}", file=sys.stderr)
@@ -67,6 +71,7 @@ def main(argv=None) -> int:
         "layers": [{"name": n, "module": types.get(n.split("#")[0].split(":")[0], "")}
                    for n in names if n not in outputs],
         "regions": layer_regions(full),
+        **({"dynamic_axes": dynamic, "shapes": {lab: inputspec.describe(m, lab) for lab in labels}} if labels != [None] else {}),
     }, sort_keys=False)
     inv = op_inventory(plain)
     write_json(out / "ops.json", inv)

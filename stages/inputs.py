@@ -8,9 +8,10 @@ different seed sequence, so a model is never calibrated on the samples it is eva
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
-from parity import config
+from parity import config, inputspec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,16 +40,15 @@ def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool =
 
 
 def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    specs = p["models"][model]["input"]
-    n = p.get("inputs", {}).get("samples", 1)
-    return [{s["name"]: generate(s, p.get("seed", 0), k, i) for i, s in enumerate(specs)} for k in range(n)]
+    """Per sample {input name: array}; with `models.<m>.shapes`, one set of samples per shape
+    label (parity.inputspec)."""
+    return inputspec.model_samples(p["models"][model], p.get("seed", 0), p.get("inputs", {}).get("samples", 1),
+                                   generate)
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    specs = p["models"][model]["input"]
-    n = p.get("inputs", {}).get("calibration", 0)
-    return [{s["name"]: generate(s, p.get("seed", 0), k, i, calibration=True) for i, s in enumerate(specs)}
-            for k in range(n)]
+    return inputspec.model_calibration(p["models"][model], p.get("seed", 0),
+                                       p.get("inputs", {}).get("calibration", 0), generate)
 
 
 def load(path) -> list[dict[str, np.ndarray]]:
@@ -70,13 +70,18 @@ def main(argv=None) -> int:
     from parity import store
 
     specs = p["models"][a.model]["input"]
+    try:
+        feeds, cal_feeds = samples(p, a.model), calibration_samples(p, a.model) if a.calibration else []
+    except inputspec.InputError as e:
+        print(f"inputs@{a.model}: models.{a.model}.{e}", file=sys.stderr)
+        return 1
     rows = [store.Tensor(k, s["name"], i, arr[s["name"]])
-            for k, arr in enumerate(samples(p, a.model)) for i, s in enumerate(specs)]
+            for k, arr in enumerate(feeds) for i, s in enumerate(specs)]
     store.write(a.out, rows, {"model": a.model})
     print(f"inputs@{a.model}: {len(rows)} tensors ({p.get('inputs', {}).get('samples', 1)} samples) -> {a.out}")
     if a.calibration:
         cal = [store.Tensor(k, s["name"], i, arr[s["name"]])
-               for k, arr in enumerate(calibration_samples(p, a.model)) for i, s in enumerate(specs)]
+               for k, arr in enumerate(cal_feeds) for i, s in enumerate(specs)]
         store.write(a.calibration, cal, {"model": a.model, "purpose": "calibration"})
         print(f"inputs@{a.model}: {len(cal)} calibration tensors -> {a.calibration}")
     return 0
