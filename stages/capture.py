@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     from parity.backends import CaptureJob, load_runner
     from parity import inputspec
     from parity.backends.base import CaptureResult, latency_stats, write_own
-    from parity.backends.shapes import capture_by_shape
+    from parity.shapecapture import capture_by_shape
     from parity.io import write_json
     from stages.inputs import load
 
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         res, settings, by_shape = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}, None
     else:
-        m = p["models"][a.model]  # several input shapes: a failure says which (parity.backends.shapes)
+        m = p["models"][a.model]  # several input shapes: a failure says which (parity.shapecapture)
         res, by_shape = capture_by_shape(cls, job, load(a.inputs), inputspec.sample_sets(m, p.get("inputs", {}).get(
             "samples", 1)), cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
             lambda label: inputspec.describe(m, label))

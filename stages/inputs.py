@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from parity import config, inputspec
+from parity import config, inputfiles
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,13 +41,13 @@ def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool =
 
 def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     """Per sample {input name: array}; with `models.<m>.shapes`, one set of samples per shape
-    label (parity.inputspec)."""
-    return inputspec.model_samples(p["models"][model], p.get("seed", 0), p.get("inputs", {}).get("samples", 1),
+    label (parity.inputfiles, parity.inputspec)."""
+    return inputfiles.model_samples(p["models"][model], p.get("seed", 0), p.get("inputs", {}).get("samples", 1),
                                    generate)
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    return inputspec.model_calibration(p["models"][model], p.get("seed", 0),
+    return inputfiles.model_calibration(p["models"][model], p.get("seed", 0),
                                        p.get("inputs", {}).get("calibration", 0), generate)
 
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     specs = p["models"][a.model]["input"]
     try:
         feeds, cal_feeds = samples(p, a.model), calibration_samples(p, a.model) if a.calibration else []
-    except inputspec.InputError as e:
+    except inputfiles.InputError as e:
         print(f"inputs@{a.model}: models.{a.model}.{e}", file=sys.stderr)
         return 1
     rows = [store.Tensor(k, s["name"], i, arr[s["name"]])

@@ -114,3 +114,133 @@ def test_two_shapes_export_once_and_report_each(tmp_path):
     assert "s128" in text, cells
     report = (r.path / "artifacts/report/report.md").read_text()
     assert "s128" in report and "s16" in report
+
+
+TINY_BERT = """\
+tiny_bert:
+  arch:
+    source: hf
+    name: bert
+    kwargs: {vocab_size: 100, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,
+             intermediate_size: 64, max_position_embeddings: 64}
+  input:
+    - {name: input_ids, shape: [2, 16], dtype: int64, init: tokens}
+    - {name: attention_mask, shape: [2, 16], dtype: int64, init: ones}
+  tolerances: []
+"""
+
+
+def test_tiny_hf_bert_from_config_runs_offline_on_torch_and_ort(tmp_path, monkeypatch):
+    """A Hugging Face model from its config alone (no hub: HF_HUB_OFFLINE=1), random init from the
+    seed, exported with the dynamo exporter, at fp32 and fp16 on torch_cpu and ort_cpu."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = make_repo(tmp_path / "repo", models=("tiny_bert",), compose=False)
+    (r.path / "conf/models/tiny_bert.yaml").write_text(TINY_BERT)
+    r.commit("tiny bert")
+    r.exp_run()
+    ids = [t.array for t in store.read(r.path / "artifacts/inputs/tiny_bert.parquet") if t.name == "input_ids"]
+    assert all(a.dtype == np.int64 and a.min() >= 0 and a.max() < 100 for a in ids)  # within the vocabulary
+    lj = _json(r, "artifacts/models/tiny_bert/layers.json")
+    assert lj["exporter"] == "dynamo" and lj["outputs"] == ["output:0", "output:1"]  # last_hidden_state, pooler
+    names = [d["name"] for d in lj["layers"]]
+    assert "encoder.layer.1.output.dense" in names and "embeddings.word_embeddings" in names
+    for dtype in ("fp32", "fp16"):
+        for prov in ("torch_cpu", "ort_cpu"):
+            met = _json(r, f"artifacts/diff/tiny_bert-{dtype}-{prov}/metrics.json")
+            assert met["status"] == "OK" and met["layers"] >= 20, (dtype, prov, met)
+            if dtype == "fp32":
+                assert met["verdict"] == "PASS", (prov, met)
+    # the same seed gives the same weights in another process: the reference is reproducible
+    before = (r.path / "artifacts/reference/tiny_bert/fp32.parquet").read_bytes()
+    r.run(["dvc", "repro", "-f", "-s", "reference@tiny_bert"])
+    assert (r.path / "artifacts/reference/tiny_bert/fp32.parquet").read_bytes() == before
+
+
+FILE_MLP = """\
+tiny_mlp:
+  arch:
+    source: parity
+    name: mlp
+    kwargs: {in_features: 16, hidden: 32, out_features: 8}
+  input:
+    - {name: input, shape: [4, 16], dtype: float32, init: file, path: data/inputs/mlp.npy}
+  tolerances: []
+"""
+
+
+def test_real_inputs_from_a_file_are_the_samples_and_a_dependency(tmp_path):
+    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), compose=False)
+    (r.path / "conf/models/tiny_mlp.yaml").write_text(FILE_MLP)
+    data = np.random.default_rng(7).normal(size=(3, 4, 16)).astype(np.float32)
+    np.save(r.path / "data/inputs/mlp.npy", data)
+    r.commit("file inputs")
+    r.exp_run()
+    got = {t.sample: t.array for t in store.read(r.path / "artifacts/inputs/tiny_mlp.parquet")}
+    assert sorted(got) == [0, 1]  # inputs.samples: 2 of the file's 3
+    assert all(np.array_equal(got[k], data[k]) for k in got)
+    assert _json(r, "artifacts/diff/tiny_mlp-fp32-ort_cpu/metrics.json")["verdict"] == "PASS"
+
+    # the file is a dependency: a change re-runs the inputs stage (and what its new bytes feed)
+    np.save(r.path / "data/inputs/mlp.npy", data * 2)
+    ran = r.repro()
+    assert "inputs@tiny_mlp" in ran and "diff@tiny_mlp-fp32-ort_cpu" in ran
+    # a file that does not fit the spec: the stage fails naming the file, and writes nothing
+    np.save(r.path / "data/inputs/mlp.npy", data[:, :, :8])
+    (r.path / "artifacts/inputs/tiny_mlp.parquet").unlink()
+    p = r.run(["dvc", "repro", "-s", "inputs@tiny_mlp"], check=False)
+    assert p.returncode != 0
+    assert "models.tiny_mlp.input 'input' (init: file, path: data/inputs/mlp.npy): array of shape [3, 4, 8]" in p.stderr + p.stdout
+    assert not (r.path / "artifacts/inputs/tiny_mlp.parquet").exists()
+
+
+def test_file_formats_and_token_bounds(tmp_path, monkeypatch):
+    """.npy / .npz / Parquet (tensor store and a plain column) load the same samples; token ids
+    outside the vocabulary are refused, naming the file."""
+    from parity import inputfiles
+
+    monkeypatch.chdir(tmp_path)
+    d = tmp_path / "data/inputs"
+    d.mkdir(parents=True)
+    ids = np.random.default_rng(0).integers(0, 50, size=(2, 1, 8))
+    np.save(d / "ids.npy", ids)
+    np.savez(d / "ids.npz", input_ids=ids)
+    store.write(d / "ids.parquet", [store.Tensor(k, "input_ids", 0, ids[k]) for k in range(2)])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"input_ids": [list(a.ravel()) for a in ids]}), d / "col.parquet")
+    arch = {"source": "hf", "name": "bert", "kwargs": {"vocab_size": 50}}
+    for f, extra in (("ids.npy", {}), ("ids.npz", {}), ("ids.parquet", {}), ("col.parquet", {})):
+        spec = {"name": "input_ids", "shape": [1, 8], "dtype": "int64", "init": "file",
+                "path": f"data/inputs/{f}", **extra}
+        if f == "col.parquet":
+            spec["shape"] = [8]
+            got = inputfiles.load_file(spec, arch, 2)
+            assert np.array_equal(got, ids.reshape(2, 8)), f
+        else:
+            assert np.array_equal(inputfiles.load_file(spec, arch, 2), ids), f
+    spec = {"name": "input_ids", "shape": [1, 8], "dtype": "int64", "init": "file", "path": "data/inputs/ids.npy"}
+    with pytest.raises(inputfiles.InputError, match=r"data/inputs/ids.npy\): values span \[\d+, \d+\], outside \[0, 10\)"):
+        inputfiles.load_file(spec, {**arch, "kwargs": {"vocab_size": 10}}, 2)
+    with pytest.raises(inputfiles.InputError, match="holds 2 samples, inputs.samples asks for 3"):
+        inputfiles.load_file(spec, arch, 3)
+
+
+def test_shape_and_input_config_errors_at_compose():
+    from conftest import composed, config_error
+
+    p = composed()
+    mlp = "mlp"
+
+    def set_(**kw):
+        return lambda q: q["models"][mlp].update(**kw)
+
+    assert config_error(p, set_(shapes={"b-1": {"input": [1, 768]}})) == \
+        "models.mlp.shapes.b-1: a shape label may only use [A-Za-z0-9_] (it names the sample set)"
+    assert config_error(p, set_(shapes={"b2": {"x": [2, 768]}})) == "models.mlp.shapes.b2.x: no such input. Valid: input"
+    assert "expected 2 positive ints" in config_error(p, set_(shapes={"b2": {"input": [2, 768, 1]}}))
+    msg = config_error(p, set_(input=[{"name": "input", "shape": [8, 768], "init": "file", "path": "elsewhere/x.npy"}]))
+    assert msg.startswith("models.mlp.input[0].path: 'elsewhere/x.npy' is not under data/inputs/")
+    bert = composed("models=[bert_base]")
+    msg = config_error(bert, lambda q: q["models"]["bert_base"]["input"][0].update(init="randint", high=40000))
+    assert msg.startswith("models.bert_base.input[0].high: 40000 exceeds models.bert_base.arch.kwargs.vocab_size 30522")
