@@ -76,6 +76,26 @@ def strip_paths(m: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+def constant_outputs_as_nodes(m: onnx.ModelProto) -> onnx.ModelProto:
+    """A graph output that is an initializer (the exporter folds a layer whose inputs are all
+    constant: BERT's position embeddings at a fixed sequence length) becomes an Identity of a renamed
+    initializer. onnxruntime's fp16 conversion (keep_io_types) otherwise defines that name twice and
+    the session refuses the model. No-op (same bytes) for graphs without such an output."""
+    g = m.graph
+    outs = {o.name for o in g.output}
+    nodes = []
+    for t in g.initializer:
+        if t.name in outs:
+            const = f"{t.name}__const"
+            nodes.append(onnx.helper.make_node("Identity", [const], [t.name], name=f"{t.name}__identity"))
+            t.name = const
+    if nodes:  # first: other nodes may read the name too
+        rest = list(g.node)
+        del g.node[:]
+        g.node.extend(nodes + rest)
+    return m
+
+
 def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
     """Copy of `m` with only the `keep` graph outputs and the nodes they need."""
     out = onnx.ModelProto()
@@ -176,7 +196,7 @@ def export_checked(model, example, input_names, path: Path, exporter: str, opset
                 names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic)
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
-        full = strip_paths(onnx.load(str(tmp)))
+        full = constant_outputs_as_nodes(strip_paths(onnx.load(str(tmp))))
         onnx.checker.check_model(full, full_check=True)
         onnx.save(full, str(tmp))
     return names, full
