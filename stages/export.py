@@ -37,7 +37,11 @@ def main(argv=None) -> int:
     exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
     out = Path(a.out)
     t0 = time.perf_counter()
-    model = build(m["arch"], p.get("seed", 0))
+    try:
+        model = build(m["arch"], p.get("seed", 0))
+    except ValueError as e:  # an unknown model name or config key (torchvision, hf): the message lists valid ones
+        print(f"export@{a.model}: models.{a.model}.arch: {e}", file=sys.stderr)
+        return 1
     firsts, labels = samples({**p, "inputs": {"samples": 1}}, a.model), inputspec.labels(m)  # one per shape
     for label, first in zip(labels, firsts):
         example = example_inputs(m["input"], first)

@@ -47,6 +47,12 @@ def build(name: str, kwargs: dict):
         cfg = tf.AutoConfig.for_model(name, **kw)
     except ValueError as e:  # unknown model type: transformers lists the valid ones
         raise ValueError(f"unknown Hugging Face model type '{name}': {str(e).splitlines()[0]}") from e
+    default = type(cfg)()
+    unknown = sorted(k for k in kw if not hasattr(default, k))
+    if unknown:  # transformers keeps unknown keys as plain attributes: a typo would silently do nothing
+        known = sorted(k for k in default.to_dict() if not k.startswith("_"))
+        raise ValueError(f"unknown {type(cfg).__name__} key(s) {', '.join(unknown)} in arch.kwargs. "
+                         f"Valid: {', '.join(known)}")
     cfg.use_cache = False
     model = tf.AutoModel.from_config(cfg, **extra)
     return model
