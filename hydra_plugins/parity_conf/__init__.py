@@ -109,13 +109,17 @@ def _validate(*, _root_) -> str:
 def _coverage_dep(*, _root_) -> str:
     """The report's coverage input: the suites' coverage folder when suites are selected, else
     conf/suites (DVC needs every dependency to exist; that folder always does)."""
-    return "artifacts/suites/coverage" if _root_.get("suites") else "conf/suites"
+    from parity import paths
+
+    return paths.SUITES_COVERAGE if _root_.get("suites") else "conf/suites"
 
 
 def _plan_dep(*, _root_) -> str:
     """The report's plan input: the plan stages' folder with analysis.plan, else conf/dtypes (a
     path that always exists: DVC rejects a missing dependency)."""
-    return "artifacts/plan" if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
+    from parity import paths
+
+    return paths.PLAN if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
 
 
 if not OmegaConf.has_resolver("parity_plan_dep"):
