@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from parity import codedeps
+from parity import codedeps, inputspec
 
 PARAMS_FILE = "params.yaml"
 
@@ -51,11 +51,12 @@ SECTION_KEYS = {
     "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
-MODEL_KEYS = {"arch", "input", "tolerances"}
-ARCH_SOURCES = ("parity", "torchvision", "import", "onnx")
+MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
+ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
-               "zeros": set(), "ones": set()}
+               "zeros": set(), "ones": set(),
+               "tokens": {"low", "high"}, "file": {"path", "key", "high"}}  # parity/inputspec.py
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
 # Precision modes (conf/dtypes/<d>.yaml `mode:`) and the `torch:` dtypes each allows. `torch:` is the
 # cast dtype (cast), the autocast dtype (autocast), or the graph I/O dtype (the others).
@@ -326,6 +327,10 @@ def _model(where: str, m: dict) -> None:
             raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
         if spec.get("dtype", "float32") not in INPUT_DTYPES:
             raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
+    try:  # shapes, token bounds, input files
+        inputspec.validate(where, m)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _tolerance_rules(where, m.get("tolerances"))
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 import onnx
 
 
-def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int) -> list[str]:
-    """Export `model` with every leaf call as an output; return output names (model outputs first)."""
+def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
+                  dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
+    """Export `model` with every leaf call as an output; return output names (model outputs first).
+    `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.inputspec)."""
     import torch
 
     from parity.models.layers import LayerRecorder
@@ -30,9 +32,24 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
     else:
         kwargs.update(dynamo=False)
         torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
+    if dynamic:
+        kwargs.update(dynamic_axes(input_names, dynamic, exporter))
     with torch.no_grad():
         torch.onnx.export(rec, example, str(path), **kwargs)
     return names
+
+
+def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exporter: str) -> dict:
+    """torch.onnx.export arguments declaring the `dynamic` axes ({input: {axis: dim name}},
+    parity.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
+    if exporter != "dynamo":
+        return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
+    from torch.export import Dim
+
+    objs = {d: Dim(d) for axes in dynamic.values() for d in axes.values()}
+    # LayerRecorder.forward(*inputs): the spec is one tuple, for the varargs
+    return {"dynamic_shapes": (tuple({a: objs[d] for a, d in dynamic[n].items()} if n in dynamic else None
+                                     for n in input_names),)}
 
 
 PATH_METADATA = ("pkg.torch.onnx.stack_trace",)
@@ -56,6 +73,26 @@ def strip_paths(m: onnx.ModelProto) -> onnx.ModelProto:
             del n.metadata_props[:]
             n.metadata_props.extend(keep)
         n.doc_string = ""
+    return m
+
+
+def constant_outputs_as_nodes(m: onnx.ModelProto) -> onnx.ModelProto:
+    """A graph output that is an initializer (the exporter folds a layer whose inputs are all
+    constant: BERT's position embeddings at a fixed sequence length) becomes an Identity of a renamed
+    initializer. onnxruntime's fp16 conversion (keep_io_types) otherwise defines that name twice and
+    the session refuses the model. No-op (same bytes) for graphs without such an output."""
+    g = m.graph
+    outs = {o.name for o in g.output}
+    nodes = []
+    for t in g.initializer:
+        if t.name in outs:
+            const = f"{t.name}__const"
+            nodes.append(onnx.helper.make_node("Identity", [const], [t.name], name=f"{t.name}__identity"))
+            t.name = const
+    if nodes:  # first: other nodes may read the name too
+        rest = list(g.node)
+        del g.node[:]
+        g.node.extend(nodes + rest)
     return m
 
 
@@ -142,7 +179,7 @@ def input_error(model, example) -> str | None:
     return None
 
 
-def export_checked(model, example, input_names, path: Path, exporter: str, opset: int):
+def export_checked(model, example, input_names, path: Path, exporter: str, opset: int, dynamic=None):
     """Export the per-layer graph to `path` (published only when export and check succeed);
     return (output names, checked ModelProto). ExportFailed when the exporter raises."""
     import warnings
@@ -156,10 +193,10 @@ def export_checked(model, example, input_names, path: Path, exporter: str, opset
             with warnings.catch_warnings():
                 # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
                 warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
-                names = export_layers(model, example, input_names, tmp, exporter, opset)
+                names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic)
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
-        full = strip_paths(onnx.load(str(tmp)))
+        full = constant_outputs_as_nodes(strip_paths(onnx.load(str(tmp))))
         onnx.checker.check_model(full, full_check=True)
         onnx.save(full, str(tmp))
     return names, full

@@ -32,7 +32,10 @@ def _tol(t) -> str:
 def _describe(group: str, name: str, body: dict, root: Path) -> dict:
     if group == "models":
         arch = body.get("arch") or {}
-        return {"source": arch.get("source"), "arch": arch.get("name"), "input": _shape(body.get("input"))}
+        shapes = body.get("shapes") if isinstance(body.get("shapes"), dict) else {}
+        return {"source": arch.get("source"), "arch": arch.get("name"),  # models.<m>.shapes: one per label
+                "input": "; ".join(f"{lab}: " + " ".join(f"{n}{list(d)}" for n, d in e.items())
+                                   for lab, e in shapes.items() if isinstance(e, dict)) or _shape(body.get("input"))}
     if group == "dtypes":
         return {"torch": body.get("torch"), "mode": body.get("mode", "cast"), "tol": _tol(body.get("tol"))}
     if group == "providers":

@@ -55,6 +55,13 @@ def metric(m: dict, name: str, default=None):
     return default
 
 
+def shapes_text(m: dict) -> str:
+    """'s16 PASS, s128 FAIL from fc1' for a model with several input shapes (parity.analysis.shapes); ''
+    otherwise."""
+    return ", ".join(f"{lab} {x.get('verdict')}" + (f" from {x['drift_origin']}" if x.get("drift_origin") else "")
+                     for lab, x in (metric(m, "shapes") or {}).items())
+
+
 def verdict(c: dict) -> str:
     return metric(c["metrics"], "verdict", "MISSING")
 
@@ -278,6 +285,8 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
         m = c["metrics"]
         if settings_text(c.get("settings")):
             lines.append(f"- `{c['key']}` settings: {settings_text(c.get('settings'))}")
+        if shapes_text(m):
+            lines.append(f"- `{c['key']}` shapes: {shapes_text(m)}")
         if verdict(c) != "FAIL":
             if metric(m, "reason"):
                 lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'reason')}")
@@ -486,6 +495,9 @@ def cell_html(c: dict) -> str:
         h.append(f"<p>{e(metric(m, 'reason'))}</p>")
     if settings_text(c.get("settings")):
         h.append(f"<p class='settings'>Settings: {e(settings_text(c.get('settings')))}</p>")
+    if shapes_text(m):
+        h.append(f"<p class='shapes'>Shapes (each a sample set of this cell; the layers below are "
+                 f"<code>{e(str(metric(m, 'shape')))}</code>'s): {e(shapes_text(m))}</p>")
     if c["layers"]:
         mode, why = metric(m, "verdict_mode") or "tolerance", metric(m, "verdict_mode_reason")
         cause = (metric(m, "drift_origin_cause") or {}).get("summary")

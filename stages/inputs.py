@@ -8,6 +8,8 @@ different seed sequence, so a model is never calibrated on the samples it is eva
 
 from __future__ import annotations
 
+import sys
+
 from parity import config
 from parity.pipeline import inputs
 
@@ -21,11 +23,17 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     from parity import store
 
-    rows = inputs.rows(p, a.model)
+    from parity.inputfiles import InputError
+
+    try:  # a real input file (init: file) that does not fit its spec: named, nothing written
+        rows = inputs.rows(p, a.model)
+        cal = inputs.rows(p, a.model, calibration=True) if a.calibration else []
+    except InputError as e:
+        print(f"inputs@{a.model}: models.{a.model}.{e}", file=sys.stderr)
+        return 1
     store.write(a.out, rows, {"model": a.model})
     print(f"inputs@{a.model}: {len(rows)} tensors ({p.get('inputs', {}).get('samples', 1)} samples) -> {a.out}")
     if a.calibration:
-        cal = inputs.rows(p, a.model, calibration=True)
         store.write(a.calibration, cal, {"model": a.model, "purpose": "calibration"})
         print(f"inputs@{a.model}: {len(cal)} calibration tensors -> {a.calibration}")
     return 0

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = str(Path(sys.executable).parent)
-PROJECT_FILES = ["dvc.yaml", "env", "conf", "stages", "parity", "hydra_plugins", ".dvcignore"]
+PROJECT_FILES = ["dvc.yaml", "env", "conf", "stages", "parity", "hydra_plugins", ".dvcignore", "data"]
 # The env probe's DVC address (it lives in env/dvc.yaml, with a dvc.lock of its own): how `dvc repro`
 # prints it ("Running stage 'env/dvc.yaml:env'") and how `dvc status --json` / `dvc repro -s` name it.
 ENV = "env/dvc.yaml:env"

@@ -63,33 +63,41 @@ def _slack(p: dict, dtype: str) -> float:
 
 
 def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
-              baseline_dir: Path | None = None) -> CellDiff:
-    status = read_json(capture_dir / "status.json")
+              baseline_dir: Path | None = None, samples: range | None = None, status: dict | None = None) -> CellDiff:
+    """`samples`: only these samples, renumbered from 0 (one shape's sample set, parity.analysis.shapes),
+    judged by `status` (that shape's capture status) instead of status.json's."""
+    status = status or read_json(capture_dir / "status.json")
+    read_dict = store.read_dict if samples is None else lambda path: _only(store.read_dict(path), samples)
     mode, why = verdict_mode(p, dtype, reference_dir, baseline_dir)
     cd = CellDiff(status, mode=mode, mode_reason=why)
     if status["status"] != "OK":
         cd.summary = {"passed": None}
         return cd
-    ref = store.read_dict(reference_dir / "fp32.parquet")
-    act = store.read_dict(capture_dir / "layers.parquet")
+    ref = read_dict(reference_dir / "fp32.parquet")
+    act = read_dict(capture_dir / "layers.parquet")
     cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
     gold = own = None
     if mode == "oracle":
-        gold = store.read_dict(reference_dir / "fp64.parquet")
-        base = store.read_dict(baseline_dir / "layers.parquet")
+        gold = read_dict(reference_dir / "fp64.parquet")
+        base = read_dict(baseline_dir / "layers.parquet")
         u, lim = oracle.unit_roundoff(p["dtypes"][dtype]), (_k(p, dtype), _slack(p, dtype))  # (k, slack)
         ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
         for d in cd.layers:
             d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, lim, ref_sq)
             d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
         if (capture_dir / OWN).exists() and (baseline_dir / OWN).exists():
-            own = store.read_dict(capture_dir / OWN)
-            cd.own = own_records(own, store.read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
+            own = read_dict(capture_dir / OWN)
+            cd.own = own_records(own, read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
     cd.summary = summarize(cd)
     if cd.summary.get("drift_origin"):
         cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
     settings_causes(cd)
     return cd
+
+
+def _only(d: dict, samples: range) -> dict:
+    """The entries of `samples`, renumbered from 0."""
+    return {(k - samples.start, n): t for (k, n), t in d.items() if k in samples}
 
 
 def settings_causes(cd: CellDiff) -> None:

@@ -33,6 +33,10 @@ def build(arch: dict, seed: int):
         if name not in available:
             raise ValueError(f"unknown torchvision model '{name}'. Available: {', '.join(available)}")
         model = tv.models.get_model(name, weights=None, **kwargs)
+    elif source == "hf":
+        from parity.models import hf
+
+        model = hf.build(name, kwargs)
     elif source == "import":
         import importlib
 

@@ -12,11 +12,12 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
                  timing: Path, calibration: Path | None = None, engine_dir: Path | None = None,
                  reference: Path | None = None) -> list[str]:
     """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
-    from parity import fingerprint, store
-    from parity.backends import CaptureJob, load_runner, run_capture
+    from parity import fingerprint, inputspec, store
+    from parity.backends import CaptureJob, load_runner
     from parity.backends.base import CaptureResult, latency_stats, write_own
     from parity.io import write_json
     from parity.pipeline.inputs import load
+    from parity.pipeline.shapes import capture_by_shape
 
     cap = p.get("capture", {})
     timed = bool(cap.get("latency", False))  # capture.latency: opt-in
@@ -31,17 +32,27 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
     except ValueError as e:
-        res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{provider}.runner>"), {}
+        res, settings, by_shape = CaptureResult("UNAVAILABLE", f"{e} <providers.{provider}.runner>"), {}, None
     else:
-        res = CaptureResult("UNAVAILABLE", unavailable) if unavailable else run_capture(
-            cls, job, load(inputs), cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0)
+        m = p["models"][model]  # several input shapes: a failure says which (parity.pipeline.shapes)
+        if unavailable:
+            res, by_shape = CaptureResult("UNAVAILABLE", unavailable), None
+        else:
+            res, by_shape = capture_by_shape(
+                cls, job, load(inputs), inputspec.sample_sets(m, p.get("inputs", {}).get("samples", 1)),
+                cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
+                lambda label: inputspec.describe(m, label))
         settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
     rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
-    store.write(out / "layers.parquet", rows if res.status == "OK" else [], {"cell": key, "status": res.status})
-    n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
+    store.write(out / "layers.parquet", rows if res.status == "OK" or by_shape else [],
+                {"cell": key, "status": res.status})
+    first = min((t.sample for t in rows), default=0)  # sample 0's shape may have failed (models.<m>.shapes)
+    n_layers = sum(1 for t in rows if t.sample == first and not store.is_output(t.name))
     status = {"cell": key, "model": model, "dtype": dtype, "provider": provider,
               "status": res.status, "reason": res.reason, "layers": n_layers,
               "own": write_own(out / "own.parquet", res, key)}
+    if by_shape:  # models.<m>.shapes: each shape's status (a failure at one shape names it)
+        status["shapes"] = by_shape
     if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)
         status["settings"] = settings
     node = fingerprint.cluster_node(pc["uses"], config.runner_components(pc))

@@ -92,13 +92,14 @@ def plot_csv(cd: diffcell.CellDiff) -> str:
 
 
 def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
+    per = "".join(f" [{lab}: {x['verdict']}]" for lab, x in (m.get("shapes") or {}).items())  # models.<m>.shapes
     if m["verdict"] not in ("PASS", "FAIL"):
-        return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "")
+        return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "") + per
     worst = (f"worst={m['worst_layer']} (excess {m['worst_excess']:.3g})" if cd.mode == "oracle" and m.get("worst_excess")
              is not None else f"worst={m['worst_layer']} (tol_ratio {m['worst_tol_ratio']:.3g})")
     origin = m.get("drift_origin_where") or m.get("drift_origin")
     cause = (m.get("drift_origin_cause") or {}).get("summary")
-    return (f"{m['verdict']} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
+    return (f"{m['verdict']}{per} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
             f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
             + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else ""))
 
@@ -107,18 +108,27 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
                    baseline: Path | None, model_dir: Path | None, out: Path) -> str:
     """Diff the cell, write metrics.json, layers.json and layers.csv under `out`; the summary line."""
     from parity import compare
-    from parity.analysis import diffcell, oracle
+    from parity.analysis import diffcell, oracle, shapes
 
     key = config.cell_key(model, dtype, provider)
-    cd = diffcell.diff_cell(p, model, dtype, capture, reference, baseline)
     lj = model_dir / "layers.json" if model_dir else None
     layers_json = read_json(lj) if lj and lj.exists() else {}
-    m = metrics_of(key, cd, layers_json, float((p["dtypes"][dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K)))
+    k = float((p["dtypes"][dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K))
+    per_shape = shapes.cell_diffs(p, model, dtype, capture, reference, baseline)  # models.<m>.shapes: per shape
+    if per_shape is None:
+        cd = diffcell.diff_cell(p, model, dtype, capture, reference, baseline)
+        m = metrics_of(key, cd, layers_json, k)
+    else:
+        ms = [(lab, metrics_of(key, c, layers_json, k)) for lab, c in per_shape]
+        cd, m = per_shape[shapes.deciding(ms)][1], shapes.combine(ms)
     write_json(out / "metrics.json", m)
+    extra = {} if per_shape is None else {"shape": m["shape"], "shapes": shapes.layers_json(
+        [(lab, {"layers": [d.as_dict() for d in c.layers], "own": c.own}) for lab, c in per_shape])}
     write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
                                      "drift_origin_cause": cd.summary.get("drift_origin_cause"),
                                      "hist_edges": list(compare.HIST_EDGES),  # each layer's `hist` bins
                                      "settings": cd.status.get("settings") or {}, "layer_causes": cd.layer_causes,
-                                     "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
+                                     "layers": [d.as_dict() for d in cd.layers], "own": cd.own, **extra},
+               sort_keys=False)
     write_text(out / "layers.csv", plot_csv(cd))
     return f"diff@{key}: {summary_line(m, cd)}"

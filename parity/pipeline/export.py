@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity import inputspec
+
 
 class ExportError(Exception):
     """The model cannot be exported as configured (the message names the key)."""
@@ -16,10 +18,9 @@ def export_model(p: dict, model: str, out: Path) -> str:
     """Write layers.onnx, model.onnx, layers.json and ops.json under `out`; the summary line."""
     import onnx
 
-    from parity.export import ExportFailed, export_checked, input_error, op_inventory, prune_outputs
+    from parity.export import ExportFailed, export_checked, op_inventory, prune_outputs
     from parity.io import atomic_path, write_json
-    from parity.models import build, example_inputs
-    from parity.pipeline.inputs import samples
+    from parity.models import build
     from parity.store import is_output
 
     m = p["models"][model]
@@ -34,15 +35,15 @@ def export_model(p: dict, model: str, out: Path) -> str:
     exp = p.get("export", {})
     exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
     t0 = time.perf_counter()
-    net = build(m["arch"], p.get("seed", 0))
-    example = example_inputs(m["input"], samples({**p, "inputs": {"samples": 1}}, model)[0])
-    bad = input_error(net, example)
-    if bad:
-        shapes = ", ".join(str(list(x.shape)) for x in example)
-        raise ExportError(f"models.{model}.input: the model does not accept inputs of shape {shapes}: {bad}")
+    try:
+        net = build(m["arch"], p.get("seed", 0))
+    except ValueError as e:  # an unknown model name or config key (torchvision, hf): the message lists valid ones
+        raise ExportError(f"models.{model}.arch: {e}") from None
+    example = _checked_example(p, model, net)
+    dynamic = inputspec.dynamic_axes(m)  # axes whose size differs between models.<m>.shapes
     try:
         names, full = export_checked(net, example, [s["name"] for s in m["input"]], out / "layers.onnx",
-                                     exporter, opset)
+                                     exporter, opset, dynamic)
     except ExportFailed as e:
         raise ExportError(f"EXPORT_FAIL with exporter={exporter} opset={opset} "
                           f"<export.exporter, export.opset>: {e}") from None
@@ -52,6 +53,8 @@ def export_model(p: dict, model: str, out: Path) -> str:
     with atomic_path(out / "model.onnx") as tmp:
         onnx.save(plain, str(tmp))
     layers = _layers_json(model, net, names, outputs, full, exporter, opset)
+    if inputspec.labels(m) != [None]:  # several input shapes: what was declared dynamic, and each shape
+        layers.update(dynamic_axes=dynamic, shapes={lab: inputspec.describe(m, lab) for lab in inputspec.labels(m)})
     write_json(out / "layers.json", layers, sort_keys=False)
     inv = op_inventory(plain)
     write_json(out / "ops.json", inv)
@@ -60,6 +63,25 @@ def export_model(p: dict, model: str, out: Path) -> str:
             f"{inv['nodes']} nodes / {inv['op_types']} op types, {time.perf_counter() - t0:.1f}s -> {out}"
             + (f" ({len(uncalled)} leaf modules never called, not captured: {', '.join(uncalled[:3])}"
                f"{', ...' if len(uncalled) > 3 else ''})" if uncalled else ""))
+
+
+def _checked_example(p: dict, model: str, net):
+    """The example the export traces (the largest shape with `models.<m>.shapes`), after checking
+    that the model takes every shape's inputs (a shape it cannot take is a config error)."""
+    from parity.export import input_error
+    from parity.models import example_inputs
+    from parity.pipeline.inputs import samples
+
+    m = p["models"][model]
+    firsts, labels = samples({**p, "inputs": {"samples": 1}}, model), inputspec.labels(m)  # one per shape
+    for label, first in zip(labels, firsts):
+        example = example_inputs(m["input"], first)
+        bad = input_error(net, example)
+        if bad:
+            shapes = ", ".join(str(list(x.shape)) for x in example)
+            raise ExportError(f"models.{model}.{'input' if label is None else 'shapes.' + label}: the model does "
+                              f"not accept inputs of shape {shapes}: {bad}")
+    return example_inputs(m["input"], firsts[labels.index(inputspec.export_label(m))])
 
 
 def _layers_json(model: str, net, names: list, outputs: list, full, exporter: str, opset: int) -> dict:

@@ -38,16 +38,19 @@ def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool =
 
 
 def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    specs = p["models"][model]["input"]
-    n = p.get("inputs", {}).get("samples", 1)
-    return [{s["name"]: generate(s, p.get("seed", 0), k, i) for i, s in enumerate(specs)} for k in range(n)]
+    """Per sample {input name: array}; with `models.<m>.shapes`, one set of samples per shape label,
+    and `init: file` inputs from their files (parity.inputfiles, parity.inputspec)."""
+    from parity import inputfiles
+
+    return inputfiles.model_samples(p["models"][model], p.get("seed", 0), p.get("inputs", {}).get("samples", 1),
+                                    generate)
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    specs = p["models"][model]["input"]
-    n = p.get("inputs", {}).get("calibration", 0)
-    return [{s["name"]: generate(s, p.get("seed", 0), k, i, calibration=True) for i, s in enumerate(specs)}
-            for k in range(n)]
+    from parity import inputfiles
+
+    return inputfiles.model_calibration(p["models"][model], p.get("seed", 0),
+                                        p.get("inputs", {}).get("calibration", 0), generate)
 
 
 def load(path) -> list[dict[str, np.ndarray]]:
