@@ -98,7 +98,16 @@ def make_tensor(spec: dict, rng: np.random.Generator) -> torch.Tensor:
         a = np.full(shape, prm[0])
     a = {"float": lambda: a.astype(np.float32), "int": lambda: a.astype(np.int64),
          "bool": lambda: a.astype(bool)}[kind]()
-    return torch.from_numpy(np.ascontiguousarray(a))
+    if spec.get("nonfinite") and a.size:  # fuzzing: NaN / +-Inf at seeded positions
+        from parity.suites import custom
+
+        custom.put_nonfinite(a, spec["nonfinite"], rng)
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if spec.get("layout", "contiguous") != "contiguous":
+        from parity.suites import custom
+
+        t = custom.with_layout(t, spec["layout"])
+    return t
 
 
 def materialize(obj, rng):
@@ -412,11 +421,19 @@ def run_case(case: dict, cell: dict) -> dict:
             main = sides["b"]
         else:
             main = sides["main"]
+            if case.get("reference"):  # a user op against the user's float64 reference
+                from parity.suites import custom
+
+                try:
+                    ref, rms = custom.run_reference(case, r_args, r_kwargs, gcase)
+                except Exception as e:
+                    return {"status": "INVALID", "reason": "the reference fails: " + reason_of(e)}
             rcell = dict(cell, torch_dtype="float32")
             # the reference's parameters are the provider's, rounded to dt and back: like the inputs
             rside = side_at(side_at(main, dt), torch.float32)
             try:
-                ref, rms, _ = _run_torch(rside, r_args, r_kwargs, rcell, gcase)
+                if not case.get("reference"):
+                    ref, rms, _ = _run_torch(rside, r_args, r_kwargs, rcell, gcase)
             except Exception as e:
                 return {"status": "INVALID", "reason": "fails on the fp32 reference too: " + reason_of(e)}
         try:
