@@ -45,11 +45,17 @@ def settings(p: dict) -> dict:
     return f
 
 
-def select(tpls: list[dict], ops) -> list[dict]:
-    """Fuzzable templates whose base id matches one of `ops` (fnmatch patterns; None: all)."""
+def select(suite: str, section: dict, ops=None) -> list[dict]:
+    """Fuzzable templates of a suite whose base id matches one of `ops` (fnmatch patterns; None:
+    all); OpInfo cases are converted (parity.analysis.fuzz_opinfo, imports torch) when selected."""
     pats = [ops] if isinstance(ops, str) else (ops or ["*"])
-    out = [t for t in tpls if any(fnmatch.fnmatchcase(t["base"], q) for q in pats)]
-    return [t for t in out if fuzz.fuzzable(t)] or out
+    out = [t for t in fuzz.templates(suite, copy.deepcopy(section))
+           if any(fnmatch.fnmatchcase(t["base"], q) for q in pats)]
+    if any("opinfo" in t["case"] for t in out):
+        from parity.analysis import fuzz_opinfo
+
+        out = fuzz_opinfo.convert_all(out)
+    return [t for t in out if fuzz.fuzzable(t)]
 
 
 def _opts(f: dict) -> dict:
@@ -107,7 +113,7 @@ def campaign(p: dict, suite: str, section: dict, dtype: str, provider: str, f: d
     f["ops"]), case k from seed fuzz.case_seed(f["seed"], k)."""
     f = settings({"fuzz": f or {}})
     p = dict(p, suites=dict(p.get("suites") or {}, **{suite: section}))
-    tpls = select(fuzz.templates(suite, copy.deepcopy(section)), f["ops"])
+    tpls = select(suite, section, f["ops"])
     if not tpls:
         raise spec.SuiteError(suite, None, "ops", f"no case of suite {suite} matches {f['ops']!r}")
     cell = cell_for(p, dtype, provider)
@@ -185,17 +191,19 @@ def write_campaign(out: Path, suite, dtype, provider, f, rows, failures) -> dict
 def find_case(ident: str, suite: str, section: dict, campaign_dir: Path | None, torch_dtype: str,
               f: dict) -> dict:
     """The fuzz template of a case id (<base>~s<seed>) or of a seed listed in a campaign."""
+    rows = []
+    if campaign_dir is not None and (Path(campaign_dir) / "campaign.json").exists():
+        camp = io.read_json(Path(campaign_dir) / "campaign.json")
+        rows = camp["rows"]  # the campaign's generator settings, so the id regenerates its case
+        f = dict(f, **{k: camp["settings"][k] for k in ("max_numel", "empty", "nonfinite")})
     if "~s" not in ident:
-        rows = []
-        if campaign_dir is not None and (Path(campaign_dir) / "campaign.json").exists():
-            rows = io.read_json(Path(campaign_dir) / "campaign.json")["rows"]
         hit = [r["id"] for r in rows if str(r["seed"]) == ident]
         if not hit:
             raise KeyError(f"seed {ident} is not in {campaign_dir}/campaign.json: give the case id "
                            f"(<case>~s<seed>) instead")
         ident = hit[0]
     base, seed = fuzz.parse_id(ident)
-    tpls = {t["base"]: t for t in fuzz.templates(suite, copy.deepcopy(section))}
+    tpls = {t["base"]: t for t in select(suite, section, [base])}
     if base not in tpls:
         raise KeyError(f"no case {base!r} in suite {suite}. Cases: {', '.join(sorted(tpls))}")
     return fuzz.mutate(tpls[base], seed, torch_dtype, _opts(settings({"fuzz": f})))
@@ -223,7 +231,7 @@ def reproduce(p, suite, section, dtype, provider, m, repeat: int = 2, timeout: f
 def minimise_case(p, suite, section, dtype, provider, m, timeout: float = 30, log=None):
     """(minimal template, status it keeps, candidates run): shrink while the status stays the same."""
     p = dict(p, suites=dict(p.get("suites") or {}, **{suite: section}))
-    tpls = {t["base"]: t for t in fuzz.templates(suite, copy.deepcopy(section))}
+    tpls = {t["base"]: t for t in select(suite, section, [m["fuzz"]["base"]])}
     with pool.Pool(1) as pl:
         _, d0 = run_one(pl, p, suite, dtype, provider, m, timeout)
         want = d0["status"]
