@@ -37,6 +37,8 @@ TOP_KEYS = {
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
     "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",
     "plan_dtypes": "dtypes that get a plan@model-dtype-provider stage (resolved from `analysis.plan`, `dtypes`)",
+    "fuzz": "fuzz campaigns: fuzz@suite-dtype-provider stages (parity/analysis/fuzz.py)",
+    "train_step": "training step fp32 vs AMP: train_step@model-dtype stages (parity/analysis/train_step.py)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -47,6 +49,9 @@ SECTION_KEYS = {
     "report": {"coverage_dep", "plan_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
     "analysis": {"plan", "plan_target", "max_keep"},
+    "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
+             "timeout_s", "workers"},
+    "train_step": {"models", "dtypes", "lr", "fp64", "limit"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
@@ -256,6 +261,7 @@ def validate(p: dict) -> dict:
                         f"{name} supports: {_choices(prov['dtypes'])} (conf/providers/{name}.yaml `dtypes:`). "
                         f"Drop '{dt}' or '{name}' from the selection, e.g. -S 'dtypes=[...]'")
     _analysis(p)
+    _fuzz_train(p)
     for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
                       ("plan_dtypes", plan_dtypes(p))):
         got = p.get(key)
@@ -362,6 +368,37 @@ def _analysis(p: dict) -> None:
     if a.get("plan_target") is not None:
         _tol("analysis.plan_target", a["plan_target"])
     _num("analysis.max_keep", a.get("max_keep", 16), lo=1, integer=True)
+
+
+def _fuzz_train(p: dict) -> None:
+    """fuzz: its dtypes/providers among the selected ones (their settings come from params), suites
+    files of conf/suites; train_step: models among the selected ones, AMP dtypes float16/bfloat16."""
+    f = p.get("fuzz") or {}
+    for key, group in (("dtypes", "dtypes"), ("providers", "providers")):
+        for name in f.get(key) or []:
+            if name not in p[group]:
+                raise ConfigError(f"fuzz.{key}: '{name}' is not selected in `{group}`. Selected: "
+                                  f"{_choices(p[group])}")
+    for name in f.get("suites") or []:
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ConfigError(f"fuzz.suites: bad suite name {name!r}")
+    for k, lo in (("cases", 1), ("seed", 0), ("max_numel", 1), ("workers", 1)):
+        if k in f:
+            _num(f"fuzz.{k}", f[k], lo=lo, integer=True)
+    if "timeout_s" in f:
+        _num("fuzz.timeout_s", f["timeout_s"], lo=0.001)
+    t = p.get("train_step") or {}
+    for m in t.get("models") or []:
+        if m not in p["models"]:
+            raise ConfigError(f"train_step.models: '{m}' is not selected in `models`. Selected: "
+                              f"{_choices(p['models'])}")
+    for d in t.get("dtypes") or []:
+        if d not in ("float16", "bfloat16"):
+            raise ConfigError(f"train_step.dtypes: unknown AMP dtype {d!r}. Valid: bfloat16, float16")
+    if "lr" in t:
+        _num("train_step.lr", t["lr"], lo=0)
+    if t.get("limit") is not None:
+        _num("train_step.limit", t["limit"], lo=0)
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).

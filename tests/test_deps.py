@@ -25,7 +25,7 @@ from parity import codedeps
 
 CODE_DIRS = ("parity", "stages", "hydra_plugins")
 # the conf/ groups whose YAML names modules a stage imports at run time (by stage module)
-CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "suite_run": ("suites",)}
+CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "suite_run": ("suites",), "fuzz": ("suites",)}
 
 
 def _yaml_strings(node):
