@@ -46,7 +46,7 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"latency", "warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
-    "report": {"coverage_dep", "plan_dep"},
+    "report": {"coverage_dep", "plan_dep", "fuzz_dep", "train_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
     "analysis": {"plan", "plan_target", "max_keep"},
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",

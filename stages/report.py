@@ -12,6 +12,7 @@ from pathlib import Path
 
 from parity import config, metrics
 from parity import report as render
+from parity.analysis import fuzz_report
 from parity.io import read_json, write_json, write_text
 
 BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
@@ -83,8 +84,11 @@ def main(argv=None) -> int:
     out = Path(a.out)
     models = {m: model_entry(art, m) for m in dict.fromkeys(c["model"] for c in cells)}
     threads = (p.get("capture") or {}).get("threads")
-    write_text(out / "report.md", render.markdown(title, summary, cells, env, coverage, models, threads))
-    write_text(out / "report.html", render.html_page(title, summary, cells, env, coverage, models, threads))
+    camps, steps = fuzz_report.load(p, art)  # fuzz campaigns and training steps, when selected
+    md = render.markdown(title, summary, cells, env, coverage, models, threads)
+    write_text(out / "report.md", md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md)
+    page = render.html_page(title, summary, cells, env, coverage, models, threads)
+    write_text(out / "report.html", page.replace("</body>", fuzz_report.html_sections(camps, steps) + "</body>", 1))
     write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
     write_json(out / "latency.json", latency)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
