@@ -371,11 +371,11 @@ def _analysis(p: dict) -> None:
 
 
 def _fuzz_train(p: dict) -> None:
-    """fuzz: its dtypes/providers among the selected ones (their settings come from params), suites
-    files of conf/suites; train_step: models among the selected ones, AMP dtypes float16/bfloat16."""
+    """fuzz (when fuzz.suites names one): its dtypes/providers among the selected ones (their
+    settings come from params); train_step: models among the selected ones, AMP dtypes float16/bfloat16."""
     f = p.get("fuzz") or {}
     for key, group in (("dtypes", "dtypes"), ("providers", "providers")):
-        for name in f.get(key) or []:
+        for name in (f.get(key) or []) if f.get("suites") else []:  # defaults matter only when fuzzing
             if name not in p[group]:
                 raise ConfigError(f"fuzz.{key}: '{name}' is not selected in `{group}`. Selected: "
                                   f"{_choices(p[group])}")

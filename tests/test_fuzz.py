@@ -175,3 +175,43 @@ def test_import_prefix_is_a_declaration(tmp_path):
             suite_cli.list_cases("t.yaml")
     finally:
         os.chdir(cwd)
+
+
+def test_fuzz_and_train_step_stages(tmp_path):
+    """The stages are cached by their params (seed, cases): a second repro runs nothing, a forced
+    re-run writes the same bytes, and the report's sections list the campaign with its seeds and the
+    per-parameter gradients. A fuzz dtype that is not selected fails at compose, naming the key."""
+    from conftest import BIN, make_repo
+
+    from parity.analysis import fuzz_report
+
+    repo = make_repo(tmp_path / "repo", providers=("torch_cpu",))
+    sets = ["fuzz.suites=[critical]", "fuzz.cases=24", "fuzz.providers=[torch_cpu]", "fuzz.ops=[relu,exp,sum]",
+            "train_step.models=[tiny_mlp]", "train_step.dtypes=[bfloat16]"]
+    repo.run([f"{BIN}/parity", "compose", *[a for s in sets for a in ("-S", s)]])
+    stages = ["fuzz@critical-fp16-torch_cpu", "train_step@tiny_mlp-bfloat16"]
+    ran = repo.repro(*stages)
+    assert set(stages) <= set(ran)
+    camp = repo.path / "artifacts/fuzz/critical/fp16-torch_cpu"
+    c = json.loads((camp / "campaign.json").read_text())
+    assert c["cases"] == 24 and {r["base"] for r in c["rows"]} == {"relu", "exp", "sum"}
+    assert c["settings"]["seed"] == 0 and all(r["id"].endswith(f"~s{r['seed']}") for r in c["rows"])
+    before = {f.name: f.read_bytes() for f in camp.iterdir()}
+    assert not set(stages) & set(repo.repro(*stages))
+    repo.run(["dvc", "repro", "-f", "-s", stages[0]])
+    assert {f.name: f.read_bytes() for f in camp.iterdir()} == before
+    from parity.analysis import fuzz_campaign as fc
+
+    fails = fc.load_failures(camp / "failures.parquet")
+    assert [r["id"] for r in fails] == [r["id"] for r in c["rows"] if r["status"] in fuzz.FAIL_STATUSES]
+    assert all(r["template"]["case"]["id"] == r["id"] and r["seed"] for r in fails)
+    step = json.loads((repo.path / "artifacts/train_step/tiny_mlp/bfloat16.json").read_text())
+    assert {r["name"] for r in step["params"]} >= {"fc1.weight", "fc2.bias"} and step["verdict"] == "PASS"
+    p = yaml.safe_load((repo.path / "params.yaml").read_text())
+    md = "\n".join(fuzz_report.markdown(*fuzz_report.load(p, repo.path / "artifacts")))
+    assert "## Fuzz campaign `critical-fp16-torch_cpu`" in md and "## Training step `tiny_mlp-bfloat16`" in md
+    for r in fails[:3]:
+        assert f"| {r['id']} | {r['seed']} | {r['status']} |" in md
+    bad = repo.run([f"{BIN}/parity", "compose", "-S", "fuzz.suites=[critical]", "-S", "fuzz.dtypes=[bf16]"],
+                   check=False)
+    assert bad.returncode != 0 and "fuzz.dtypes: 'bf16' is not selected in `dtypes`" in bad.stdout + bad.stderr
