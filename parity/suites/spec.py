@@ -27,6 +27,10 @@ A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
           - {id: fd, gradcheck: pkg.mod:MyFunction, inputs: [x]}           # float64 gradcheck
           - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
           - {id: mine, op: mypkg.ops:fused_gelu, import: mypkg.ops, inputs: [x]}  # code of your own
+          - {id: my_op, op: "import:mypkg.ops:my_gelu", reference: "import:mypkg.ref:gelu64",  # checked
+             inputs: [x]}                       # against your float64 reference (parity.suites.custom)
+    A preset may also give layout: contiguous | transposed | channels_last and nonfinite: {nan: n,
+    inf: n} (what fuzzing draws: parity.analysis.fuzz).
 
 Targets resolve only in torch namespaces (aten::, torch.*, torch.nn.functional.*, torch.special.*,
 torch.linalg.*, torch.fft.*; torch.nn.<Module> for module cases) and parity.suites.testops, unless
