@@ -245,11 +245,12 @@ def minimise(t: dict, fails, orig: dict | None = None, log=None) -> tuple[dict, 
         c["spec"]["dims"][d] = v
         return c
 
+    settled: dict = {}  # dim -> the size bisection stopped at (one less passed): not retried
     for _ in range(2):
         before = yaml.safe_dump(cur["spec"])
         for d in sorted(cur["spec"].get("dims") or {}):
             v = cur["spec"]["dims"][d]
-            if not _is_int(v) or v <= 1:
+            if not _is_int(v) or v <= 1 or settled.get(d) == v:
                 continue
             hi, lo = v, None
             while hi > 1:
@@ -264,6 +265,8 @@ def minimise(t: dict, fails, orig: dict | None = None, log=None) -> tuple[dict, 
                     hi = mid
                 else:
                     lo = mid
+            if lo is not None:
+                settled[d] = hi
         if orig is not None:
             for n, p in (cur["spec"].get("presets") or {}).items():
                 base = (orig["spec"].get("presets") or {}).get(n, {})
