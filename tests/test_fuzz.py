@@ -215,3 +215,38 @@ def test_fuzz_and_train_step_stages(tmp_path):
     bad = repo.run([f"{BIN}/parity", "compose", "-S", "fuzz.suites=[critical]", "-S", "fuzz.dtypes=[bf16]"],
                    check=False)
     assert bad.returncode != 0 and "fuzz.dtypes: 'bf16' is not selected in `dtypes`" in bad.stdout + bad.stderr
+
+
+def test_train_step_mlp_per_parameter_gradient_errors():
+    """conf mlp, one SGD step fp32 vs AMP: every parameter has a gradient error, AMP's is far above
+    fp32's own error against fp64, the loss agrees; a limit below the error fails naming the worst."""
+    from parity.analysis import train_step
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf/models/mlp.yaml").read_text())["mlp"]
+    res = train_step.check(cfg, "bfloat16", seed=0)
+    names = [r["name"] for r in res["params"]]
+    assert names == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    for r in res["params"]:
+        assert 0 < r["rel_l2"] < res["limit"] and r["nonfinite"] == 0
+        assert r["fp32_vs_fp64"] < r["amp_vs_fp64"] / 100
+    assert res["verdict"] == "PASS" and res["loss"]["amp_rel"] < 1e-3 and res["scaler"] is None
+    worst = max(res["params"], key=lambda r: r["rel_l2"])
+    tight = train_step.check(cfg, "float16", seed=0, limit=1e-5, fp64=False)
+    assert tight["verdict"] == "FAIL" and tight["scaler"]["skipped"] is False
+    assert tight["worst"]["name"] == max(tight["params"], key=lambda r: r["rel_l2"])["name"]
+    assert "fp32_vs_fp64" not in tight["params"][0] and worst["name"].startswith("fc")
+    assert "fc1.weight" in train_step.table(res)
+
+
+@pytest.mark.slow
+def test_minimise_the_unfold_crash(tmp_path, capsys):
+    """OpInfo's nn.functional.unfold sample kills the ORT worker at fp16 (SIGFPE): minimising keeps
+    the CRASH and shrinks the input; the YAML validates."""
+    out = tmp_path / "unfold.yaml"
+    rc = fuzz_cli.main(["opinfo", "--dtype", "fp16", "--provider", "ort_cpu", "--minimise", "nn.functional.unfold#0",
+                        "--yaml", str(out), "--out", str(tmp_path)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "still CRASH" in text, text
+    dims = yaml.safe_load(out.read_text())["unfold"]["spec"]["dims"]
+    assert sum(dims.values()) < 0 + 1 + 5 + 5
+    assert suite_cli.validate(str(out))[0]["target"] == "torch.nn.functional.unfold"
