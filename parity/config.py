@@ -51,7 +51,7 @@ SECTION_KEYS = {
     "analysis": {"plan", "plan_target", "max_keep"},
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
              "timeout_s", "workers"},
-    "train_step": {"models", "dtypes", "lr", "fp64", "limit"},
+    "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
@@ -397,6 +397,8 @@ def _fuzz_train(p: dict) -> None:
             raise ConfigError(f"train_step.dtypes: unknown AMP dtype {d!r}. Valid: bfloat16, float16")
     if "lr" in t:
         _num("train_step.lr", t["lr"], lo=0)
+    if t.get("device", "auto") not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train_step.device: unknown device {t['device']!r}. Valid: auto, cpu, cuda")
     if t.get("limit") is not None:
         _num("train_step.limit", t["limit"], lo=0)
 

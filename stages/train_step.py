@@ -1,5 +1,5 @@
 """train_step@model-dtype: one optimizer step of a model in fp32 vs AMP (torch.autocast at --dtype,
-float16 or bfloat16) on torch CPU, with a float64 step as the yardstick (parity.analysis.train_step).
+float16 or bfloat16) on torch CPU (CUDA when present, `train_step.device`), with a float64 step as the yardstick (parity.analysis.train_step).
 Writes --out (JSON): the loss of each run, per-parameter gradient rel_l2 / max_abs / cosine, a verdict.
 """
 
@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t = p.get("train_step") or {}
     res = train_step.check(p["models"][a.model], a.dtype, seed=int(p.get("seed", 0)), lr=float(t.get("lr", 0.01)),
-                           fp64=bool(t.get("fp64", True)), limit=t.get("limit"),
+                           fp64=bool(t.get("fp64", True)), limit=t.get("limit"), device=t.get("device", "auto"),
                            threads=int((p.get("capture") or {}).get("threads", 0)))
     write_json(a.out, dict(res, model=a.model), sort_keys=False)
     w = res["worst"] or {}

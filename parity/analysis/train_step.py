@@ -103,7 +103,7 @@ def _param_row(name, ga, gf, g64) -> dict:
     return row
 
 
-def check(model_cfg: dict, amp_dtype: str, seed: int = 0, lr: float = 1e-2, device: str = "cpu",
+def check(model_cfg: dict, amp_dtype: str, seed: int = 0, lr: float = 1e-2, device: str = "auto",
           fp64: bool = True, limit: float | None = None, threads: int = 0) -> dict:
     """The training-step result for one model at one AMP dtype ("float16" | "bfloat16")."""
     import torch
@@ -112,6 +112,8 @@ def check(model_cfg: dict, amp_dtype: str, seed: int = 0, lr: float = 1e-2, devi
 
     if threads:
         torch.set_num_threads(threads)
+    if device == "auto":  # CUDA when present (never run on a GPU in this project's checks), else CPU
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     amp = getattr(torch, amp_dtype)
     model = build(model_cfg["arch"], seed)
     xs = _batch(model_cfg["input"], seed)
