@@ -11,8 +11,6 @@ import html
 import json
 from pathlib import Path
 
-from parity.analysis.fuzz import FAIL_STATUSES as FAIL
-
 SHOW_FAILURES = 25
 
 
@@ -37,6 +35,8 @@ def _fmt(v) -> str:
 
 
 def _failures(c: dict) -> tuple[list[str], list[list[str]]]:
+    from parity.analysis.fuzz import FAIL_STATUSES as FAIL  # numpy: only when there is a campaign
+
     head = ["case id", "seed", "status", "values/layout", "dims", "reason"]
     rows = [[r["id"], str(r["seed"]), r["status"], f"{r['values']}/{r['layout']}",
              " ".join(f"{k}={v}" for k, v in r["dims"].items()), r["reason"][:140]]
