@@ -250,3 +250,27 @@ def test_minimise_the_unfold_crash(tmp_path, capsys):
     dims = yaml.safe_load(out.read_text())["unfold"]["spec"]["dims"]
     assert sum(dims.values()) < 0 + 1 + 5 + 5
     assert suite_cli.validate(str(out))[0]["target"] == "torch.nn.functional.unfold"
+
+
+def test_nonfinite_and_layouts_reach_the_tensors():
+    """--nonfinite draws NaN and +-Inf into one input of some cases; transposed / channels_last
+    layouts give tensors with those strides (and the same values)."""
+    import numpy as np
+    import torch
+
+    from parity.suites import execute
+
+    (t,) = [t for t in fuzz.templates("critical") if t["base"] == "conv2d"]
+    drawn = [fuzz.mutate(t, s, "float16", {"nonfinite": True}) for s in range(60)]
+    nf = [m for m in drawn if any("nonfinite" in p for p in m["spec"]["presets"].values())]
+    assert 5 <= len(nf) <= 30
+    c = fuzz.expand(nf[0])
+    x = [execute.make_tensor(a["tensor"], np.random.default_rng(0)) for a in c["call_args"]
+         if isinstance(a, dict) and "nonfinite" in a.get("tensor", {})][0]
+    assert int(torch.isnan(x).sum()) == 1 and int(torch.isinf(x).sum()) == 2
+    for lay, check in (("transposed", lambda x: not x.is_contiguous()),
+                       ("channels_last", lambda x: x.is_contiguous(memory_format=torch.channels_last))):
+        m = next(m for m in drawn if m["fuzz"]["layout"] == lay and all(v > 1 for v in m["spec"]["dims"].values()))
+        spec_x = fuzz.expand(m)["call_args"][0]["tensor"]
+        a, b = (execute.make_tensor(dict(spec_x, layout=lo), np.random.default_rng(1)) for lo in (lay, "contiguous"))
+        assert check(a) and torch.equal(a, b)
