@@ -30,8 +30,12 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     cases = spec.expand(a.suite)
-    cell = {"provider": a.provider, "torch_dtype": a.dtype, "seed": 0, "repeats": 3, "threads": 1,
-            "onnx_opset": 17, "grad": True}
+    import yaml
+
+    prov = yaml.safe_load(Path(f"conf/providers/{a.provider}.yaml").read_text())[a.provider]
+    cell = {"provider": a.provider, "runner": prov["runner"], "import": prov.get("import"),
+            "options": prov.get("options") or {}, "torch_dtype": a.dtype, "seed": 0, "repeats": 3,
+            "threads": 1, "onnx_opset": 17, "grad": True}
     n = len(cases)
     pooled, pooled_cold, first_pass = [], [], []
     for _ in range(a.runs):

@@ -56,7 +56,6 @@ SECTION_KEYS = {
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances"}
 ARCH_SOURCES = ("parity", "torchvision", "import")
-PARITY_ZOO = ("mlp", "transformer_block")  # builders live in parity/models/zoo.py
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set()}
@@ -75,6 +74,8 @@ VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcel
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
+# the built-in fingerprint components (parity.fingerprint.PROBES); a runner declares more
+# (Runner.fingerprint_components)
 COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt", "cpu")
 
 
@@ -208,7 +209,21 @@ def validate(p: dict) -> dict:
             _check_keys(sec, p[sec], keys)
     if "seed" in p:
         _num("seed", p["seed"], lo=0, integer=True)
+    _sections(p)
+    _dtypes(p)
+    _providers(p)
+    _analysis(p)
+    _fuzz_train(p)
+    _derived(p)
+    for name, m in p["models"].items():
+        _model(f"models.{name}", m)
+    if p.get("suites"):
+        _suites(p)
+    return p
 
+
+def _sections(p: dict) -> None:
+    """export, inputs, capture, diff."""
     exp = p.get("export", {})
     exporter = exp.get("exporter", "dynamo")
     if exporter not in EXPORTERS:
@@ -226,6 +241,8 @@ def validate(p: dict) -> dict:
     if verdict not in VERDICT_MODES:
         raise ConfigError(f"diff.verdict: unknown verdict mode {verdict!r}. Valid: {_choices(VERDICT_MODES)}")
 
+
+def _dtypes(p: dict) -> None:
     for name, d in p["dtypes"].items():
         _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode", "oracle"}, required=("torch", "tol", "oracle"))
         _check_keys(f"dtypes.{name}.oracle", d["oracle"], {"k", "slack"}, required=("k",))
@@ -242,13 +259,16 @@ def validate(p: dict) -> dict:
                               f"{' or '.join(DTYPE_MODES[mode])}, not '{d['torch']}'")
         _tol(f"dtypes.{name}.tol", d["tol"])
 
+
+def _providers(p: dict) -> None:
     for name, prov in p["providers"].items():
         where = f"providers.{name}"
         _check_keys(where, prov, PROVIDER_KEYS, required=("runner", "dtypes", "uses"))
         check_runner(where, prov)
+        valid = (*COMPONENTS, *runner_components(prov))
         for u in prov["uses"]:
-            if u not in COMPONENTS:
-                raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(COMPONENTS)}")
+            if u not in valid:
+                raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(valid)}")
         if not isinstance(prov.get("engine", False), bool):
             raise ConfigError(f"{where}.engine: expected true or false, got {prov['engine']!r}")
         _provider_options(where, prov)
@@ -260,8 +280,10 @@ def validate(p: dict) -> dict:
                         f"provider/dtype pairs; without it the cell is reported as UNSUPPORTED). "
                         f"{name} supports: {_choices(prov['dtypes'])} (conf/providers/{name}.yaml `dtypes:`). "
                         f"Drop '{dt}' or '{name}' from the selection, e.g. -S 'dtypes=[...]'")
-    _analysis(p)
-    _fuzz_train(p)
+
+
+def _derived(p: dict) -> None:
+    """The keys params.yaml resolves from the selection (capture/engine providers, plan dtypes)."""
     for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
                       ("plan_dtypes", plan_dtypes(p))):
         got = p.get(key)
@@ -272,52 +294,74 @@ def validate(p: dict) -> dict:
             raise ConfigError(f"{key}: {got!r} does not match the selected {src} (expected {want}): "
                               f"it is resolved from them; compose params.yaml again (parity compose)")
 
-    for name, m in p["models"].items():
-        where = f"models.{name}"
-        _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
-        arch = m["arch"]
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
-        if "calibrate" in arch:
-            c = arch["calibrate"]
-            _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
-            if not isinstance(c["shape"], list) or not all(isinstance(s, int) and s > 0 for s in c["shape"]):
-                raise ConfigError(f"{where}.arch.calibrate.shape: expected a list of positive ints, got {c['shape']!r}")
-        if arch["source"] not in ARCH_SOURCES:
-            raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
-        if arch["source"] == "parity" and arch["name"] not in PARITY_ZOO:
-            raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. Valid: {_choices(PARITY_ZOO)}")
-        if arch["source"] == "import":
-            check_import_model(f"{where}.arch.name", arch["name"])
-        if not isinstance(m["input"], list) or not m["input"]:
-            raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
-        for i, spec in enumerate(m["input"]):
-            w = f"{where}.input[{i}]"
-            init = spec.get("init", "normal") if isinstance(spec, dict) else None
-            if init not in INPUT_INITS:
-                raise ConfigError(f"{w}.init: unknown init '{init}'. Valid: {_choices(INPUT_INITS)}")
-            _check_keys(w, spec, {"name", "shape", "dtype", "init"} | INPUT_INITS[init], required=("name", "shape"))
-            if not isinstance(spec["shape"], list) or not all(isinstance(s, int) and s > 0 for s in spec["shape"]):
-                raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
-            if spec.get("dtype", "float32") not in INPUT_DTYPES:
-                raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
-        rules = m.get("tolerances") or []
-        if not isinstance(rules, list):
-            raise ConfigError(f"{where}.tolerances: expected a list of rules")
-        for i, r in enumerate(rules):
-            w = f"{where}.tolerances[{i}]"
-            _check_keys(w, r, TOL_RULE_KEYS)
-            if ("atol" in r) != ("rtol" in r):
-                raise ConfigError(f"{w}: give atol and rtol together (torch.testing convention), got {sorted(r)}")
-            if "atol" not in r:
-                raise ConfigError(f"{w}: a rule needs atol and rtol")
-            _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
-            if "dtype" in r and r["dtype"] not in p["dtypes"]:
-                pass  # a rule for a dtype not selected in this run is allowed (it just never matches)
-    if p.get("suites"):
-        from parity.suites import spec as suite_spec  # light (yaml); expands every selected suite
 
-        suite_spec.validate_params(p)
-    return p
+def _model(where: str, m: dict) -> None:
+    _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
+    arch = m["arch"]
+    _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+    if "calibrate" in arch:
+        c = arch["calibrate"]
+        _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
+        if not isinstance(c["shape"], list) or not all(isinstance(s, int) and s > 0 for s in c["shape"]):
+            raise ConfigError(f"{where}.arch.calibrate.shape: expected a list of positive ints, got {c['shape']!r}")
+    if arch["source"] not in ARCH_SOURCES:
+        raise ConfigError(f"{where}.arch.source: unknown source '{arch['source']}'. Valid: {_choices(ARCH_SOURCES)}")
+    if arch["source"] == "parity" and arch["name"] not in parity_zoo():
+        raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. "
+                          f"Valid: {_choices(parity_zoo())}")
+    if arch["source"] == "import":
+        check_import_model(f"{where}.arch.name", arch["name"])
+    if not isinstance(m["input"], list) or not m["input"]:
+        raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
+    for i, spec in enumerate(m["input"]):
+        w = f"{where}.input[{i}]"
+        init = spec.get("init", "normal") if isinstance(spec, dict) else None
+        if init not in INPUT_INITS:
+            raise ConfigError(f"{w}.init: unknown init '{init}'. Valid: {_choices(INPUT_INITS)}")
+        _check_keys(w, spec, {"name", "shape", "dtype", "init"} | INPUT_INITS[init], required=("name", "shape"))
+        if not isinstance(spec["shape"], list) or not all(isinstance(s, int) and s > 0 for s in spec["shape"]):
+            raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
+        if spec.get("dtype", "float32") not in INPUT_DTYPES:
+            raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
+    _tolerance_rules(where, m.get("tolerances"))
+
+
+def _tolerance_rules(where: str, rules) -> None:
+    """A model's `tolerances:` rules (a rule for a dtype not selected in this run is allowed: it
+    just never matches)."""
+    rules = rules or []
+    if not isinstance(rules, list):
+        raise ConfigError(f"{where}.tolerances: expected a list of rules")
+    for i, r in enumerate(rules):
+        w = f"{where}.tolerances[{i}]"
+        _check_keys(w, r, TOL_RULE_KEYS)
+        if ("atol" in r) != ("rtol" in r):
+            raise ConfigError(f"{w}: give atol and rtol together (torch.testing convention), got {sorted(r)}")
+        if "atol" not in r:
+            raise ConfigError(f"{w}: a rule needs atol and rtol")
+        _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
+
+
+def _suites(p: dict) -> None:
+    """Every selected suite expands (structure only). parity.suites.spec is light (yaml) and never
+    imports config: config -> spec, one way."""
+    import copy
+
+    from parity.suites import spec
+
+    suites = p.get("suites") or {}
+    if not isinstance(suites, dict):
+        raise ConfigError(f"suites: expected a mapping (a multi-select group), got {suites!r}")
+    for name, sec in suites.items():
+        if "-" in name or "/" in name:
+            raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
+        if isinstance(sec, dict) and "tolerances" not in sec:
+            raise ConfigError(f"suites.{name}: missing key 'tolerances' (conf/suites/{name}.yaml): give "
+                              f"`tolerances: []` for none (the suite's diff stages depend on that key)")
+        try:
+            spec.expand(name, copy.deepcopy(sec))
+        except spec.SuiteError as e:
+            raise ConfigError(f"suites.{name}: {e}") from None
 
 
 def check_runner(where: str, prov: dict) -> None:
@@ -346,6 +390,28 @@ def check_runner(where: str, prov: dict) -> None:
         imports.check_runner(prov["runner"], declared, valid)
     except imports.NotAllowed as e:
         raise ConfigError(f"{where}.runner: {e}") from None
+
+
+def runner_components(prov: dict) -> dict:
+    """Fingerprint components the provider's runner class declares (Runner.fingerprint_components,
+    read from its source, never imported): {name: distributions}."""
+    from parity import imports
+
+    mod, _, cls = str(prov.get("runner", "")).partition(":")
+    got = imports.class_literal(mod, cls, "fingerprint_components") if cls else None
+    return got if isinstance(got, dict) else {}
+
+
+def parity_zoo() -> tuple[str, ...]:
+    """parity's own models: the keys of parity/models/zoo.py's BUILDERS, read from its source (torch is
+    not imported at compose), so a zoo model is a builder there plus its conf file."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parent / "models" / "zoo.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILDERS" for t in node.targets):
+            return tuple(k.value for k in node.value.keys if isinstance(k, ast.Constant))
+    return ()
 
 
 def check_import_model(where: str, name) -> None:
@@ -461,17 +527,18 @@ def die(err: Exception, code: int = 2):
 
 def tolerance_for(p: dict, model: str, dtype: str, layer: str) -> tuple[float, float, str]:
     """(atol, rtol, source-key) for a layer: dtype default, then model rules in order (last wins)."""
-    import fnmatch
+    from parity import tolerance
 
-    t = p["dtypes"][dtype]["tol"]
-    atol, rtol, src = float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol"
-    for i, r in enumerate(p["models"][model].get("tolerances") or []):
-        if "dtype" in r and r["dtype"] != dtype:
-            continue
-        if "layer" in r and not fnmatch.fnmatchcase(layer, r["layer"]):
-            continue
-        atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"models.{model}.tolerances[{i}]"
-    return atol, rtol, src
+    return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["models"][model].get("tolerances"),
+                             f"models.{model}.tolerances", dtype, layer=layer)
+
+
+def unsupported_dtype(provider: str, prov: dict, dtype: str) -> str | None:
+    """Why `provider` (its conf `prov`) does not run `dtype` (its `dtypes:` lacks it), or None."""
+    supported = prov.get("dtypes", [])
+    if dtype in supported:
+        return None
+    return f"provider {provider} supports dtypes {supported}, not {dtype} (conf/providers/{provider}.yaml)"
 
 
 def stage_parser(module: str, doc: str | None, cell: bool = False):

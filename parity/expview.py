@@ -198,9 +198,9 @@ def transpose(head: list[str], rows: list[list[str]]) -> tuple[list[str], list[l
 # -- rendering ----------------------------------------------------------------------------------------
 
 def plain(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+    from parity.ui import plain_table  # the one table helper
+
+    return plain_table(head, rows)
 
 
 def markdown(head: list[str], rows: list[list[str]]) -> str:

@@ -135,32 +135,46 @@ def int8_kernels(ident: dict | None = None) -> dict:
     return {"vnni": bool(isa & set(VNNI_FLAGS)), "flags": flags}
 
 
-def component(name: str) -> dict:
-    if name == "numpy":
-        return _versions("numpy")
-    if name == "torch":
-        v = _versions("torch", "torchvision")
-        if v.get("torch"):
-            v["torch_cuda"] = _torch_build_cuda()
-        return v or {"available": False, "reason": "torch is not installed"}
-    if name == "onnx":
-        return _versions("onnx", "onnxscript", "onnx-ir")
-    if name == "onnxruntime":
-        v = _versions("onnxruntime", "onnxruntime-gpu")
-        return v or {"available": False, "reason": "onnxruntime is not installed"}
-    if name == "cuda":
-        return _cuda()
-    if name == "cpu":
-        return cpu_identity()
-    if name == "tensorrt":
-        v = {d: _version(d) for d in ("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_libs")
-             if _version(d)}
-        return v or {"available": False, "reason": "TensorRT is not installed"}
+def _torch() -> dict:
+    v = _versions("torch", "torchvision")
+    if v.get("torch"):
+        v["torch_cuda"] = _torch_build_cuda()
+    return v or {"available": False, "reason": "torch is not installed"}
+
+
+def distributions(*dists: str, label: str | None = None):
+    """A probe: the installed versions of these distributions (a library's fingerprint)."""
+    def probe() -> dict:
+        return _versions(*dists) or {"available": False, "reason": f"{label or dists[0]} is not installed"}
+
+    return probe
+
+
+# The built-in components (config.COMPONENTS names the same, for compose-time checks without this
+# module). A backend that needs another one declares it on its runner (Runner.fingerprint_components:
+# {name: (distribution, ...)}), so adding a library edits no file here.
+PROBES = {
+    "numpy": lambda: _versions("numpy"),
+    "torch": _torch,
+    "onnx": lambda: _versions("onnx", "onnxscript", "onnx-ir"),
+    "onnxruntime": distributions("onnxruntime", "onnxruntime-gpu"),
+    "cuda": _cuda,
+    "cpu": cpu_identity,
+    "tensorrt": distributions("tensorrt", "tensorrt-cu12", "tensorrt-cu13", "tensorrt_libs", label="TensorRT"),
+}
+
+
+def component(name: str, declared: dict | None = None) -> dict:
+    """The fingerprint of a built-in component, or of one a runner declares ({name: distributions})."""
+    if name in PROBES:
+        return PROBES[name]()
+    if declared and name in declared:
+        return distributions(*declared[name])()
     raise KeyError(name)
 
 
-def collect(components) -> dict:
-    return {c: component(c) for c in sorted(set(components))}
+def collect(components, declared: dict | None = None) -> dict:
+    return {c: component(c, declared) for c in sorted(set(components))}
 
 
 # Thread-count variables of the libraries the backends run on (OpenMP, MKL, OpenBLAS).

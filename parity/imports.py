@@ -197,6 +197,27 @@ def check_defined(module: str, attr: str, search=None) -> None:
     raise NotAllowed(f"module '{module}' ({origin}) defines no '{first}'")
 
 
+def class_literal(module: str, cls: str, attr: str, search=None):
+    """The literal value of `attr = ...` in the body of class `cls` of `module` (read, never imported),
+    or None when the module, the class or a literal assignment is not there."""
+    spec = locate(module, search)
+    origin = spec.origin if spec is not None and spec.has_location else None
+    if not origin or not str(origin).endswith(".py"):
+        return None
+    tree = ast.parse(Path(origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for st in node.body:
+                target = st.target if isinstance(st, ast.AnnAssign) else (
+                    st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None)
+                if isinstance(target, ast.Name) and target.id == attr and st.value is not None:
+                    try:
+                        return ast.literal_eval(st.value)
+                    except ValueError:
+                        return None
+    return None
+
+
 def check_runner(runner, imports: list[str], valid, search=None) -> tuple[str, str]:
     """(module, class) of a provider's `runner: pkg.mod:Class`: under parity.backends unless the
     provider declares `import:`; the module must be found and define the class (never imported).

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import re
 
+from parity import paths, status
+
 SUMMARY = "summary.json"          # under the report stage's --out
-CELL_METRICS = "metrics.json"     # under artifacts/diff/<cell>/
+CELL_METRICS = paths.CELL_METRICS  # under artifacts/diff/<cell>/ (parity.paths)
 TOTALS = ("cells", "passed", "failed", "not_run")
-RAN = ("PASS", "FAIL")
+RAN = status.VERDICTS  # the one vocabulary: parity.status
 CELL_METRICS_PATH = re.compile(r"^artifacts/diff/(?P<cell>[^/]+)/metrics\.json$")
 
 
@@ -123,4 +125,4 @@ def output(m: dict, key: str, plain: bool = False):
 
 
 def cell_path(cell: str) -> str:
-    return f"artifacts/diff/{cell}/{CELL_METRICS}"
+    return paths.cell_metrics(cell)

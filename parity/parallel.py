@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from parity import paths
+
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
 NOT_STARTED = "not started: parity repro was stopped"
@@ -345,6 +347,56 @@ def _stopped() -> bool:
     return bool(_CHILDREN.signum)
 
 
+def _upstream(pl, res: Result, root: Path, out: TextIO) -> tuple[set[str], set[str]] | None:
+    """Run the shared upstream stages (one `dvc repro -k`). (cells blocked by a failed upstream stage,
+    the failed stages); None when a signal stopped it."""
+    if not pl.upstream:
+        return set(), set()
+    t = time.perf_counter()
+    r = _dvc(["repro", "-k", *pl.upstream], root)
+    ran = RUNNING.findall(r.stdout)
+    res.ran += ran
+    if r.returncode and _stopped():
+        res.failed["upstream"] = f"stopped by {signal.Signals(_CHILDREN.signum).name}"
+        return None
+    blocked: set[str] = set()
+    bad: set[str] = set()
+    if r.returncode:
+        bad = set(FAILED_STAGE.findall(r.stdout)) or set(pl.upstream)
+        res.failed["upstream"] = f"{', '.join(sorted(bad))} failed"
+        print(f"parity: upstream FAILED: {', '.join(sorted(bad))}\n{_tail(r.stdout)}", file=out, flush=True)
+        # -k skipped every stage downstream of a failed one: cells needing either cannot run
+        bad |= {s for s in pl.upstream if pl.stage_needs[s] & bad}
+        blocked = {c for c in pl.cells if pl.needs[c] & bad}
+    print(f"parity: upstream: {len(ran)} stage(s) ran in {time.perf_counter() - t:.1f}s "
+          f"({', '.join(ran) or 'none'})", file=out, flush=True)
+    return blocked, (bad if blocked else set())
+
+
+def _downstream(pl, res: Result, root: Path, report: bool | None, out: TextIO) -> None:
+    """The report stage(s): when every cell is selected (or `report` forces it) and no cell failed."""
+    run_down = pl.complete if report is None else report
+    cell_failed = [c for c in pl.cells if c in res.failed]
+    if pl.downstream and run_down and cell_failed:
+        res.report_skipped = True
+        print(f"parity: {', '.join(pl.downstream)} not run: {len(cell_failed)} cell(s) failed", file=out, flush=True)
+    elif pl.downstream and run_down:
+        t = time.perf_counter()
+        r = _dvc(["repro", "-s", *pl.downstream], root)
+        ran = RUNNING.findall(r.stdout)
+        res.ran += ran
+        if r.returncode:
+            res.failed["report"] = f"{', '.join(pl.downstream)} exited {r.returncode}"
+            print(f"parity: {', '.join(pl.downstream)} FAILED\n{_tail(r.stdout)}", file=out, flush=True)
+        else:
+            print(f"parity: {', '.join(pl.downstream)}: {'ran' if ran else 'up to date'} in "
+                  f"{time.perf_counter() - t:.1f}s", file=out, flush=True)
+    elif pl.downstream:
+        res.report_skipped = True
+        print(f"parity: {', '.join(pl.downstream)} not run: {len(pl.cells)} of {len(pl.all_cells)} cells "
+              "selected (run it where every cell is in: `dvc repro` after `dvc pull`)", file=out, flush=True)
+
+
 def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: Sequence[str], root: Path,
            report: bool | None, out: TextIO) -> Result:
     root = Path(root).resolve()
@@ -366,26 +418,10 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
           file=out, flush=True)
 
     # 1. shared upstream, sequential, one process
-    blocked: set[str] = set()
-    if pl.upstream:
-        t = time.perf_counter()
-        r = _dvc(["repro", "-k", *pl.upstream], root)
-        ran = RUNNING.findall(r.stdout)
-        res.ran += ran
-        if r.returncode and _stopped():
-            res.failed["upstream"] = f"stopped by {signal.Signals(_CHILDREN.signum).name}"
-            return res
-        if r.returncode:
-            bad = set(FAILED_STAGE.findall(r.stdout)) or set(pl.upstream)
-            res.failed["upstream"] = f"{', '.join(sorted(bad))} failed"
-            print(f"parity: upstream FAILED: {', '.join(sorted(bad))}\n{_tail(r.stdout)}", file=out, flush=True)
-            # -k skipped every stage downstream of a failed one: cells needing either cannot run
-            bad |= {s for s in pl.upstream if pl.stage_needs[s] & bad}
-            blocked = {c for c in pl.cells if pl.needs[c] & bad}
-        print(f"parity: upstream: {len(ran)} stage(s) ran in {time.perf_counter() - t:.1f}s "
-              f"({', '.join(ran) or 'none'})", file=out, flush=True)
-    if _stopped():
+    up = _upstream(pl, res, root, out)
+    if up is None or _stopped():
         return res
+    blocked, bad = up
 
     # 2. cells: only those with a stale stage get a process
     runnable = [c for c in pl.cells if c not in blocked]
@@ -396,33 +432,14 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
         todo = [c for c in runnable if any(s in stale for s in pl.cell_stages[c])]
     prog = _Progress(len(pl.cells), out, pl.metrics)
     try:
-        _cells(pl, res, prog, root, jobs, todo, blocked, bad if blocked else set())
+        _cells(pl, res, prog, root, jobs, todo, blocked, bad)
     finally:
         prog.close()
     todo = res.cells_run
     if _stopped():
         return res
     # 3. downstream (report)
-    run_down = pl.complete if report is None else report
-    cell_failed = [c for c in pl.cells if c in res.failed]
-    if pl.downstream and run_down and cell_failed:
-        res.report_skipped = True
-        print(f"parity: {', '.join(pl.downstream)} not run: {len(cell_failed)} cell(s) failed", file=out, flush=True)
-    elif pl.downstream and run_down:
-        t = time.perf_counter()
-        r = _dvc(["repro", "-s", *pl.downstream], root)
-        ran = RUNNING.findall(r.stdout)
-        res.ran += ran
-        if r.returncode:
-            res.failed["report"] = f"{', '.join(pl.downstream)} exited {r.returncode}"
-            print(f"parity: {', '.join(pl.downstream)} FAILED\n{_tail(r.stdout)}", file=out, flush=True)
-        else:
-            print(f"parity: {', '.join(pl.downstream)}: {'ran' if ran else 'up to date'} in "
-                  f"{time.perf_counter() - t:.1f}s", file=out, flush=True)
-    elif pl.downstream:
-        res.report_skipped = True
-        print(f"parity: {', '.join(pl.downstream)} not run: {len(pl.cells)} of {len(pl.all_cells)} cells "
-              "selected (run it where every cell is in: `dvc repro` after `dvc pull`)", file=out, flush=True)
+    _downstream(pl, res, root, report, out)
 
     res.seconds = time.perf_counter() - t0
     res.returncode = 1 if res.failed else 0
@@ -486,11 +503,11 @@ def _longest_first(root: Path, cells: list[str]) -> list[str]:
     else its model's ONNX size; ties keep params order. Only the order changes, never the results."""
     def cost(cell: str) -> tuple[float, int]:
         try:
-            t = json.loads((root / "artifacts" / "timing" / f"{cell}.json").read_text())
+            t = json.loads((root / paths.timing(cell)).read_text())
             ms = float(t["median_ms"]) * (int(t.get("warmup", 0)) + int(t.get("repeats", 1)))
         except (OSError, ValueError, KeyError, TypeError):
             ms = 0.0
-        onnx = root / "artifacts" / "models" / cell.split("-")[0] / "model.onnx"
+        onnx = root / paths.model_dir(cell.split("-")[0]) / "model.onnx"
         return ms, onnx.stat().st_size if onnx.exists() else 0
 
     return sorted(cells, key=cost, reverse=True)

@@ -29,7 +29,7 @@ def fmt(v, digits: int = 3) -> str:
 
 def _num(v) -> float:
     if isinstance(v, str):
-        return float(v.replace("inf", "inf"))
+        return float(v)
     return float(v)
 
 

@@ -18,15 +18,11 @@ from pathlib import Path
 
 import yaml
 
-from parity import history, report
+from parity import history, paths, report
 from parity import report_svg as svg
 from parity.io import write_text
 
 COLOURS = ("#8c959f", "#0969da")  # REV_A, REV_B
-
-
-# a cell's per-layer diff, beside the metrics.json parity.history reads (dvc.yaml: diff outs)
-LAYERS = "artifacts/diff/{cell}/layers.json"
 
 
 def read_layers(rev: str | None, cells: list[str], root: Path) -> dict:
@@ -34,7 +30,7 @@ def read_layers(rev: str | None, cells: list[str], root: Path) -> dict:
     out = {}
     if rev is None:
         for cell in cells:
-            f = root / LAYERS.format(cell=cell)
+            f = root / paths.cell_layers(cell)
             out[cell] = json.loads(f.read_text()) if f.exists() else f"{f} not found (run the pipeline)"
         return out
     from dvc.exceptions import DvcException
@@ -43,10 +39,10 @@ def read_layers(rev: str | None, cells: list[str], root: Path) -> dict:
     with Repo.open(str(root), rev=rev, uninitialized=True) as repo:
         for cell in cells:
             try:
-                with repo.dvcfs.open(LAYERS.format(cell=cell), mode="r") as f:
+                with repo.dvcfs.open(paths.cell_layers(cell), mode="r") as f:
                     out[cell] = json.load(f)
             except (OSError, DvcException) as e:  # not in the cache, or not an output at that revision
-                out[cell] = f"{LAYERS.format(cell=cell)} at {rev}: {history._first_line(e)}"
+                out[cell] = f"{paths.cell_layers(cell)} at {rev}: {history._first_line(e)}"
     return out
 
 

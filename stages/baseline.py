@@ -10,16 +10,9 @@ torch CPU eager does not reproduce: int8, fp8, tf32; those cells are judged by t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from parity import config, store
-from parity.analysis.oracle import has_baseline
-from parity.backends.base import CaptureJob, run_capture, write_own
-from parity.io import write_json
-
-PROVIDER = "torch_cpu"  # the trusted backend
-RUNNER = "parity.backends.torch_cpu:TorchCpuRunner"
+from parity import config
 
 
 def main(argv=None) -> int:
@@ -32,33 +25,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from stages.inputs import load
+    from parity.pipeline.baseline import capture_baseline
 
-    dc = p["dtypes"][a.dtype]
-    key = f"{a.model}-{a.dtype}"
-    out = Path(a.out)
-    t0 = time.perf_counter()
-    if not has_baseline(dc):
-        res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{a.dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
-                                                  "has no such mode; cells of this dtype are judged by tolerance"), []
-    else:
-        from parity.backends.torch_cpu import TorchCpuRunner
-
-        job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype, dtype_cfg=dc,
-                         provider=PROVIDER, provider_cfg={"runner": RUNNER, "dtypes": [a.dtype], "options": {}},
-                         model_dir=Path(a.model_dir), seed=p.get("seed", 0),
-                         threads=p.get("capture", {}).get("threads", 0),
-                         reference=Path(a.reference) if a.reference else None)
-        res = run_capture(TorchCpuRunner, job, load(a.inputs), 0, 0)
-        res_status, reason = res.status, res.reason
-        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
-                if not t.name.startswith(store.PLAIN)]
-    store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
-    own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
-    write_json(out / "status.json", {"baseline": key, "provider": PROVIDER, "status": res_status, "reason": reason,
-                                     "own": own})
-    print(f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {len(rows)} tensors, "
-          f"{time.perf_counter() - t0:.1f}s")
+    print(capture_baseline(p, a.model, a.dtype, Path(a.model_dir), Path(a.inputs), Path(a.out),
+                           Path(a.reference) if a.reference else None))
     return 0
 
 

@@ -16,7 +16,6 @@ failed stage.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from parity import config
@@ -34,58 +33,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     # numpy, pyarrow and the backends after the arguments: `--help` and a bad argument stay quick
-    from parity import store
-    from parity.backends import CaptureJob, load_runner, run_capture
-    from parity.backends.base import CaptureResult, latency_stats, write_own
-    from parity.io import write_json
-    from stages.inputs import load
+    from parity.pipeline.capture import capture_cell
 
-    cap = p.get("capture", {})
-    timed = bool(cap.get("latency", False))  # capture.latency: opt-in
-    pc = p["providers"][a.provider]
-    job = CaptureJob(model=a.model, model_cfg=p["models"][a.model], dtype=a.dtype,
-                     dtype_cfg=p["dtypes"][a.dtype], provider=a.provider, provider_cfg=pc,
-                     model_dir=Path(a.model_dir), seed=p.get("seed", 0), threads=cap.get("threads", 0),
-                     calibration=Path(a.calibration) if a.calibration else None,
-                     engine_dir=Path(a.engine_dir) if a.engine_dir else None,
-                     reference=Path(a.reference) if a.reference else None)
-    key = config.cell_key(a.model, a.dtype, a.provider)
-    t0 = time.perf_counter()
-    try:
-        cls = load_runner(pc["runner"], pc.get("import"))
-    except ValueError as e:
-        res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{a.provider}.runner>"), {}
-    else:
-        res = run_capture(cls, job, load(a.inputs), cap.get("warmup", 0) if timed else 0,
-                          cap.get("repeats", 1) if timed else 0)
-        settings = cls.settings(job) if res.status != "UNSUPPORTED" and hasattr(cls, "settings") else {}
-    rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
-    out = Path(a.out)
-    store.write(out / "layers.parquet", rows if res.status == "OK" else [],
-                {"cell": key, "status": res.status})
-    n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
-    status = {"cell": key, "model": a.model, "dtype": a.dtype, "provider": a.provider,
-              "status": res.status, "reason": res.reason, "layers": n_layers,
-              "own": write_own(out / "own.parquet", res, key)}
-    if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)
-        status["settings"] = settings
-    if job.engine_dir is not None and (job.engine_dir / "build.json").exists():
-        # which engine each number comes from, and what fusion removed in the engine under test
-        from parity.io import read_json
-
-        b = read_json(job.engine_dir / "build.json")
-        status["engine"] = {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from",
-                                              "fused_away_in_plain", "precision") if k in b}
-    write_json(out / "status.json", status)
-    write_json(a.timing, {"cell": key, "status": res.status, "latency": timed,
-                          "warmup": res.warmup, **latency_stats(res.latency_ms)})
-    lat = latency_stats(res.latency_ms)
-    extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
-    print(f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
-          f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
-          f"{time.perf_counter() - t0:.1f}s")
-    if settings.get("reduce_range_from"):
-        print(f"capture@{key}: reduce_range={str(settings['reduce_range']).lower()} ({settings['reduce_range_from']})")
+    opt = {k: Path(v) if v else None for k, v in (("calibration", a.calibration), ("engine_dir", a.engine_dir),
+                                                  ("reference", a.reference))}
+    for line in capture_cell(p, a.model, a.dtype, a.provider, Path(a.model_dir), Path(a.inputs), Path(a.out),
+                             Path(a.timing), **opt):
+        print(line)
     return 0
 
 

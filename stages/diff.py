@@ -12,90 +12,12 @@ causes they explain per failing layer) and layers.csv (DVC plot data).
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 from parity import config
-from parity.io import read_json, write_json, write_text
-from parity.metrics import worst_ratio
 
 # numpy/pyarrow (parity.compare, store, analysis) are imported where used, so `--help` starts
 # in a fraction of the time (tests/test_light_stages.py)
-
-PLOT_FIELDS = ("order", "layer", "max_abs", "rel_l2", "tol_ratio", "excess", "bits_lost", "own_excess", "passed")
-
-
-def _output_metrics(d) -> dict:
-    from parity import compare
-
-    if not d:
-        return {}
-    m = {k: getattr(d, k) for k in compare.METRICS + ("nan_actual", "inf_actual", "passed")}
-    if d.oracle:
-        m.update(excess=d.oracle["excess"], bits_lost=d.oracle["bits_lost"])
-    return m
-
-
-def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict, k: float = 4.0) -> dict:
-    """metrics.json of a cell; k: the oracle's limit on excess (dtypes.<d>.oracle.k)."""
-    from parity import store
-
-    status, summary = cd.status, cd.summary
-    outputs = [d for d in cd.layers if store.is_output(d.name)]
-    head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
-    plain = next((d for d in outputs if d.name.startswith(store.PLAIN)), None)
-    verdict = status["status"] if status["status"] != "OK" else ("PASS" if summary["passed"] else "FAIL")
-    m = {
-        "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
-        "verdict_mode": cd.mode, "passed": summary["passed"],
-        **{k: summary.get(k) for k in ("layers", "layers_failed", "drift_origin", "worst_layer",
-                                       "worst_tol_ratio", "worst_excess")},
-        "output": _output_metrics(head),
-        "plain_output": _output_metrics(plain),  # the shipped graph (model.onnx), no extra outputs
-    }
-    if status["status"] == "OK":
-        excesses = [d.oracle["excess"] for d in cd.layers if d.oracle] + [r["excess"] for r in cd.own]
-        m["worst_ratio"] = worst_ratio(cd.mode, k, excesses, summary.get("worst_tol_ratio"))
-    if cd.mode != "oracle" and status["status"] == "OK":
-        m["verdict_mode_reason"] = cd.mode_reason
-    origin = summary.get("drift_origin")
-    if origin:
-        m["drift_origin_where"] = where(origin, layers_json)
-        cause = summary.get("drift_origin_cause") or {}
-        m["drift_origin_cause"] = {"label": cause.get("label"), "summary": cause.get("summary")}
-    return m
-
-
-def where(name: str, layers_json: dict) -> str:
-    """A readable place: 'Softmax, MatMul between qkv and out' for the ops between leaves."""
-    from parity.analysis import diffcell
-
-    if not name.startswith(diffcell.BETWEEN):
-        return name
-    leaf = name[len(diffcell.BETWEEN):]
-    reg = (layers_json.get("regions") or {}).get(leaf) or {}
-    ops = [o for o in reg.get("ops", []) if o not in ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity",
-                                                      "Constant", "Shape", "Gather", "Concat", "Slice", "Split")]
-    ops = ops or reg.get("ops", [])
-    after = ", ".join(reg.get("after", [])) or "the inputs"
-    return f"{', '.join(dict.fromkeys(ops)) or 'ops'} between {after} and {leaf}"
-
-
-def _num(v) -> str:
-    return "" if v is None else repr(v)
-
-
-def plot_csv(cd: diffcell.CellDiff) -> str:
-    own = {r["layer"]: r["excess"] for r in cd.own if r["kind"] == "leaf"}
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(PLOT_FIELDS)
-    for d in cd.layers:
-        o = d.oracle or {}
-        w.writerow([d.order, d.name, _num(d.max_abs), _num(d.rel_l2), _num(d.tol_ratio), _num(o.get("excess")),
-                    _num(o.get("bits_lost")), _num(own.get(d.name)), int(d.passed)])
-    return buf.getvalue()
 
 
 def main(argv=None) -> int:
@@ -106,39 +28,13 @@ def main(argv=None) -> int:
     ap.add_argument("--model-dir", help="export output: layers.json names the ops between leaves")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
-    from parity import compare
-    from parity.analysis import diffcell, oracle
-
     p = config.load_or_die(a.params)
-    key = config.cell_key(a.model, a.dtype, a.provider)
-    cd = diffcell.diff_cell(p, a.model, a.dtype, Path(a.capture), Path(a.reference),
-                            Path(a.baseline) if a.baseline else None)
-    lj = Path(a.model_dir) / "layers.json" if a.model_dir else None
-    layers_json = read_json(lj) if lj and lj.exists() else {}
-    m = metrics_of(key, cd, layers_json,
-                         float((p["dtypes"][a.dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K)))
-    out = Path(a.out)
-    write_json(out / "metrics.json", m)
-    write_json(out / "layers.json", {"cell": key, "verdict_mode": cd.mode, "verdict_mode_reason": cd.mode_reason,
-                                     "drift_origin_cause": cd.summary.get("drift_origin_cause"),
-                                     "hist_edges": list(compare.HIST_EDGES),  # each layer's `hist` bins
-                                     "settings": cd.status.get("settings") or {}, "layer_causes": cd.layer_causes,
-                                     "layers": [d.as_dict() for d in cd.layers], "own": cd.own}, sort_keys=False)
-    write_text(out / "layers.csv", plot_csv(cd))
-    print(f"diff@{key}: {summary_line(m, cd)}")
+    from parity.pipeline.diff import diff_and_write
+
+    print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
+                         Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
+                         Path(a.out)))
     return 0
-
-
-def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
-    if m["verdict"] not in ("PASS", "FAIL"):
-        return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "")
-    worst = (f"worst={m['worst_layer']} (excess {m['worst_excess']:.3g})" if cd.mode == "oracle" and m.get("worst_excess")
-             is not None else f"worst={m['worst_layer']} (tol_ratio {m['worst_tol_ratio']:.3g})")
-    origin = m.get("drift_origin_where") or m.get("drift_origin")
-    cause = (m.get("drift_origin_cause") or {}).get("summary")
-    return (f"{m['verdict']} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
-            f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
-            + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else ""))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from parity import config
-from parity.backends import load_runner
 from parity.io import write_json
 
 
@@ -27,35 +26,13 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-cache", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    from parity.pipeline.engine import build_cell
+
     key = config.cell_key(a.model, a.dtype, a.provider)
-    pc, dc = p["providers"][a.provider], p["dtypes"][a.dtype]
     out, tc = Path(a.out), Path(a.timing_cache)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    info: dict
-    if a.dtype not in pc["dtypes"]:
-        info = {"status": "UNSUPPORTED", "reason": f"provider {a.provider} supports dtypes {pc['dtypes']}, "
-                                                   f"not {a.dtype} (conf/providers/{a.provider}.yaml)"}
-    else:
-        mod = load_runner(pc["runner"], pc.get("import")).__module__
-        import importlib
-
-        backend = importlib.import_module(mod)
-        why = backend.availability()
-        if why:
-            info = {"status": "UNAVAILABLE", "reason": why}
-        else:
-            from parity.backends.ort_int8 import calibration_feeds
-            from parity.io import read_json
-
-            names = [x["name"] for x in read_json(Path(a.model_dir) / "layers.json")["layers"]]
-            calib = calibration_feeds(a.calibration) if backend.precision(dc) == "int8" else None
-            try:
-                info = backend.build(Path(a.model_dir), dc, pc.get("options") or {}, calib, out, tc, names)
-            except Exception as e:  # a failed build is a result (EXPORT_FAIL), like a failed conversion
-                from parity.backends.base import _reason
-
-                info = {"status": "EXPORT_FAIL", "reason": "engine build failed: " + _reason(e)}
+    info = build_cell(p, a.dtype, a.provider, Path(a.model_dir), Path(a.calibration), out, tc)
     if not tc.exists():  # the persisted timing cache is a declared out: it must exist
         tc.parent.mkdir(parents=True, exist_ok=True)
         tc.write_bytes(b"")

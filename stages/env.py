@@ -28,7 +28,10 @@ def main(argv=None) -> int:
 
     p = config.load_or_die(a.params)
     out = Path(a.out)
-    comps = fingerprint.collect(config.COMPONENTS)
+    declared = {}
+    for pc in p["providers"].values():
+        declared.update(config.runner_components(pc))
+    comps = fingerprint.collect([*config.COMPONENTS, *declared], declared)
     for name, fp in comps.items():
         write_json(out / f"{name}.json", fp)
     for prov, pc in sorted(p["providers"].items()):

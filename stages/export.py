@@ -10,7 +10,6 @@ whose outputs feed it and the op types between them, e.g. Softmax between qkv an
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 
@@ -22,58 +21,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    from parity.pipeline.export import ExportError, export_model
 
-    import onnx
-
-    from parity.export import ExportFailed, export_checked, input_error, layer_regions, op_inventory, prune_outputs
-    from parity.io import atomic_path, write_json
-    from parity.models import build, example_inputs
-    from parity.models.layers import module_types
-    from parity.store import is_output
-    from stages.inputs import samples
-
-    m = p["models"][a.model]
-    exp = p.get("export", {})
-    exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
-    out = Path(a.out)
-    t0 = time.perf_counter()
-    model = build(m["arch"], p.get("seed", 0))
-    example = example_inputs(m["input"], samples({**p, "inputs": {"samples": 1}}, a.model)[0])
-    bad = input_error(model, example)
-    if bad:
-        shapes = ", ".join(str(list(x.shape)) for x in example)
-        print(f"export@{a.model}: models.{a.model}.input: the model does not accept inputs of shape "
-              f"{shapes}: {bad}", file=sys.stderr)
-        return 1
-    input_names = [s["name"] for s in m["input"]]
     try:
-        names, full = export_checked(model, example, input_names, out / "layers.onnx", exporter, opset)
-    except ExportFailed as e:
-        print(f"export@{a.model}: EXPORT_FAIL with exporter={exporter} opset={opset} "
-              f"<export.exporter, export.opset>: {e}", file=sys.stderr)
+        line = export_model(p, a.model, Path(a.out))
+    except ExportError as e:
+        print(f"export@{a.model}: {e}", file=sys.stderr)
         return 1
-    outputs = [n for n in names if is_output(n)]
-    plain = prune_outputs(full, outputs)
-    onnx.checker.check_model(plain, full_check=True)
-    with atomic_path(out / "model.onnx") as tmp:
-        onnx.save(plain, str(tmp))
-    types = module_types(model)
-    called = {n.split("#")[0].split(":")[0] for n in names}
-    # Leaf modules the forward never calls as modules (nn.MultiheadAttention.out_proj: MHA uses its
-    # weights through F.multi_head_attention_forward) have no layer output; list them, don't hide them.
-    uncalled = [n for n in types if n not in called]
-    write_json(out / "layers.json", {
-        "model": a.model, "exporter": exporter, "opset": opset, "outputs": outputs, "uncalled": uncalled,
-        "layers": [{"name": n, "module": types.get(n.split("#")[0].split(":")[0], "")}
-                   for n in names if n not in outputs],
-        "regions": layer_regions(full),
-    }, sort_keys=False)
-    inv = op_inventory(plain)
-    write_json(out / "ops.json", inv)
-    print(f"export@{a.model}: {exporter} opset {opset}, {len(names) - len(outputs)} layer outputs, "
-          f"{inv['nodes']} nodes / {inv['op_types']} op types, {time.perf_counter() - t0:.1f}s -> {out}"
-          + (f" ({len(uncalled)} leaf modules never called, not captured: {', '.join(uncalled[:3])}"
-             f"{', ...' if len(uncalled) > 3 else ''})" if uncalled else ""))
+    print(f"export@{a.model}: {line}")
     return 0
 
 

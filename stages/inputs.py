@@ -8,56 +8,8 @@ different seed sequence, so a model is never calibrated on the samples it is eva
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from parity import config
-
-if TYPE_CHECKING:
-    import numpy as np
-# numpy and the Parquet store (pyarrow) are imported where they are used: `--help` and a bad argument
-# stay quick, and importing this module (stages.capture/export do, for load/samples) costs nothing extra.
-
-CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct from evaluated samples)
-
-
-def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool = False) -> np.ndarray:
-    import numpy as np
-
-    rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
-    shape, dtype, init = tuple(spec["shape"]), np.dtype(spec.get("dtype", "float32")), spec.get("init", "normal")
-    if init == "normal":
-        a = rng.normal(spec.get("mean", 0.0), spec.get("std", 1.0), size=shape)
-    elif init == "uniform":
-        a = rng.uniform(spec.get("low", 0.0), spec.get("high", 1.0), size=shape)
-    elif init == "randint":
-        a = rng.integers(spec.get("low", 0), spec.get("high", 2), size=shape)
-    elif init == "zeros":
-        a = np.zeros(shape)
-    else:
-        a = np.ones(shape)
-    return a.astype(dtype)
-
-
-def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    specs = p["models"][model]["input"]
-    n = p.get("inputs", {}).get("samples", 1)
-    return [{s["name"]: generate(s, p.get("seed", 0), k, i) for i, s in enumerate(specs)} for k in range(n)]
-
-
-def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    specs = p["models"][model]["input"]
-    n = p.get("inputs", {}).get("calibration", 0)
-    return [{s["name"]: generate(s, p.get("seed", 0), k, i, calibration=True) for i, s in enumerate(specs)}
-            for k in range(n)]
-
-
-def load(path) -> list[dict[str, np.ndarray]]:
-    from parity import store
-
-    by_sample: dict[int, dict[str, np.ndarray]] = {}
-    for t in store.read(path):
-        by_sample.setdefault(t.sample, {})[t.name] = t.array
-    return [by_sample[k] for k in sorted(by_sample)]
+from parity.pipeline import inputs
 
 
 def main(argv=None) -> int:
@@ -69,14 +21,11 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     from parity import store
 
-    specs = p["models"][a.model]["input"]
-    rows = [store.Tensor(k, s["name"], i, arr[s["name"]])
-            for k, arr in enumerate(samples(p, a.model)) for i, s in enumerate(specs)]
+    rows = inputs.rows(p, a.model)
     store.write(a.out, rows, {"model": a.model})
     print(f"inputs@{a.model}: {len(rows)} tensors ({p.get('inputs', {}).get('samples', 1)} samples) -> {a.out}")
     if a.calibration:
-        cal = [store.Tensor(k, s["name"], i, arr[s["name"]])
-               for k, arr in enumerate(calibration_samples(p, a.model)) for i, s in enumerate(specs)]
+        cal = inputs.rows(p, a.model, calibration=True)
         store.write(a.calibration, cal, {"model": a.model, "purpose": "calibration"})
         print(f"inputs@{a.model}: {len(cal)} calibration tensors -> {a.calibration}")
     return 0

@@ -10,6 +10,7 @@ import itertools
 from pathlib import Path
 
 from parity import config
+from parity.backends import load_runner
 from parity.io import write_json, write_text
 from parity.suites import coverage
 
@@ -21,8 +22,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     cells = list(itertools.product(p["dtypes"], p["providers"]))
+    onnx = [n for n, prov in p["providers"].items()
+            if load_runner(prov["runner"], prov.get("import")).onnx_based]
     cov = coverage.build(a.suite, cells, Path(a.diff), Path(a.timing),
-                         (p.get("suites_run") or {}).get("onnx_opset"))
+                         (p.get("suites_run") or {}).get("onnx_opset"), onnx)
     out = Path(a.out)
     write_json(out / f"{a.suite}.json", cov, sort_keys=False)
     write_text(out / f"{a.suite}.csv", coverage.to_csv(cov))

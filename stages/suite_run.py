@@ -16,46 +16,8 @@ from pathlib import Path
 
 from parity import config, store
 from parity.io import exit_now, write_json
-from parity.suites import pool, spec
-
-
-def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None, progress=None):
-    """(rows, outputs, references, timing) for one cell."""
-    sr = p.get("suites_run") or {}
-    cases = spec.expand(suite, p["suites"][suite], default_timeout=float(sr.get("timeout_s", 60)))
-    prov = p["providers"][provider]
-    rows, outs, refs, timing = [], [], [], {}
-    mode = p["dtypes"][dtype].get("mode", "cast")
-    if mode != "cast":
-        results = [{"status": "UNSUPPORTED", "reason": f"suites run cast precisions only; dtypes.{dtype}.mode is "
-                                                       f"{mode!r}"} for _ in cases]
-        stats = None
-    elif dtype not in prov.get("dtypes", []):
-        why = (f"provider {provider} supports dtypes {prov.get('dtypes')}, not {dtype} "
-               f"(conf/providers/{provider}.yaml)")
-        results = [{"status": "UNSUPPORTED", "reason": why} for _ in cases]
-        stats = None
-    else:
-        cell = {"provider": provider, "torch_dtype": p["dtypes"][dtype]["torch"], "seed": int(p.get("seed", 0)),
-                "repeats": int(sr.get("repeats", 3)), "threads": int(sr.get("threads", 1)),
-                "onnx_opset": int(sr.get("onnx_opset", 17)), "options": prov.get("options") or {},
-                "grad": bool(sr.get("grad", True))}
-        limits = [c["timeout_s"] or float(sr.get("timeout_s", 60)) for c in cases]
-        with pool.Pool(workers or int(sr.get("workers", 2)), threads=cell["threads"]) as pl:
-            results = pl.run(cases, cell, limits, progress=progress)
-            stats = {"restarts": pl.restarts, "crashes": pl.crashes, "timeouts": pl.timeouts}
-    for idx, (c, r) in enumerate(zip(cases, results)):
-        names = [n for n, _ in r.get("outputs", [])]
-        rows.append({"id": c["id"], "label": c["label"], "kind": c["kind"], "status": r["status"],
-                     "reason": r.get("reason", ""), "outputs": names, "onnx_ops": r.get("onnx_ops"),
-                     "gradcheck": r.get("gradcheck")})
-        for k, (n, a) in enumerate(r.get("outputs", [])):
-            outs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
-        for k, (n, a) in enumerate(r.get("reference", [])):
-            refs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
-        if "latency_ms" in r:
-            timing[c["id"]] = {"latency_ms": r["latency_ms"], "ref_latency_ms": r.get("ref_latency_ms")}
-    return rows, outs, refs, timing, stats
+from parity.pipeline.suite_run import run_cell
+from parity.suites import spec
 
 
 def main(argv=None) -> int:

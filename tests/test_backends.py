@@ -58,7 +58,7 @@ def exported(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference():
-    from stages.reference import run
+    from parity.pipeline.reference import run
 
     rows = run({"models": {"m": MODEL}, "seed": 0}, "m", FEEDS, "float32")
     return {(t.sample, t.name): t.array for t in rows}

@@ -205,7 +205,7 @@ def test_declared_op_runs_in_the_suite_worker(proj, monkeypatch):
     """End to end through the real worker pool: the declared module is imported in the worker (its
     side effect appears only now) and its op runs like any other case."""
     pytest.importorskip("torch")
-    from stages.suite_run import run_cell
+    from parity.pipeline.suite_run import run_cell
 
     monkeypatch.chdir(proj)
     p = yaml.safe_load((ROOT / "params.yaml").read_text())

@@ -64,7 +64,7 @@ def test_sweep_override_of_a_multiselect_group_gives_one_option():
 def test_parity_zoo_matches_builders():
     from parity.models import zoo
 
-    assert set(config.PARITY_ZOO) == set(zoo.BUILDERS)
+    assert set(config.parity_zoo()) == set(zoo.BUILDERS)
 
 
 def test_tolerance_resolution_order(default):

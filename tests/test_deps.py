@@ -25,7 +25,8 @@ from parity import codedeps
 
 CODE_DIRS = ("parity", "stages", "hydra_plugins")
 # the conf/ groups whose YAML names modules a stage imports at run time (by stage module)
-CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "suite_run": ("suites",), "fuzz": ("suites",)}
+CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "suite_run": ("suites", "providers"),
+             "suite_coverage": ("providers",), "fuzz": ("suites", "providers")}
 
 
 def _yaml_strings(node):
@@ -106,7 +107,7 @@ def test_stage_code_deps_equal_import_closure():
 
 def test_closure_follows_lazy_imports_strings_and_conf():
     c = closure(ROOT, "stages.export")
-    assert {"parity/store.py", "stages/inputs.py", "parity/io.py", "parity/models/layers.py",
+    assert {"parity/store.py", "parity/pipeline/inputs.py", "parity/io.py", "parity/models/layers.py",
             "parity/__init__.py", "stages/__init__.py"} <= c  # imported inside main()
     assert "parity/backends/base.py" not in c
     cap = closure(ROOT, "stages.capture")
@@ -256,7 +257,7 @@ def test_editing_a_user_model_makes_exactly_its_stages_stale(two_models):
         repo.repro("-s", ENV)
 
 
-@pytest.mark.parametrize("rel", ["parity/io.py", "stages/inputs.py", "parity/store.py", "parity/export.py",
+@pytest.mark.parametrize("rel", ["parity/io.py", "parity/pipeline/inputs.py", "parity/store.py", "parity/export.py",
                                  "parity/suites/render.py", "parity/backends/trt.py", "parity/fingerprint.py"])
 def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
     """Over every stage of the repo: stale after the edit == the stages whose closure holds the file."""

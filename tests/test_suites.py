@@ -104,7 +104,7 @@ def selftest_fp16():
     sec, _ = spec.load_section("selftest")
     sec["spec"]["timeout_s"] = 2
     p["suites"] = {"selftest": sec}
-    from stages.suite_run import run_cell
+    from parity.pipeline.suite_run import run_cell
 
     t0 = time.perf_counter()
     rows, outs, refs, timing, stats = run_cell(p, "selftest", "fp16", "torch_cpu", workers=2)
@@ -148,7 +148,8 @@ def test_coverage_matrix_and_html(selftest_fp16, tmp_path):
     from parity.io import write_json
 
     write_json(tmp_path / "diff" / "fp16-torch_cpu" / "results.json", {"cases": list(res.values())}, sort_keys=False)
-    cov = coverage.build("selftest", [("fp16", "torch_cpu"), ("fp16", "ort_cpu")], tmp_path / "diff", None, 17)
+    cov = coverage.build("selftest", [("fp16", "torch_cpu"), ("fp16", "ort_cpu")], tmp_path / "diff", None, 17,
+                         ["ort_cpu"])
     by_op = {r["op"]: r for r in cov["rows"]}
     assert by_op["parity.suites.testops:abort"]["cells"]["torch_cpu/fp16"]["status"] == "CRASH"
     assert by_op["aten::add"]["cases"] == 2

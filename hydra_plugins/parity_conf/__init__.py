@@ -109,23 +109,31 @@ def _validate(*, _root_) -> str:
 def _coverage_dep(*, _root_) -> str:
     """The report's coverage input: the suites' coverage folder when suites are selected, else
     conf/suites (DVC needs every dependency to exist; that folder always does)."""
-    return "artifacts/suites/coverage" if _root_.get("suites") else "conf/suites"
+    from parity import paths
+
+    return paths.SUITES_COVERAGE if _root_.get("suites") else "conf/suites"
 
 
 def _plan_dep(*, _root_) -> str:
     """The report's plan input: the plan stages' folder with analysis.plan, else conf/dtypes (a
     path that always exists: DVC rejects a missing dependency)."""
-    return "artifacts/plan" if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
+    from parity import paths
+
+    return paths.PLAN if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
 
 
 def _fuzz_dep(*, _root_) -> str:
     """The report's fuzz input: artifacts/fuzz when fuzz.suites names one, else conf/suites."""
-    return "artifacts/fuzz" if (_root_.get("fuzz") or {}).get("suites") else "conf/suites"
+    from parity import paths
+
+    return paths.FUZZ if (_root_.get("fuzz") or {}).get("suites") else "conf/suites"
 
 
 def _train_dep(*, _root_) -> str:
     """The report's training-step input: artifacts/train_step with train_step.models, else conf/models."""
-    return "artifacts/train_step" if (_root_.get("train_step") or {}).get("models") else "conf/models"
+    from parity import paths
+
+    return paths.TRAIN_STEP if (_root_.get("train_step") or {}).get("models") else "conf/models"
 
 
 for _name, _fn in (("parity_fuzz_dep", _fuzz_dep), ("parity_train_dep", _train_dep)):

@@ -25,17 +25,16 @@ import numpy as np
 
 from parity import io
 from parity.analysis import fuzz
+from parity.pipeline import suite_run
 from parity.suites import diff, pool, spec
 
 CHUNK = 100  # cases per pool.run call (bounds the outputs held in memory)
 
 
 def cell_for(p: dict, dtype: str, provider: str) -> dict:
-    """The worker cell, as stages.suite_run builds it (suites_run settings, provider options)."""
-    sr = p.get("suites_run") or {}
-    return {"provider": provider, "torch_dtype": p["dtypes"][dtype]["torch"], "seed": int(p.get("seed", 0)),
-            "repeats": 1, "threads": int(sr.get("threads", 1)), "onnx_opset": int(sr.get("onnx_opset", 17)),
-            "options": p["providers"][provider].get("options") or {}, "grad": bool(sr.get("grad", True))}
+    """The worker cell, as a suite cell builds it (the provider's runner and options, suites_run
+    settings), with one timed call per case (fuzzing reports no latency)."""
+    return dict(suite_run.cell_of(p, dtype, provider), repeats=1)
 
 
 def settings(p: dict) -> dict:

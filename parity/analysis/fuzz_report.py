@@ -11,6 +11,8 @@ import html
 import json
 from pathlib import Path
 
+from parity import paths
+
 SHOW_FAILURES = 25
 
 
@@ -21,11 +23,11 @@ def load(p: dict, art: Path) -> tuple[dict, dict]:
     for s in f.get("suites") or []:
         for d in f.get("dtypes") or []:
             for pr in f.get("providers") or []:
-                c = art / "fuzz" / s / f"{d}-{pr}" / "campaign.json"
+                c = art / Path(paths.FUZZ).name / s / f"{d}-{pr}" / "campaign.json"
                 camps[f"{s}-{d}-{pr}"] = json.loads(c.read_text()) if c.exists() else None
     for m in t.get("models") or []:
         for d in t.get("dtypes") or []:
-            c = art / "train_step" / m / f"{d}.json"
+            c = art / Path(paths.TRAIN_STEP).name / m / f"{d}.json"
             steps[f"{m}-{d}"] = json.loads(c.read_text()) if c.exists() else None
     return camps, steps
 

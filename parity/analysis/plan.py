@@ -235,9 +235,9 @@ def _not_run(p: dict, c: Cell) -> tuple[str, str] | None:
     if c.dtype not in config.plan_dtypes(p):
         return "UNSUPPORTED", (f"dtype {c.dtype} is not a reduced precision a plan applies to "
                                f"({PLAN_DTYPES_HINT})")
-    if c.dtype not in pc.get("dtypes", []):
-        return "UNSUPPORTED", (f"provider {c.provider} supports dtypes {pc.get('dtypes')}, not {c.dtype} "
-                               f"(conf/providers/{c.provider}.yaml)")
+    why = config.unsupported_dtype(c.provider, pc, c.dtype)
+    if why:
+        return "UNSUPPORTED", why
     try:
         cls = load_runner(pc["runner"])
         why = cls.availability(_job(p, c))

@@ -30,10 +30,10 @@ from typing import Collection
 
 import numpy as np
 
-from parity import store
+from parity import config, status, store
 from parity.store import PLAIN
 
-STATUSES = ("OK", "UNSUPPORTED", "UNAVAILABLE", "EXPORT_FAIL", "COMPILE_FAIL", "INFER_FAIL")
+STATUSES = status.RUNNER  # the one vocabulary: parity.status
 
 
 class Unavailable(RuntimeError):
@@ -44,6 +44,27 @@ class Unavailable(RuntimeError):
 class CompileError(RuntimeError):
     """Raised by a runner (from activate or infer) when its compiler, not the model, failed:
     run_capture records COMPILE_FAIL with the compiler's exception as the reason."""
+
+
+class OpSkip(Exception):
+    """Raised by Runner.run_op (or the suite around it) when a case ends with a status other than OK
+    (EXPORT_FAIL, COMPILE_FAIL, INFER_FAIL, INVALID, UNAVAILABLE...) and a reason."""
+
+    def __init__(self, status: str, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+@dataclass
+class OpJob:
+    """One suite cell (suite x dtype x provider) as the op-level hook (Runner.run_op) sees it."""
+    provider: str
+    provider_cfg: dict
+    dtype: str               # the torch dtype name of the cell (dtypes.<d>.torch): float32, float16, ...
+    seed: int = 0
+    repeats: int = 3
+    threads: int = 1
+    onnx_opset: int = 17
 
 
 @dataclass
@@ -82,9 +103,26 @@ class CaptureResult:
 
 
 class Runner:
-    """One backend at one dtype. Lifecycle: availability() -> activate() -> infer()* -> deactivate()."""
+    """One backend at one dtype. Lifecycle: availability() -> activate() -> infer()* -> deactivate().
+    The same class runs a model (CaptureJob: activate/infer/infer_plain) and one op of a suite
+    (OpJob: run_op), so a provider behaves the same in the model pipeline and in suites."""
 
-    def __init__(self, job: CaptureJob):
+    # -- capabilities (class attributes; read by config, env, suites and the engine stage) --
+    # runs an exported ONNX graph: the suite coverage's ONNX-export column counts its EXPORT_FAILs
+    onnx_based: bool = False
+    # conf dtypes `mode:` values it runs (config checks providers x dtypes against it at compose)
+    precision_modes: tuple[str, ...] = ("cast",)
+    # fingerprint components of its own, beside the built-in ones (parity.fingerprint.PROBES) a conf's
+    # `uses:` can name: {component: (distribution, ...)}, fingerprinted as those packages' versions.
+    # A literal dict in the class body: compose reads it without importing the module.
+    fingerprint_components: dict[str, tuple[str, ...]] = {}
+    # builds a serialized engine in a stage of its own (engine@model-dtype-provider) before capture
+    engine_build: bool = False
+    # run_op also returns gradients (suite cases with `grad: true`); runs float64 gradcheck cases
+    op_grads: bool = False
+    op_gradcheck: bool = False
+
+    def __init__(self, job: "CaptureJob | OpJob"):
         self.job = job
 
     @classmethod
@@ -129,6 +167,31 @@ class Runner:
     def deactivate(self) -> None:
         """Release sessions/devices."""
 
+    def run_op(self, side, args, kwargs, grad: dict | None = None) -> tuple[list, float, list | None]:
+        """The op-level hook (suites; self.job is an OpJob): run one op or module `side`
+        (parity.backends.ops.Side) on `args`/`kwargs` (torch tensors at the cell's dtype) on this
+        backend. Returns ([(name, tensor)] outputs `out:<leaf>` then `grad:...` when `grad` is given
+        and op_grads, median latency in ms, ONNX op types or None). Raise OpSkip for a status."""
+        raise OpSkip("UNAVAILABLE", f"{type(self).__name__} has no op-level hook (Runner.run_op): "
+                                    "its provider cannot run suites")
+
+    # -- engine build (engine_build = True; the engine@model-dtype-provider stage) --
+    @classmethod
+    def engine_availability(cls) -> str | None:
+        """None if engines can be built here, else why not (before any model is read)."""
+        return f"{cls.__name__} builds no engine (Runner.engine_build is false)"
+
+    @classmethod
+    def engine_precision(cls, dtype_cfg: dict) -> str:
+        """The engine precision of a conf dtype ('int8' needs calibration samples)."""
+        return ""
+
+    @classmethod
+    def build_engine(cls, model_dir: Path, dtype_cfg: dict, options: dict, calibration: list | None,
+                     out: Path, timing_cache: Path, layer_names: list[str]) -> dict:
+        """Build the cell's engines under `out`; returns build.json's content (status, reason, ...)."""
+        raise NotImplementedError(f"{cls.__name__} has no engine build (Runner.build_engine)")
+
     # Mixed precision (the plan stage, parity/analysis/plan.py). `plan_items` says what mixed() takes:
     # "modules" (leaf module names: torch runners), "onnx_nodes" (node names of the plain graph,
     # model.onnx: ORT runners), or None (this backend cannot run a mixed model).
@@ -157,10 +220,13 @@ def _cause(e: CompileError) -> str:
 
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
                 warmup: int, repeats: int) -> CaptureResult:
-    supported = job.provider_cfg.get("dtypes", [])
-    if job.dtype not in supported:
-        return CaptureResult("UNSUPPORTED", f"provider {job.provider} supports dtypes {supported}, "
-                                            f"not {job.dtype} (conf/providers/{job.provider}.yaml)")
+    why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
+    mode = job.dtype_cfg.get("mode", "cast")
+    if not why and mode not in cls.precision_modes:
+        why = (f"{cls.__name__} runs precision modes {list(cls.precision_modes)}, not {mode!r} "
+               f"(dtypes.{job.dtype}.mode; Runner.precision_modes)")
+    if why:
+        return CaptureResult("UNSUPPORTED", why)
     try:
         why = cls.availability(job)
     except Exception as e:  # an availability probe that raises means: not available

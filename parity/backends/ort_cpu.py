@@ -1,6 +1,6 @@
 """ONNX Runtime CPUExecutionProvider. fp32 runs the exported graphs as they are; fp16 converts them
 with onnxruntime.transformers.float16 (weights and compute in fp16, graph inputs/outputs kept fp32
-through Cast nodes). Never imports torch.
+through Cast nodes). Never imports torch, except in run_op (suites: the op is exported with torch).
 
 Options (conf/providers/<p>.yaml `options:`), shared by every ORT provider:
   graph_optimization_level  disabled | basic | extended | all (ort_cpu_noopt: disabled)
@@ -32,6 +32,7 @@ OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 
 class OrtRunner(Runner):
     ep = "CPUExecutionProvider"
+    onnx_based = True
 
     @classmethod
     def availability(cls, job):
@@ -44,14 +45,20 @@ class OrtRunner(Runner):
             return f"{cls.ep} is not among onnxruntime's providers {ort.get_available_providers()}{hint}"
         return None
 
+    def _torch_dtype(self) -> str:
+        """The cell's element type (dtypes.<d>.torch), whatever the conf dtype is called."""
+        return self.job.dtype_cfg.get("torch", "float32")
+
     def _convert(self, path) -> str | bytes:
         """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
         as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
         fp16 is converted and serialised."""
-        if self.job.dtype == "fp32":
+        torch_dtype = self._torch_dtype()
+        if torch_dtype == "float32":
             return str(path)
-        if self.job.dtype != "fp16":
-            raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype}")
+        if torch_dtype != "float16":
+            raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype} "
+                             f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
         import onnx
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
@@ -60,8 +67,22 @@ class OrtRunner(Runner):
     def _session(self, path, model: bytes | None = None):
         """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes),
         or on `model` (serialised) as it is."""
+        sess = self._ort().InferenceSession(self._convert(path) if model is None else model,
+                                            sess_options=self._session_options(), providers=self._providers())
+        if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
+            raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
+                              f"{sess.get_providers()}): the EP's libraries or device are missing")
+        return sess
+
+    @staticmethod
+    def _ort():
         import onnxruntime as ort
 
+        return ort
+
+    def _session_options(self):
+        """The provider's session options (graph_optimization_level, threads), model and suites alike."""
+        ort = self._ort()
         so = ort.SessionOptions()
         opt = (self.job.provider_cfg.get("options") or {}).get("graph_optimization_level", "all")
         if opt not in OPT_LEVELS:
@@ -72,12 +93,7 @@ class OrtRunner(Runner):
         so.log_severity_level = 3
         if self.job.threads:
             so.intra_op_num_threads = self.job.threads
-        sess = ort.InferenceSession(self._convert(path) if model is None else model, sess_options=so,
-                                    providers=self._providers())
-        if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
-            raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
-                              f"{sess.get_providers()}): the EP's libraries or device are missing")
-        return sess
+        return so
 
     # -- mixed precision (Runner.mixed): items are node names of the plain graph, model.onnx --
     plan_items = "onnx_nodes"
@@ -113,7 +129,7 @@ class OrtRunner(Runner):
     def _mixed_model(self, m, fp32_nodes: set):
         """`m` at the cell's dtype with the nodes `fp32_nodes` left in float32 (fp16:
         convert_float_to_float16's node_block_list, Casts inserted around them)."""
-        if self.job.dtype != "fp16":
+        if self._torch_dtype() != "float16":
             raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
         return mixed_fp16(m, fp32_nodes, shapes_inferred=True)
 
@@ -181,6 +197,64 @@ class OrtRunner(Runner):
 
     def deactivate(self) -> None:
         self.layers = self.plain = self.own = None
+
+    def run_op(self, side, args, kwargs, grad=None):
+        """The op exported alone (TorchScript exporter, suites_run.onnx_opset) and run in a session
+        with this provider's options (_session_options), fed the cell's inputs."""
+        import onnx
+        import torch
+
+        from parity.backends import ops
+        from parity.backends.base import OpSkip
+
+        sd = ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype])
+        data, names, ts = _export_op(sd, args, kwargs, self.job.onnx_opset)
+        model = onnx.load_from_string(data)
+        onnx_ops = sorted({n.op_type for n in model.graph.node})
+        graph_inputs = {i.name for i in model.graph.input}
+        try:
+            self.op_session = sess = self._session(None, data)  # kept: what the case ran with
+        except Unavailable as e:
+            raise OpSkip("UNAVAILABLE", str(e)) from None
+        except Exception as e:
+            raise OpSkip("INFER_FAIL", "onnxruntime session: " + ops.reason_of(e)) from None
+        feeds = {n: (t.detach().numpy() if t.dtype != torch.bfloat16 else t.detach().float().numpy())
+                 for n, t in zip(names, ts) if n in graph_inputs}  # the exporter drops unused inputs
+        try:
+            res, ms = ops.timed(lambda: sess.run(None, feeds), self.job.repeats)
+        except Exception as e:
+            raise OpSkip("INFER_FAIL", "onnxruntime run: " + ops.reason_of(e)) from None
+        with torch.no_grad():
+            ref_names = [n for n, _ in ops.leaves(ops.call(sd, args, kwargs))]  # output names/count
+        if len(ref_names) != len(res):
+            raise OpSkip("INFER_FAIL", f"ONNX graph has {len(res)} outputs, eager op {len(ref_names)}")
+        return [(f"out:{n}", torch.from_numpy(np.asarray(r))) for n, r in zip(ref_names, res)], ms, onnx_ops
+
+
+def _export_op(side, args, kwargs, opset: int):
+    """(serialised ONNX, input names, input tensors) of one side; OpSkip EXPORT_FAIL if it fails."""
+    import contextlib
+    import io
+    import warnings
+
+    import torch
+
+    from parity.backends import ops
+    from parity.backends.base import OpSkip
+
+    ts = [t for _, t in ops.leaves([args, kwargs])]
+    wrap = ops.Wrap(side, args, kwargs).eval()
+    buf = io.BytesIO()
+    names = [f"in{i}" for i in range(len(ts))]
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(wrap, tuple(ts), buf, dynamo=False, opset_version=int(opset),
+                              input_names=names, do_constant_folding=False)
+    except Exception as e:
+        raise OpSkip("EXPORT_FAIL", "torch.onnx.export: " + ops.reason_of(e)) from None
+    return buf.getvalue(), names, ts
 
 
 class OrtCpuRunner(OrtRunner):

@@ -95,6 +95,7 @@ class _Reader:
 
 class OrtInt8Runner(OrtRunner):
     ep = "CPUExecutionProvider"
+    precision_modes = INT8_MODES
 
     def _opts(self) -> dict:
         return self.job.provider_cfg.get("options") or {}

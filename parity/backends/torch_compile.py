@@ -45,13 +45,20 @@ class TorchCompileRunner(TorchRunner):
             return cuda_availability(dev)
         return None
 
-    def activate(self) -> None:
-        super().activate()
+    op_grads = False  # gradients of suite cases come from eager torch (torch_cpu)
+    op_gradcheck = False
+
+    def _compile_kwargs(self) -> dict:
         o = self.job.provider_cfg.get("options") or {}
         kw = {"backend": o.get("backend", "inductor"), "fullgraph": bool(o.get("fullgraph", False)),
               "dynamic": bool(o.get("dynamic", False))}
         if o.get("mode"):
             kw["mode"] = o["mode"]
+        return kw
+
+    def activate(self) -> None:
+        super().activate()
+        kw = self._compile_kwargs()
         torch = self.torch
         torch._dynamo.reset()  # no cached graphs from another cell in this process
         try:
@@ -79,3 +86,23 @@ class TorchCompileRunner(TorchRunner):
     def deactivate(self) -> None:
         self.compiled_rec = self.compiled_plain = None
         super().deactivate()
+
+    def run_op(self, side, args, kwargs, grad=None):
+        """The op compiled with the provider's options (a compiler error: COMPILE_FAIL)."""
+        import torch
+
+        from parity.backends import ops
+        from parity.backends.base import OpSkip
+
+        sd, args, kwargs = self._op_inputs(side, args, kwargs)
+        compiled = torch.compile(lambda *a, **k: ops.call(sd, a, k), **self._compile_kwargs())
+        try:
+            with torch.no_grad():
+                out = compiled(*args, **kwargs)
+        except Exception as e:
+            if _is_compiler_error(e):
+                raise OpSkip("COMPILE_FAIL", ops.reason_of(e)) from None
+            raise
+        with torch.no_grad():
+            _, ms = ops.timed(lambda: compiled(*args, **kwargs), self.job.repeats)
+        return [(f"out:{n}", t) for n, t in ops.leaves(out)], ms, None

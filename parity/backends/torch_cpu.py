@@ -39,6 +39,7 @@ def set_tf32(torch, on: bool) -> None:
 
 class TorchRunner(Runner):
     device = "cpu"
+    precision_modes = TORCH_MODES
 
     def _device(self) -> str:
         return (self.job.provider_cfg.get("options") or {}).get("device", self.device)
@@ -194,9 +195,35 @@ class TorchRunner(Runner):
     def deactivate(self) -> None:
         self.rec = None
 
+    # -- the op-level hook (suites): eager torch at the cell's dtype, on options.device --
+    op_grads = True
+
+    def _op_inputs(self, side, args, kwargs):
+        """The side and arguments at the cell's dtype on this runner's device."""
+        from parity.backends import ops
+
+        dev = self._device()
+        dev = None if dev == "cpu" else dev
+        if dev is not None:
+            args, kwargs = (ops.tmap(x, lambda t: t.to(dev)) for x in (args, kwargs))
+        return ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype], dev), args, kwargs
+
+    def run_op(self, side, args, kwargs, grad=None):
+        import torch
+
+        from parity.backends import ops
+
+        sd, args, kwargs = self._op_inputs(side, args, kwargs)
+        with torch.no_grad():
+            out, ms = ops.timed(lambda: ops.call(sd, args, kwargs), self.job.repeats)
+        named = [(f"out:{n}", t) for n, t in ops.leaves(out)]
+        if grad and self.op_grads:
+            named += ops.grads(sd, args, kwargs, grad["loss"], grad["seed"])
+        return named, ms, None
+
 
 class TorchCpuRunner(TorchRunner):
-    pass
+    op_gradcheck = True  # float64 gradcheck cases (suites) run on the CPU
 
 
 def _run_at(torch, module, dtype, out_dtype, device: str, amp=None) -> None:

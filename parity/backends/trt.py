@@ -227,6 +227,21 @@ class _Engine:
 
 
 class TrtRunner(Runner):
+    engine_build = True
+    precision_modes = ("cast", "int8_static", "fp8")
+
+    @classmethod
+    def engine_availability(cls) -> str | None:
+        return availability()
+
+    @classmethod
+    def engine_precision(cls, dtype_cfg: dict) -> str:
+        return precision(dtype_cfg)
+
+    @classmethod
+    def build_engine(cls, model_dir, dtype_cfg, options, calibration, out, timing_cache, layer_names):
+        return build(model_dir, dtype_cfg, options, calibration, out, timing_cache, layer_names)
+
     @classmethod
     def availability(cls, job):
         why = availability()

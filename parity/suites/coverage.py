@@ -16,10 +16,11 @@ import math
 import statistics
 from pathlib import Path
 
+from parity import status
+
 # worst first: what an op's cell shows when its cases disagree
-SEVERITY = ("CRASH", "TIMEOUT", "INFER_FAIL", "EXPORT_FAIL", "COMPILE_FAIL", "NAN_IN_OUTPUT", "MISMATCH",
-            "NAN_IN_REFERENCE", "UNAVAILABLE", "UNSUPPORTED", "INVALID", "OK")
-RAN = ("OK", "MISMATCH", "NAN_IN_OUTPUT", "NAN_IN_REFERENCE")
+SEVERITY = status.SEVERITY  # the one vocabulary: parity.status
+RAN = status.CASE_RAN
 BUCKETS = (("0", 0.0), ("<1e-6", 1e-6), ("<1e-4", 1e-4), ("<1e-2", 1e-2), ("<1", 1.0), (">=1", math.inf))
 
 
@@ -35,10 +36,12 @@ def bucket(x) -> str | None:
 
 
 def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: Path | None = None,
-          onnx_opset: int | None = None) -> dict:
+          onnx_opset: int | None = None, onnx_providers=()) -> dict:
     """cells: (dtype, provider) in matrix order; reads diff_dir/<dtype>-<provider>/results.json and
-    timing_dir/<dtype>-<provider>.json (when present)."""
+    timing_dir/<dtype>-<provider>.json (when present). onnx_providers: the providers whose runner is
+    ONNX-based (Runner.onnx_based): their EXPORT_FAILs make the ONNX column's EXPORT_FAIL."""
     cols, per_col, lat = [], {}, {}
+    onnx_cols = {f"{prov}/{dtype}" for dtype, prov in cells if prov in set(onnx_providers)}
     for dtype, prov in cells:
         col = f"{prov}/{dtype}"
         cols.append(col)
@@ -46,6 +49,20 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
         per_col[col] = json.loads(f.read_text())["cases"] if f.exists() else None
         t = Path(timing_dir) / f"{dtype}-{prov}.json" if timing_dir else None
         lat[col] = json.loads(t.read_text())["cases"] if t and t.exists() else {}
+    ops = _ops(cols, per_col, lat, onnx_cols)
+    rows = [_row(op, cols) for op in ops.values()]
+    stats = _column_stats(cols, per_col)
+    return {"suite": suite, "columns": cols, "reference": "torch_cpu/fp32 eager on the dtype-rounded inputs",
+            "onnx_opset": onnx_opset, "rows": rows, "counts": stats["counts"], "support": stats["support"],
+            "pass_rate": stats["pass_rate"], "support_by_provider": stats["support_by_provider"],
+            "histogram": stats["histogram"], "buckets": [n for n, _ in BUCKETS],
+            # backward checks vs the fp32 reference's gradients (input and parameter grads)
+            "gradients": stats["gradients"]}
+
+
+def _ops(cols: list[str], per_col: dict, lat: dict, onnx_cols: set) -> dict[str, dict]:
+    """Per op label: its case ids, ONNX op types, whether an ONNX-based cell failed to export, and per
+    column its cases' (status, reason, id), max_abs values and latency ratios."""
     ops: dict[str, dict] = {}
     for col in cols:
         for r in per_col[col] or []:
@@ -55,7 +72,7 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
                 op["case_ids"].append(r["id"])
             if r.get("onnx_ops"):
                 op["onnx"].update(r["onnx_ops"])
-            if col.startswith("ort") and r["status"] == "EXPORT_FAIL":
+            if col in onnx_cols and r["status"] == "EXPORT_FAIL":
                 op["onnx_fail"] = True
             cell = op["cells"].setdefault(col, {"statuses": [], "max_abs": [], "ratios": []})
             cell["statuses"].append((r["status"], r["reason"], r["id"]))
@@ -64,25 +81,33 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
             t = lat[col].get(r["id"])
             if t and t.get("ref_latency_ms"):
                 cell["ratios"].append(t["latency_ms"] / t["ref_latency_ms"])
-    rows = []
-    for op in ops.values():
-        out = {"op": op["op"], "cases": len(op["case_ids"]),
-               "onnx": ("EXPORT_FAIL" if op["onnx_fail"] and not op["onnx"] else " ".join(sorted(op["onnx"]))),
-               "cells": {}}
-        for col in cols:
-            c = op["cells"].get(col)
-            if c is None:
-                out["cells"][col] = {"status": "NOT_RUN", "reason": "no result (stage not run)", "n": 0, "n_ok": 0}
-                continue
-            worst = min(c["statuses"], key=lambda s: SEVERITY.index(s[0]) if s[0] in SEVERITY else 0)
-            n_ok = sum(1 for s in c["statuses"] if s[0] == "OK")
-            reason = worst[1] if worst[0] == "OK" else f"{worst[2]}: {worst[1]}"
-            if len(c["statuses"]) > 1:
-                reason = f"{n_ok}/{len(c['statuses'])} cases OK. " + reason
-            out["cells"][col] = {"status": worst[0], "reason": reason, "n": len(c["statuses"]), "n_ok": n_ok,
-                                 "max_abs": max(c["max_abs"]) if c["max_abs"] else None,
-                                 "latency_ratio": statistics.median(c["ratios"]) if c["ratios"] else None}
-        rows.append(out)
+    return ops
+
+
+def _row(op: dict, cols: list[str]) -> dict:
+    """An op's row: per column the worst status of its cases (SEVERITY) with that case's reason."""
+    out = {"op": op["op"], "cases": len(op["case_ids"]),
+           "onnx": ("EXPORT_FAIL" if op["onnx_fail"] and not op["onnx"] else " ".join(sorted(op["onnx"]))),
+           "cells": {}}
+    for col in cols:
+        c = op["cells"].get(col)
+        if c is None:
+            out["cells"][col] = {"status": "NOT_RUN", "reason": "no result (stage not run)", "n": 0, "n_ok": 0}
+            continue
+        worst = min(c["statuses"], key=lambda s: SEVERITY.index(s[0]) if s[0] in SEVERITY else 0)
+        n_ok = sum(1 for s in c["statuses"] if s[0] == "OK")
+        reason = worst[1] if worst[0] == "OK" else f"{worst[2]}: {worst[1]}"
+        if len(c["statuses"]) > 1:
+            reason = f"{n_ok}/{len(c['statuses'])} cases OK. " + reason
+        out["cells"][col] = {"status": worst[0], "reason": reason, "n": len(c["statuses"]), "n_ok": n_ok,
+                             "max_abs": max(c["max_abs"]) if c["max_abs"] else None,
+                             "latency_ratio": statistics.median(c["ratios"]) if c["ratios"] else None}
+    return out
+
+
+def _column_stats(cols: list[str], per_col: dict) -> dict:
+    """Per column: status counts, support and pass rates, the max_abs histogram, gradient checks;
+    support per provider over its columns."""
     counts, support, hist, pass_rate, grads = {}, {}, {}, {}, {}
     by_prov: dict[str, list[int]] = {}
     for col in cols:
@@ -106,16 +131,11 @@ def build(suite: str, cells: list[tuple[str, str]], diff_dir: Path, timing_dir: 
         grads[col] = {"checked": len(g), "ok": sum(1 for r in g if r["status"] == "OK"),
                       "worst_tol_ratio": worst_g["grad_tol_ratio"] if worst_g else None,
                       "worst_case": worst_g["id"] if worst_g else None}
-        prov = col.split("/")[0]
-        acc = by_prov.setdefault(prov, [0, 0])
+        acc = by_prov.setdefault(col.split("/")[0], [0, 0])
         acc[0] += ran
         acc[1] += len(valid)
-    return {"suite": suite, "columns": cols, "reference": "torch_cpu/fp32 eager on the dtype-rounded inputs",
-            "onnx_opset": onnx_opset, "rows": rows, "counts": counts, "support": support, "pass_rate": pass_rate,
-            "support_by_provider": {p: (a / b if b else None) for p, (a, b) in by_prov.items()},
-            "histogram": hist, "buckets": [n for n, _ in BUCKETS],
-            # backward checks vs the fp32 reference's gradients (input and parameter grads)
-            "gradients": grads}
+    return {"counts": counts, "support": support, "pass_rate": pass_rate, "histogram": hist, "gradients": grads,
+            "support_by_provider": {p: (a / b if b else None) for p, (a, b) in by_prov.items()}}
 
 
 def to_csv(cov: dict) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from parity.backends import ops
 from parity.suites import execute
 
 FD_MAX_ELEMENTS = 4096  # finite differences cost two reference calls per input element
@@ -57,15 +58,15 @@ def _as_tensor(obj):
 def run_reference(case: dict, args, kwargs, gcase) -> tuple[list, float]:
     """(named outputs [+ gradients], median ms) of the case's `reference` in float64."""
     fn = execute.resolve(case["reference"], case.get("imports", ()), "op")
-    a64 = execute.tmap(args, lambda t: t.double() if t.is_floating_point() else t)
-    k64 = execute.tmap(kwargs, lambda t: t.double() if t.is_floating_point() else t)
+    a64 = ops.tmap(args, lambda t: t.double() if t.is_floating_point() else t)
+    k64 = ops.tmap(kwargs, lambda t: t.double() if t.is_floating_point() else t)
     with torch.no_grad():
-        out, ms = execute.timed(lambda: _as_tensor(fn(*a64, **k64)), 1)
-    named = [(f"out:{n}", t) for n, t in execute.leaves(out)]
+        out, ms = ops.timed(lambda: _as_tensor(fn(*a64, **k64)), 1)
+    named = [(f"out:{n}", t) for n, t in ops.leaves(out)]
     if gcase:
         g = []
         try:
-            g = execute.grads((fn, None, [], {}), a64, k64, gcase["loss"], gcase["seed"])
+            g = ops.grads((fn, None, [], {}), a64, k64, gcase["loss"], gcase["seed"])
         except RuntimeError:  # numpy code on tensors that require grad: no autograd path
             g = []
         named += g or _fd_grads(fn, a64, k64, gcase)
@@ -73,11 +74,11 @@ def run_reference(case: dict, args, kwargs, gcase) -> tuple[list, float]:
 
 
 def _objective(fn, args, kwargs, loss: str, seed: int) -> float:
-    """The scalar execute.grads differentiates: sum(out x cotangent) or MSE against a seeded target."""
+    """The scalar ops.grads differentiates: sum(out x cotangent) or MSE against a seeded target."""
     out = _as_tensor(fn(*args, **kwargs))
     g = torch.Generator().manual_seed(seed)
     total = 0.0
-    for _, o in execute.leaves(out):
+    for _, o in ops.leaves(out):
         if not o.is_floating_point():
             continue
         r = torch.randn(o.shape, generator=g, dtype=torch.float32).double()
@@ -88,8 +89,8 @@ def _objective(fn, args, kwargs, loss: str, seed: int) -> float:
 
 def _fd_grads(fn, args, kwargs, gcase) -> list:
     """Central finite differences of _objective w.r.t. every float input element (float64)."""
-    leaves = [(f"in.{n}", t) for n, t in execute.leaves(args) if t.is_floating_point()]
-    leaves += [(f"kw.{n}", t) for n, t in execute.leaves(kwargs) if t.is_floating_point()]
+    leaves = [(f"in.{n}", t) for n, t in ops.leaves(args) if t.is_floating_point()]
+    leaves += [(f"kw.{n}", t) for n, t in ops.leaves(kwargs) if t.is_floating_point()]
     if sum(t.numel() for _, t in leaves) > FD_MAX_ELEMENTS:
         raise execute.SkipCase("INVALID", f"finite-difference gradients of a numpy reference are limited to "
                                           f"{FD_MAX_ELEMENTS} input elements (parity.suites.custom)")

@@ -17,11 +17,10 @@ from collections import Counter
 
 import numpy as np
 
-from parity import compare
+from parity import compare, status
 from parity.suites import spec
 
-STATUS_ORDER = ("OK", "MISMATCH", "NAN_IN_OUTPUT", "NAN_IN_REFERENCE", "INVALID", "EXPORT_FAIL", "COMPILE_FAIL",
-                "INFER_FAIL", "CRASH", "TIMEOUT", "UNAVAILABLE", "UNSUPPORTED")
+STATUS_ORDER = status.CASE_ORDER  # the one vocabulary: parity.status
 
 
 def _nan_mask(a: np.ndarray) -> np.ndarray:
@@ -95,8 +94,8 @@ def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict
                 res["rel_l2"] = d.rel_l2
     if problems:
         order = {"NAN_IN_REFERENCE": 0, "NAN_IN_OUTPUT": 1, "MISMATCH": 2}
-        status = min((s for s, _ in problems), key=order.get)
-        res.update(status=status, reason="; ".join(r for _, r in problems[:3]) +
+        worst_status = min((s for s, _ in problems), key=order.get)
+        res.update(status=worst_status, reason="; ".join(r for _, r in problems[:3]) +
                    (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
     else:
         res.update(status="OK", reason=f"{nan_both} NaN at the same places on both sides" if nan_both else "")

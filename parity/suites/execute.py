@@ -1,6 +1,10 @@
 """Run one expanded case on one provider at one dtype, with its fp32 reference. Heavy (torch);
 imported only in suite worker processes (parity.suites.worker) and the in-process benchmark loop.
 
+The provider runs the case through its runner's op-level hook (Runner.run_op, the runner its conf
+names: the same class, options and session settings as in the model pipeline); the fp32 reference
+through torch_cpu's runner (eager torch).
+
 Inputs are generated in float32 (seeded per case id), rounded to the cell's dtype, and the
 reference runs eager torch fp32 on the *rounded* values, so a diff measures the kernel, not the
 rounding of its inputs. Results are plain dicts:
@@ -10,41 +14,24 @@ rounding of its inputs. Results are plain dicts:
   outputs      [(name, float32/int ndarray)]  forward outputs (out:i) then grads (grad:...)
   reference    the same names from the fp32 reference (pair tests: side A on the same backend)
   latency_ms / ref_latency_ms   medians of the timed provider / reference calls
-  onnx_ops     ONNX op types of the per-op export (ort providers)
+  onnx_ops     ONNX op types of the per-op export (ONNX-based runners)
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import importlib
-import io
-import statistics
-import time
-import traceback
 import warnings
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                "float64": torch.float64}
+from parity.backends import load_runner
+from parity.backends.base import OpJob, OpSkip
+from parity.backends.ops import TORCH_DTYPES, as_numpy, reason_of, side_at, tmap, to_dtype
+from parity.backends.torch_cpu import TorchCpuRunner
 
-
-class SkipCase(Exception):
-    def __init__(self, status, reason):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
-
-
-def reason_of(e: BaseException) -> str:
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
-    msg = str(e).strip().splitlines()
-    first = msg[0][:300] if msg else ""
-    return f"{type(e).__name__}: {first}{where}"
+SkipCase = OpSkip  # a case that ends with a status other than OK
 
 
 def case_seed(seed: int, cid: str) -> int:
@@ -120,43 +107,6 @@ def materialize(obj, rng):
     return obj
 
 
-def tmap(obj, f):
-    """Apply f to every tensor leaf of nested lists/tuples/dicts."""
-    if isinstance(obj, torch.Tensor):
-        return f(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(tmap(v, f) for v in obj)
-    if isinstance(obj, dict):
-        return {k: tmap(v, f) for k, v in obj.items()}
-    return obj
-
-
-def leaves(obj, prefix="") -> list[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        return [(prefix or "0", obj)]
-    out = []
-    if isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out += leaves(v, f"{prefix}.{i}" if prefix else str(i))
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out += leaves(v, f"{prefix}.{k}" if prefix else str(k))
-    return out
-
-
-def to_dtype(x: torch.Tensor, dt) -> torch.Tensor:
-    return x.to(dt) if x.is_floating_point() else x
-
-
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach()
-    if t.is_complex():
-        t = torch.view_as_real(t)
-    if t.is_floating_point():
-        t = t.float()
-    return t.contiguous().numpy().copy()
-
-
 # ------------------------------------------------------------------------------------ callables
 def _build_callable(desc: dict, seed: int, ctor_args=(), ctor_kwargs=None, imports=()):
     """(fn, module or None) for an op or module description."""
@@ -212,161 +162,6 @@ def build(case: dict, seed: int):
     return {"main": (fn, None, [], {})}, args, kwargs
 
 
-def call(side, args, kwargs, dt=None):
-    fn, mod, ea, ek = side
-    if mod is not None:
-        return mod(*args, **kwargs)
-    return fn(*args, *ea, **kwargs, **ek)
-
-
-def side_at(side, dt):
-    """A copy of a side whose module parameters are at dtype dt."""
-    fn, mod, ea, ek = side
-    if mod is None:
-        return (fn, None, tmap(ea, lambda t: to_dtype(t, dt)), tmap(ek, lambda t: to_dtype(t, dt)))
-    m = copy.deepcopy(mod).to(dt)
-    return (m, m, ea, ek)
-
-
-# ---------------------------------------------------------------------------------------- timing
-def timed(f, repeats: int):
-    t0 = time.perf_counter_ns()
-    out = f()
-    ms = [(time.perf_counter_ns() - t0) / 1e6]
-    for _ in range(max(0, repeats - 1)):
-        t0 = time.perf_counter_ns()
-        f()
-        ms.append((time.perf_counter_ns() - t0) / 1e6)
-    return out, statistics.median(ms)
-
-
-# ----------------------------------------------------------------------------------------- grads
-def grads(side, args, kwargs, loss: str, seed: int) -> list[tuple[str, torch.Tensor]]:
-    """Backward of sum(out * cotangent) (or MSE against a seeded target) w.r.t. float inputs and
-    module parameters. The cotangent is float32 and seeded, the same on both sides."""
-    ins = []
-
-    def req(t):
-        if t.is_floating_point():
-            t = t.detach().clone().requires_grad_(True)
-            ins.append(t)
-        return t
-
-    a, k = tmap(args, req), tmap(kwargs, req)
-    names = ([f"in.{n}" for n, t in leaves(args) if t.is_floating_point()]
-             + [f"kw.{n}" for n, t in leaves(kwargs) if t.is_floating_point()])
-    params = [(n, p) for n, p in side[1].named_parameters()] if side[1] is not None else []
-    out = call(side, a, k)
-    outs = [t for _, t in leaves(out) if t.is_floating_point() and t.requires_grad]
-    if not outs or not (ins or params):
-        return []
-    g = torch.Generator().manual_seed(seed)
-    total = 0
-    for o in outs:
-        r = torch.randn(o.shape, generator=g, dtype=torch.float32)
-        total = total + (((o.float() - r) ** 2).mean() if loss == "mse" else (o.float() * r).sum())
-    wrt = ins + [p for _, p in params]
-    gs = torch.autograd.grad(total, wrt, allow_unused=True)
-    labels = [f"grad:{n}" for n in names] + [f"grad:param.{n}" for n, _ in params]
-    return [(lab, gg) for lab, gg in zip(labels, gs) if gg is not None]
-
-
-# --------------------------------------------------------------------------------------- providers
-def _run_torch(side, args, kwargs, cell, grad_case):
-    dt = TORCH_DTYPES[cell["torch_dtype"]]
-    sd = side_at(side, dt)
-    with torch.no_grad():
-        out, ms = timed(lambda: call(sd, args, kwargs), cell.get("repeats", 3))
-    named = [(f"out:{n}", t) for n, t in leaves(out)]
-    if grad_case:
-        named += grads(sd, args, kwargs, grad_case["loss"], grad_case["seed"])
-    return named, ms, None
-
-
-def _run_compile(side, args, kwargs, cell, grad_case):
-    dt = TORCH_DTYPES[cell["torch_dtype"]]
-    sd = side_at(side, dt)
-    opts = cell.get("options") or {}
-    compiled = torch.compile(lambda *a, **k: call(sd, a, k), backend=opts.get("backend", "inductor"),
-                             mode=opts.get("mode"), dynamic=False)
-    try:
-        with torch.no_grad():
-            out = compiled(*args, **kwargs)
-    except Exception as e:
-        name = type(e).__module__ + "." + type(e).__name__
-        if "torch._dynamo" in name or "torch._inductor" in name:
-            raise SkipCase("COMPILE_FAIL", reason_of(e)) from None
-        raise
-    with torch.no_grad():
-        _, ms = timed(lambda: compiled(*args, **kwargs), cell.get("repeats", 3))
-    return [(f"out:{n}", t) for n, t in leaves(out)], ms, None
-
-
-class _Wrap(torch.nn.Module):
-    def __init__(self, side, template_args, template_kwargs):
-        super().__init__()
-        self.side = side
-        if side[1] is not None:
-            self.mod = side[1]
-        self.ta, self.tk = template_args, template_kwargs
-
-    def forward(self, *tensors):
-        it = iter(tensors)
-        a = tmap(self.ta, lambda t: next(it))
-        k = tmap(self.tk, lambda t: next(it))
-        return call(self.side, a, k)
-
-
-def _run_ort(side, args, kwargs, cell, grad_case):
-    import onnx
-    import onnxruntime as ort
-
-    dt = TORCH_DTYPES[cell["torch_dtype"]]
-    sd = side_at(side, dt)
-    ts = [t for _, t in leaves([args, kwargs])]
-    wrap = _Wrap(sd, args, kwargs).eval()
-    buf = io.BytesIO()
-    names = [f"in{i}" for i in range(len(ts))]
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(wrap, tuple(ts), buf, dynamo=False, opset_version=int(cell.get("onnx_opset", 17)),
-                              input_names=names, do_constant_folding=False)
-    except Exception as e:
-        raise SkipCase("EXPORT_FAIL", "torch.onnx.export: " + reason_of(e)) from None
-    data = buf.getvalue()
-    model = onnx.load_from_string(data)
-    ops = sorted({n.op_type for n in model.graph.node})
-    graph_inputs = {i.name for i in model.graph.input}
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = int(cell.get("threads") or 1)
-    so.log_severity_level = 3
-    try:
-        sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise SkipCase("INFER_FAIL", "onnxruntime session: " + reason_of(e)) from None
-    feeds = {}
-    for n, t in zip(names, ts):
-        if n in graph_inputs:  # the exporter drops inputs the graph does not use
-            t = t.detach()
-            feeds[n] = t.numpy() if t.dtype != torch.bfloat16 else t.float().numpy()
-    try:
-        res, ms = timed(lambda: sess.run(None, feeds), cell.get("repeats", 3))
-    except Exception as e:
-        raise SkipCase("INFER_FAIL", "onnxruntime run: " + reason_of(e)) from None
-    with torch.no_grad():
-        ref_struct = call(sd, args, kwargs)  # for output names/count
-    ref_names = [n for n, _ in leaves(ref_struct)]
-    if len(ref_names) != len(res):
-        raise SkipCase("INFER_FAIL", f"ONNX graph has {len(res)} outputs, eager op {len(ref_names)}")
-    return [(f"out:{n}", torch.from_numpy(np.asarray(r))) for n, r in zip(ref_names, res)], ms, ops
-
-
-EXECUTORS = {"torch": _run_torch, "ort": _run_ort, "compile": _run_compile}
-PROVIDER_EXECUTOR = {"torch_cpu": "torch", "ort_cpu": "ort", "ort_cpu_noopt": "ort", "torch_compile": "compile"}
-
-
 # -------------------------------------------------------------------------------------------- case
 def _gradcheck(case, cell, seed):
     fn = resolve(case["target"], case.get("imports", ()), "gradcheck")
@@ -385,18 +180,55 @@ def _gradcheck(case, cell, seed):
     return {"status": "OK", "gradcheck": {"passed": True, "reason": "float64 finite differences agree"}}
 
 
+_RUNNERS: dict = {}
+
+
+def runner_class(cell: dict):
+    return load_runner(cell["runner"], cell.get("import"))
+
+
+def runner_for(cell: dict, dtype: str | None = None):
+    """The provider's runner (its conf `runner:`), set up for this cell at `dtype` (the cell's torch
+    dtype when None), or OpSkip UNAVAILABLE with the reason it cannot run here."""
+    key = (cell["provider"], cell["runner"])
+    if key not in _RUNNERS:
+        cls = runner_class(cell)
+        prov = {"runner": cell["runner"], "options": cell.get("options") or {}}
+        job = OpJob(cell["provider"], prov, cell["torch_dtype"])
+        try:
+            why = cls.availability(job)
+        except Exception as e:  # an availability probe that raises means: not available
+            why = reason_of(e)
+        _RUNNERS[key] = (cls, prov, why)
+    cls, prov, why = _RUNNERS[key]
+    if why:
+        raise OpSkip("UNAVAILABLE", why)
+    job = OpJob(cell["provider"], prov, dtype or cell["torch_dtype"], seed=int(cell.get("seed", 0)),
+                repeats=int(cell.get("repeats", 3)), threads=int(cell.get("threads") or 1),
+                onnx_opset=int(cell.get("onnx_opset", 17)))
+    return cls(job)
+
+
+def _reference(main, dt, args, kwargs, cell, gcase):
+    """The fp32 reference (torch_cpu's runner, eager) on the dtype-rounded inputs; parameters are the
+    provider's, rounded to dt and back, like the inputs."""
+    r_args = tmap(args, lambda t: t.float() if t.is_floating_point() else t)
+    r_kwargs = tmap(kwargs, lambda t: t.float() if t.is_floating_point() else t)
+    rside = side_at(side_at(main, dt), torch.float32)
+    ref = TorchCpuRunner(OpJob("torch_cpu", {"options": {}}, "float32", repeats=int(cell.get("repeats", 3))))
+    return ref.run_op(rside, r_args, r_kwargs, gcase)
+
+
 def run_case(case: dict, cell: dict) -> dict:
-    """cell: provider, torch_dtype, seed, repeats, threads, onnx_opset, options, grad (bool)."""
+    """cell: provider, runner (its conf `runner:`), import, torch_dtype, seed, repeats, threads,
+    onnx_opset, options, grad (bool)."""
     seed = int(cell.get("seed", 0))
     try:
         if case["kind"] == "gradcheck":
-            if PROVIDER_EXECUTOR.get(cell["provider"]) != "torch":
+            if not runner_class(cell).op_gradcheck:
                 return {"status": "UNSUPPORTED", "reason": "gradcheck runs on torch_cpu (float64) only"}
             return _gradcheck(case, cell, seed)
-        ex = EXECUTORS.get(PROVIDER_EXECUTOR.get(cell["provider"], ""))
-        if ex is None:
-            return {"status": "UNAVAILABLE", "reason": f"no suite executor for provider {cell['provider']!r} "
-                                                       f"(parity/suites/execute.py PROVIDER_EXECUTOR)"}
+        runner = runner_for(cell)
         dt = TORCH_DTYPES[cell["torch_dtype"]]
         try:
             sides, args, kwargs = build(case, seed)
@@ -406,14 +238,12 @@ def run_case(case: dict, cell: dict) -> dict:
             return {"status": "INVALID", "reason": "building the case: " + reason_of(e)}
         p_args = tmap(args, lambda t: to_dtype(t, dt))
         p_kwargs = tmap(kwargs, lambda t: to_dtype(t, dt))
-        r_args = tmap(p_args, lambda t: t.float() if t.is_floating_point() else t)
-        r_kwargs = tmap(p_kwargs, lambda t: t.float() if t.is_floating_point() else t)
-        want_grad = bool(case.get("grad")) and bool(cell.get("grad", True)) and ex is _run_torch
+        want_grad = bool(case.get("grad")) and bool(cell.get("grad", True)) and runner.op_grads
         gcase = {"loss": case.get("loss", "sum"), "seed": case_seed(seed, case["id"] + "/grad")} if want_grad else None
         if case["kind"] == "pair":
             # A vs B on the same backend: A plays the reference (INVALID if it fails)
             try:
-                ref, rms, _ = ex(sides["a"], p_args, p_kwargs, cell, gcase)
+                ref, rms, _ = runner.run_op(sides["a"], p_args, p_kwargs, gcase)
             except SkipCase as e:
                 return {"status": "INVALID", "reason": f"pair side A: {e.status}: {e.reason}"}
             except Exception as e:
@@ -421,23 +251,18 @@ def run_case(case: dict, cell: dict) -> dict:
             main = sides["b"]
         else:
             main = sides["main"]
-            if case.get("reference"):  # a user op against the user's float64 reference
-                from parity.suites import custom
-
-                try:
-                    ref, rms = custom.run_reference(case, r_args, r_kwargs, gcase)
-                except Exception as e:
-                    return {"status": "INVALID", "reason": "the reference fails: " + reason_of(e)}
-            rcell = dict(cell, torch_dtype="float32")
-            # the reference's parameters are the provider's, rounded to dt and back: like the inputs
-            rside = side_at(side_at(main, dt), torch.float32)
             try:
-                if not case.get("reference"):
-                    ref, rms, _ = _run_torch(rside, r_args, r_kwargs, rcell, gcase)
+                if case.get("reference"):  # a user op against the user's float64 reference
+                    from parity.suites import custom
+
+                    ref, rms = custom.run_reference(case, p_args, p_kwargs, gcase)
+                else:
+                    ref, rms, _ = _reference(main, dt, p_args, p_kwargs, cell, gcase)
             except Exception as e:
-                return {"status": "INVALID", "reason": "fails on the fp32 reference too: " + reason_of(e)}
+                what = "the reference fails: " if case.get("reference") else "fails on the fp32 reference too: "
+                return {"status": "INVALID", "reason": what + reason_of(e)}
         try:
-            out, ms, ops = ex(main, p_args, p_kwargs, cell, gcase)
+            out, ms, ops = runner.run_op(main, p_args, p_kwargs, gcase)
         except SkipCase as e:
             return {"status": e.status, "reason": e.reason}
         except Exception as e:

@@ -44,8 +44,6 @@ case id and the key.
 from __future__ import annotations
 
 import ast
-import copy
-import fnmatch
 import itertools
 import operator
 import re
@@ -548,36 +546,9 @@ def expand(name: str, section: dict | None = None, root: Path | None = None, def
 def tolerance_for(p: dict, suite: str, dtype: str, case_id: str, kind: str) -> tuple[float, float, str]:
     """(atol, rtol, source key): dtypes.<d>.tol, grads x suites_run.grad_tol_scale, then the suite's
     rules in order (last match wins)."""
-    t = p["dtypes"][dtype]["tol"]
-    atol, rtol, src = float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol"
-    if kind == "grad":
-        s = float((p.get("suites_run") or {}).get("grad_tol_scale", 1.0))
-        atol, rtol, src = atol * s, rtol * s, src + " x suites_run.grad_tol_scale"
-    for i, r in enumerate(p["suites"][suite].get("tolerances") or []):
-        if "dtype" in r and r["dtype"] != dtype:
-            continue
-        if r.get("kind", "out") != kind:
-            continue
-        if "case" in r and not fnmatch.fnmatchcase(case_id, r["case"]):
-            continue
-        atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"suites.{suite}.tolerances[{i}]"
-    return atol, rtol, src
+    from parity import tolerance
 
-
-def validate_params(p: dict) -> None:
-    """Called from parity.config.validate: every selected suite expands (structure only)."""
-    from parity.config import ConfigError
-
-    suites = p.get("suites") or {}
-    if not isinstance(suites, dict):
-        raise ConfigError(f"suites: expected a mapping (a multi-select group), got {suites!r}")
-    for name, sec in suites.items():
-        if "-" in name or "/" in name:
-            raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
-        if isinstance(sec, dict) and "tolerances" not in sec:
-            raise ConfigError(f"suites.{name}: missing key 'tolerances' (conf/suites/{name}.yaml): give "
-                              f"`tolerances: []` for none (the suite's diff stages depend on that key)")
-        try:
-            expand(name, copy.deepcopy(sec))
-        except SuiteError as e:
-            raise ConfigError(f"suites.{name}: {e}") from None
+    scale = float((p.get("suites_run") or {}).get("grad_tol_scale", 1.0)) if kind == "grad" else None
+    return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["suites"][suite].get("tolerances"),
+                             f"suites.{suite}.tolerances", dtype, kind, scale, "suites_run.grad_tol_scale",
+                             case=case_id)

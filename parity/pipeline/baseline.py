@@ -1,0 +1,47 @@
+"""The trusted backend (torch CPU eager) at one dtype, on the same inputs as every cell: the fp64
+oracle's yardstick (parity.analysis.oracle), shared by every provider of that model and dtype."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+BASELINE_PROVIDER = "torch_cpu"  # the trusted backend
+BASELINE_RUNNER = "parity.backends.torch_cpu:TorchCpuRunner"
+
+
+def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: Path, out: Path,
+                     reference: Path | None = None) -> str:
+    """The trusted backend at `dtype` (layers.parquet, own.parquet, status.json under `out`): the
+    oracle's yardstick. UNSUPPORTED for precision modes torch CPU eager does not reproduce."""
+    from parity import store
+    from parity.analysis.oracle import has_baseline
+    from parity.backends.base import CaptureJob, run_capture, write_own
+    from parity.io import write_json
+    from parity.pipeline.inputs import load
+
+    dc = p["dtypes"][dtype]
+    key = f"{model}-{dtype}"
+    t0 = time.perf_counter()
+    res = None
+    if not has_baseline(dc):
+        res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
+                                                  "has no such mode; cells of this dtype are judged by tolerance"), []
+    else:
+        from parity.backends.torch_cpu import TorchCpuRunner
+
+        job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=dc,
+                         provider=BASELINE_PROVIDER,
+                         provider_cfg={"runner": BASELINE_RUNNER, "dtypes": [dtype], "options": {}},
+                         model_dir=Path(model_dir), seed=p.get("seed", 0),
+                         threads=p.get("capture", {}).get("threads", 0), reference=reference)
+        res = run_capture(TorchCpuRunner, job, load(inputs), 0, 0)
+        res_status, reason = res.status, res.reason
+        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
+                if not t.name.startswith(store.PLAIN)]
+    store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
+    own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
+    write_json(out / "status.json", {"baseline": key, "provider": BASELINE_PROVIDER, "status": res_status,
+                                     "reason": reason, "own": own})
+    return (f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {len(rows)} tensors, "
+            f"{time.perf_counter() - t0:.1f}s")

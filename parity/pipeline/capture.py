@@ -1,0 +1,67 @@
+"""Capture of one cell (model x dtype x provider) through the provider's runner: per-layer values,
+own values, status and timing files."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from parity import config
+
+def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path, out: Path,
+                 timing: Path, calibration: Path | None = None, engine_dir: Path | None = None,
+                 reference: Path | None = None) -> list[str]:
+    """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
+    from parity import store
+    from parity.backends import CaptureJob, load_runner, run_capture
+    from parity.backends.base import CaptureResult, latency_stats, write_own
+    from parity.io import write_json
+    from parity.pipeline.inputs import load
+
+    cap = p.get("capture", {})
+    timed = bool(cap.get("latency", False))  # capture.latency: opt-in
+    pc = p["providers"][provider]
+    job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=p["dtypes"][dtype],
+                     provider=provider, provider_cfg=pc, model_dir=Path(model_dir), seed=p.get("seed", 0),
+                     threads=cap.get("threads", 0), calibration=calibration, engine_dir=engine_dir,
+                     reference=reference)
+    key = config.cell_key(model, dtype, provider)
+    t0 = time.perf_counter()
+    try:
+        cls = load_runner(pc["runner"], pc.get("import"))
+    except ValueError as e:
+        res, settings = CaptureResult("UNAVAILABLE", f"{e} <providers.{provider}.runner>"), {}
+    else:
+        res = run_capture(cls, job, load(inputs), cap.get("warmup", 0) if timed else 0,
+                          cap.get("repeats", 1) if timed else 0)
+        settings = cls.settings(job) if res.status != "UNSUPPORTED" else {}
+    rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
+    store.write(out / "layers.parquet", rows if res.status == "OK" else [], {"cell": key, "status": res.status})
+    n_layers = sum(1 for t in rows if t.sample == 0 and not store.is_output(t.name))
+    status = {"cell": key, "model": model, "dtype": dtype, "provider": provider,
+              "status": res.status, "reason": res.reason, "layers": n_layers,
+              "own": write_own(out / "own.parquet", res, key)}
+    if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)
+        status["settings"] = settings
+    if engine_dir is not None and (engine_dir / "build.json").exists():
+        status["engine"] = _engine_info(engine_dir)
+    write_json(out / "status.json", status)
+    lat = latency_stats(res.latency_ms)
+    write_json(timing, {"cell": key, "status": res.status, "latency": timed, "warmup": res.warmup, **lat})
+    extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
+    lines = [f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
+             f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
+             f"{time.perf_counter() - t0:.1f}s"]
+    if settings.get("reduce_range_from"):
+        lines.append(f"capture@{key}: reduce_range={str(settings['reduce_range']).lower()} "
+                     f"({settings['reduce_range_from']})")
+    return lines
+
+
+def _engine_info(engine_dir: Path) -> dict:
+    """Which engine each number comes from, and what fusion removed in the engine under test."""
+    from parity.io import read_json
+
+    b = read_json(engine_dir / "build.json")
+    return {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from", "fused_away_in_plain",
+                              "precision") if k in b}

@@ -1,0 +1,68 @@
+"""Seeded, deterministic input samples (numpy only), and loading them back (the inputs stage writes
+them; export, reference, baseline and capture read them).
+
+Sample s of input i is drawn from numpy's default_rng([seed, s, i]) per the model's `input:` specs,
+so adding samples never changes the existing ones. The `inputs.calibration` INT8 calibration samples
+are drawn from default_rng([seed, CALIBRATION, c, i]): a different seed sequence, so a model is never
+calibrated on the samples it is evaluated on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+# numpy and the Parquet store (pyarrow) are imported where they are used: importing this module (the
+# inputs, export, reference, baseline and capture stages do) costs nothing extra.
+
+CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct from evaluated samples)
+
+
+def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool = False) -> np.ndarray:
+    import numpy as np
+
+    rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
+    shape, dtype, init = tuple(spec["shape"]), np.dtype(spec.get("dtype", "float32")), spec.get("init", "normal")
+    if init == "normal":
+        a = rng.normal(spec.get("mean", 0.0), spec.get("std", 1.0), size=shape)
+    elif init == "uniform":
+        a = rng.uniform(spec.get("low", 0.0), spec.get("high", 1.0), size=shape)
+    elif init == "randint":
+        a = rng.integers(spec.get("low", 0), spec.get("high", 2), size=shape)
+    elif init == "zeros":
+        a = np.zeros(shape)
+    else:
+        a = np.ones(shape)
+    return a.astype(dtype)
+
+
+def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
+    specs = p["models"][model]["input"]
+    n = p.get("inputs", {}).get("samples", 1)
+    return [{s["name"]: generate(s, p.get("seed", 0), k, i) for i, s in enumerate(specs)} for k in range(n)]
+
+
+def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
+    specs = p["models"][model]["input"]
+    n = p.get("inputs", {}).get("calibration", 0)
+    return [{s["name"]: generate(s, p.get("seed", 0), k, i, calibration=True) for i, s in enumerate(specs)}
+            for k in range(n)]
+
+
+def load(path) -> list[dict[str, np.ndarray]]:
+    from parity import store
+
+    by_sample: dict[int, dict[str, np.ndarray]] = {}
+    for t in store.read(path):
+        by_sample.setdefault(t.sample, {})[t.name] = t.array
+    return [by_sample[k] for k in sorted(by_sample)]
+
+
+def rows(p: dict, model: str, calibration: bool = False) -> list:
+    """The samples (or the calibration samples) as Parquet store rows."""
+    from parity import store
+
+    specs = p["models"][model]["input"]
+    made = calibration_samples(p, model) if calibration else samples(p, model)
+    return [store.Tensor(k, s["name"], i, arr[s["name"]]) for k, arr in enumerate(made) for i, s in enumerate(specs)]

@@ -1,0 +1,89 @@
+"""The report's assembly: every configured cell's diff, latency, plan and model export, the machine's
+fingerprints and the suites' coverage, read from the artifacts, into what parity.report renders and
+the DVC metric (summary.json, parity.metrics)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parity import config, metrics
+from parity import report as render
+from parity.analysis import fuzz_report
+from parity.io import read_json, write_json, write_text
+
+BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
+
+
+def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dict:
+    """What the report shows of one cell: its diff (metrics, layers, own errors), latency, module
+    types and, with analysis.plan, its mixed-precision plan."""
+    key = config.cell_key(model, dtype, provider)
+    d = art / "diff" / key
+    metrics = read_json(d / "metrics.json") if (d / "metrics.json").exists() else {
+        "verdict": "MISSING", "reason": f"{d}/metrics.json not found (run dvc repro)"}
+    lj_cell = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
+    tp = art / "timing" / f"{key}.json"
+    lj = art / "models" / model / "layers.json"
+    plan = art / "plan" / key / "plan.json"
+    return {"key": key, "model": model, "dtype": dtype, "provider": provider, "metrics": metrics,
+            "layers": lj_cell.get("layers", []), "own": lj_cell.get("own", []),
+            "cause": lj_cell.get("drift_origin_cause"), "hist_edges": lj_cell.get("hist_edges"),
+            "settings": lj_cell.get("settings") or {}, "layer_causes": lj_cell.get("layer_causes") or {},
+            "k": float((p["dtypes"][dtype].get("oracle") or {}).get("k", 4.0)),
+            "timing": read_json(tp) if tp.exists() else {},
+            "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},
+            "plan": _plan(p, plan)}
+
+
+def model_entry(art: Path, model: str) -> dict:
+    """A model's export as the report shows it: the op inventory (ops.json) and the leaf modules that
+    were never called (layers.json)."""
+    d = art / "models" / model
+    lj = read_json(d / "layers.json") if (d / "layers.json").exists() else {}
+    return {"ops": read_json(d / "ops.json") if (d / "ops.json").exists() else {},
+            "exporter": lj.get("exporter"), "uncalled": lj.get("uncalled") or []}
+
+
+def _plan(p: dict, plan: Path) -> dict | None:
+    """plan.json with its measured latencies (timing.json beside it), when analysis.plan is on."""
+    if not (p.get("analysis") or {}).get("plan") or not plan.exists():
+        return None
+    t = plan.parent / "timing.json"
+    return {**read_json(plan), "latency_ratio": read_json(t).get("latency_ratio") if t.exists() else None}
+
+
+def _latency(cells: list[dict]) -> dict:
+    """Each cell's latency_ratio (set on the cell) against BASELINE of its model; latency.json."""
+    base = {c["model"]: c["timing"].get("median_ms") for c in cells if (c["dtype"], c["provider"]) == BASELINE}
+    for c in cells:
+        b, t = base.get(c["model"]), c["timing"].get("median_ms")
+        c["latency_ratio"] = t / b if b and t else None
+    return {"baseline": "-".join(BASELINE),
+            "per_cell": {c["key"]: {"median_ms": c["timing"].get("median_ms"), "p90_ms": c["timing"].get("p90_ms"),
+                                    "latency_ratio": c["latency_ratio"]} for c in cells}}
+
+
+def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
+    """report.md, report.html, summary.json and latency.json under `out`; (summary, cells)."""
+    cells = [cell_entry(p, art, model, dtype, provider) for model, dtype, provider in config.cells(p)]
+    latency = _latency(cells)
+    env = {f.stem: read_json(f) for f in sorted((art / "env").glob("*.json"))
+           if not f.stem.startswith(("provider-", "stage-"))}
+    coverage = {}
+    for suite in p.get("suites") or {}:
+        f = art / "suites" / "coverage" / f"{suite}.json"
+        coverage[suite] = read_json(f) if f.exists() else None
+    # the DVC metric: totals + one compact entry per cell and suite cell (layout: parity.metrics)
+    summary = metrics.summary({c["key"]: metrics.cell_entry(c["metrics"], c["plan"]) for c in cells},
+                              metrics.suite_entries(coverage))
+    title = "parity report"
+    models = {m: model_entry(art, m) for m in dict.fromkeys(c["model"] for c in cells)}
+    threads = (p.get("capture") or {}).get("threads")
+    camps, steps = fuzz_report.load(p, art)  # fuzz campaigns and training steps, when selected
+    md = render.markdown(title, summary, cells, env, coverage, models, threads)
+    write_text(out / "report.md", md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md)
+    page = render.html_page(title, summary, cells, env, coverage, models, threads)
+    write_text(out / "report.html", page.replace("</body>", fuzz_report.html_sections(camps, steps) + "</body>", 1))
+    write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
+    write_json(out / "latency.json", latency)
+    return summary, cells

@@ -1,0 +1,56 @@
+"""One suite cell (suite x dtype x provider): every case run in a pool of isolated long-lived workers
+(parity.suites.pool) through the provider's runner (Runner.run_op), next to its fp32 reference.
+Light: this process never imports torch (the workers do)."""
+
+from __future__ import annotations
+
+from parity import config, store
+from parity.suites import pool, spec
+
+
+def cell_of(p: dict, dtype: str, provider: str) -> dict:
+    """What a worker needs to run a case of this cell: the provider's runner and options, the torch
+    dtype, and the suites_run settings."""
+    sr = p.get("suites_run") or {}
+    prov = p["providers"][provider]
+    return {"provider": provider, "runner": prov["runner"], "import": prov.get("import"),
+            "torch_dtype": p["dtypes"][dtype]["torch"], "seed": int(p.get("seed", 0)),
+            "repeats": int(sr.get("repeats", 3)), "threads": int(sr.get("threads", 1)),
+            "onnx_opset": int(sr.get("onnx_opset", 17)), "options": prov.get("options") or {},
+            "grad": bool(sr.get("grad", True))}
+
+
+def _not_run(p: dict, dtype: str, provider: str) -> str | None:
+    """Why no case of this cell runs (UNSUPPORTED), or None."""
+    mode = p["dtypes"][dtype].get("mode", "cast")
+    if mode != "cast":
+        return f"suites run cast precisions only; dtypes.{dtype}.mode is {mode!r}"
+    return config.unsupported_dtype(provider, p["providers"][provider], dtype)
+
+
+def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None, progress=None):
+    """(rows, outputs, references, timing, pool stats) for one cell."""
+    sr = p.get("suites_run") or {}
+    cases = spec.expand(suite, p["suites"][suite], default_timeout=float(sr.get("timeout_s", 60)))
+    why = _not_run(p, dtype, provider)
+    if why:
+        results, stats = [{"status": "UNSUPPORTED", "reason": why} for _ in cases], None
+    else:
+        cell = cell_of(p, dtype, provider)
+        limits = [c["timeout_s"] or float(sr.get("timeout_s", 60)) for c in cases]
+        with pool.Pool(workers or int(sr.get("workers", 2)), threads=cell["threads"]) as pl:
+            results = pl.run(cases, cell, limits, progress=progress)
+            stats = {"restarts": pl.restarts, "crashes": pl.crashes, "timeouts": pl.timeouts}
+    rows, outs, refs, timing = [], [], [], {}
+    for idx, (c, r) in enumerate(zip(cases, results)):
+        names = [n for n, _ in r.get("outputs", [])]
+        rows.append({"id": c["id"], "label": c["label"], "kind": c["kind"], "status": r["status"],
+                     "reason": r.get("reason", ""), "outputs": names, "onnx_ops": r.get("onnx_ops"),
+                     "gradcheck": r.get("gradcheck")})
+        for k, (n, a) in enumerate(r.get("outputs", [])):
+            outs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
+        for k, (n, a) in enumerate(r.get("reference", [])):
+            refs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
+        if "latency_ms" in r:
+            timing[c["id"]] = {"latency_ms": r["latency_ms"], "ref_latency_ms": r.get("ref_latency_ms")}
+    return rows, outs, refs, timing, stats

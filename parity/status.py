@@ -1,0 +1,60 @@
+"""The one status vocabulary (core): what a cell, a case or a verdict can be, and the orders the
+stages and the report use. Plain strings in every artifact (`Status` is a StrEnum, so its members
+are those strings).
+
+  OK                ran; the values were captured (a model cell, a suite case)
+  MISMATCH          a suite case ran and differs beyond its tolerance (a model cell's is verdict FAIL)
+  NAN_IN_OUTPUT     a suite case gave NaN where the reference has none
+  NAN_IN_REFERENCE  the fp32 reference itself gave NaN
+  INVALID           the case fails on the reference too (or cannot be built): not the provider's fault
+  UNSUPPORTED       the provider does not declare this dtype (or precision mode)
+  UNAVAILABLE       the backend cannot run on this machine (library or device missing)
+  EXPORT_FAIL       preparing the model/op for the backend failed (conversion, session, engine build)
+  COMPILE_FAIL      a compiler (torch.compile) raised on a model/op that runs eagerly
+  INFER_FAIL        running it failed
+  CRASH / TIMEOUT   a suite worker died / ran past its limit on the case (parity.suites.pool)
+  NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
+  PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    OK = "OK"
+    MISMATCH = "MISMATCH"
+    NAN_IN_OUTPUT = "NAN_IN_OUTPUT"
+    NAN_IN_REFERENCE = "NAN_IN_REFERENCE"
+    INVALID = "INVALID"
+    UNSUPPORTED = "UNSUPPORTED"
+    UNAVAILABLE = "UNAVAILABLE"
+    EXPORT_FAIL = "EXPORT_FAIL"
+    COMPILE_FAIL = "COMPILE_FAIL"
+    INFER_FAIL = "INFER_FAIL"
+    CRASH = "CRASH"
+    TIMEOUT = "TIMEOUT"
+    NOT_RUN = "NOT_RUN"
+    MISSING = "MISSING"
+    PASS = "PASS"
+    FAIL = "FAIL"
+
+
+def _values(*members: Status) -> tuple[str, ...]:
+    return tuple(m.value for m in members)
+
+
+S = Status
+# what a runner's capture (and an engine build) ends with (parity.backends.base.run_capture)
+RUNNER = _values(S.OK, S.UNSUPPORTED, S.UNAVAILABLE, S.EXPORT_FAIL, S.COMPILE_FAIL, S.INFER_FAIL)
+# a suite case's statuses in the order the suite diff counts them
+CASE_ORDER = _values(S.OK, S.MISMATCH, S.NAN_IN_OUTPUT, S.NAN_IN_REFERENCE, S.INVALID, S.EXPORT_FAIL,
+                     S.COMPILE_FAIL, S.INFER_FAIL, S.CRASH, S.TIMEOUT, S.UNAVAILABLE, S.UNSUPPORTED)
+# worst first: what an op's coverage cell shows when its cases disagree
+SEVERITY = _values(S.CRASH, S.TIMEOUT, S.INFER_FAIL, S.EXPORT_FAIL, S.COMPILE_FAIL, S.NAN_IN_OUTPUT, S.MISMATCH,
+                   S.NAN_IN_REFERENCE, S.UNAVAILABLE, S.UNSUPPORTED, S.INVALID, S.OK)
+# a suite case the provider ran (counted in support rates)
+CASE_RAN = _values(S.OK, S.MISMATCH, S.NAN_IN_OUTPUT, S.NAN_IN_REFERENCE)
+# a model cell's verdicts when it ran
+VERDICTS = _values(S.PASS, S.FAIL)

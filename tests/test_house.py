@@ -1,0 +1,223 @@
+"""The shape of the house (the layers README's Layout names) holds, and extending it is one file each.
+
+- rules: no module of `parity` imports `stages`; no stage imports another; no import cycle in
+  `parity`; no stage module over ~80 lines; light stages import neither torch nor onnx at start
+  (every stage's deps == its import closure: tests/test_deps.py);
+- suites run through the runner registry: an ort_cpu and an ort_cpu_noopt suite cell run with their
+  providers' session options;
+- a provider (a subclass of an existing runner with other options) and a model, one new file each
+  plus their conf, run through the model pipeline and a suite.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, composed, env, make_repo
+
+STAGE_MAX_LINES = 80
+LIGHT_STAGES = ("stages.env", "stages.inputs", "stages.diff", "stages.report", "stages.suite_diff",
+                "stages.suite_coverage", "stages.suite_run")
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Project modules `path` imports anywhere (module level or inside functions), as dotted names."""
+    found = set()
+    pkg = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.split(".")[0] in ("parity", "stages")}
+
+
+def _project_modules(top: str) -> dict[str, Path]:
+    return {_module_name(f): f for f in sorted((ROOT / top).rglob("*.py")) if "__pycache__" not in f.parts}
+
+
+def test_no_parity_module_imports_stages_and_no_stage_imports_another():
+    bad = [f"{m} imports {i}" for m, f in _project_modules("parity").items() for i in _imports(f)
+           if i.split(".")[0] == "stages"]
+    assert not bad, bad
+    stages = _project_modules("stages")
+    bad = [f"{m} imports {i}" for m, f in stages.items() for i in _imports(f)
+           if i.startswith("stages.") and i != m]
+    assert not bad, bad
+
+
+def test_no_import_cycle_in_parity():
+    mods = _project_modules("parity")
+    graph = {m: {i for i in _imports(f) if i in mods and i != m} for m, f in mods.items()}
+    # a package's __init__ runs when a submodule is imported: `from parity.backends.base import X`
+    # in parity.backends.base's importers is an edge to parity.backends.base only (the package's
+    # __init__ importing its own submodules is not a cycle of the code's layers)
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, path):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(path[path.index(n):] + [n]))
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles in parity:\n" + "\n".join(cycles)
+
+
+def test_builtin_fingerprint_components_are_the_ones_config_accepts():
+    from parity import config, fingerprint
+
+    assert sorted(fingerprint.PROBES) == sorted(config.COMPONENTS)
+
+
+def test_stage_modules_are_thin():
+    long = {f.name: n for f in sorted((ROOT / "stages").glob("*.py"))
+            if (n := len(f.read_text().splitlines())) > STAGE_MAX_LINES}
+    assert not long, f"stage modules over {STAGE_MAX_LINES} lines (move the work to parity/pipeline): {long}"
+
+
+@pytest.mark.parametrize("module", LIGHT_STAGES)
+def test_light_stages_import_no_torch_or_onnx_at_start(module):
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            "heavy = sorted(m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules); "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ------------------------------------------------------------------- suites through the runners
+def test_ort_cpu_vs_ort_cpu_noopt_suite_cells_differ_in_the_session_options_they_ran_with():
+    """The same case in the ort_cpu and ort_cpu_noopt cells: each ran in an onnxruntime session with
+    its provider's graph_optimization_level (all / disabled), through the provider's runner."""
+    pytest.importorskip("onnxruntime")
+    import onnxruntime as ort
+
+    from parity.pipeline.suite_run import cell_of
+    from parity.suites import execute, spec
+
+    p = composed("providers=[ort_cpu,ort_cpu_noopt]", "dtypes=[fp32]")
+    case = next(c for c in spec.expand("critical") if c["label"] == "aten::gelu")
+    levels = {}
+    for prov in ("ort_cpu", "ort_cpu_noopt"):
+        cell = cell_of(p, "fp32", prov)
+        runner = execute.runner_for(cell)
+        sides, args, kwargs = execute.build(case, cell["seed"])
+        out, ms, onnx_ops = runner.run_op(sides["main"], args, kwargs)
+        assert out and onnx_ops, prov
+        levels[prov] = runner.op_session.get_session_options().graph_optimization_level
+        assert execute.run_case(case, cell)["status"] == "OK"
+    assert levels == {"ort_cpu": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+                      "ort_cpu_noopt": ort.GraphOptimizationLevel.ORT_DISABLE_ALL}
+
+
+# ------------------------------------------------------------- extending: one file each (+ conf)
+PROVIDER_FILE = '''\
+"""ONNX Runtime CPU at graph optimisation level `basic` without the memory-pattern planner."""
+
+from parity.backends.ort_cpu import OrtCpuRunner
+
+
+class OrtCpuBasicRunner(OrtCpuRunner):
+    # a fingerprint component of its own: its cells re-run when this package's version changes
+    fingerprint_components = {"packaging": ("packaging",)}
+
+    def _session_options(self):
+        so = super()._session_options()
+        so.enable_mem_pattern = False
+        return so
+'''
+PROVIDER_CONF = """\
+ort_cpu_basic:
+  runner: parity.backends.ort_cpu_basic:OrtCpuBasicRunner
+  dtypes: [fp32, fp16]
+  uses: [onnxruntime, onnx, cpu, packaging]
+  options:
+    graph_optimization_level: basic
+"""
+MODEL_FILE = '''\
+from torch import nn
+
+
+class TinyConv(nn.Module):
+    def __init__(self, c: int = 3):
+        super().__init__()
+        self.conv, self.act = nn.Conv2d(c, 8, 3, padding=1), nn.ReLU()
+        self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.act(self.conv(x))).flatten(1))
+'''
+MODEL_CONF = """\
+tinyconv:
+  arch:
+    source: import
+    name: tinyconv:TinyConv
+    kwargs: {c: 3}
+  input:
+    - {name: input, shape: [2, 3, 8, 8], dtype: float32, init: normal, mean: 0.0, std: 1.0}
+  tolerances: []
+"""
+SUITE_CONF = """\
+mine:
+  tolerances: []
+  spec:
+    presets: {img: {shape: [2, 3, 8, 8]}}
+    cases:
+      - {id: tinyconv, module: "tinyconv:TinyConv", import: tinyconv, inputs: [img]}
+      - {id: gelu, op: aten::gelu, inputs: [img]}
+"""
+
+
+def test_a_provider_and_a_model_are_one_file_each(tmp_path):
+    repo = make_repo(tmp_path / "repo", models=("tinyconv",), dtypes=("fp32",),
+                     providers=("torch_cpu", "ort_cpu_basic"), compose=False)
+    new = {"parity/backends/ort_cpu_basic.py": PROVIDER_FILE, "conf/providers/ort_cpu_basic.yaml": PROVIDER_CONF,
+           "tinyconv.py": MODEL_FILE, "conf/models/tinyconv.yaml": MODEL_CONF, "conf/suites/mine.yaml": SUITE_CONF}
+    for rel, text in new.items():
+        (repo.path / rel).write_text(text)
+    status = repo.run(["git", "status", "--porcelain"]).stdout.split("\n")
+    assert sorted(line[3:] for line in status if line) == sorted(
+        ["parity/backends/ort_cpu_basic.py", "conf/providers/ort_cpu_basic.yaml", "tinyconv.py",
+         "conf/models/tinyconv.yaml", "conf/suites/mine.yaml"])  # nothing else edited
+    repo.commit("a provider and a model")
+    ran = repo.exp_run("suites=[mine]")
+    assert {"capture@tinyconv-fp32-ort_cpu_basic", "diff@tinyconv-fp32-ort_cpu_basic",
+            "suite_run@mine-fp32-ort_cpu_basic", "suite_coverage@mine"} <= set(ran), ran
+    art = repo.path / "artifacts"
+    fp = json.loads((art / "env/provider-ort_cpu_basic.json").read_text())
+    assert set(fp) == {"onnxruntime", "onnx", "cpu", "packaging"} and fp["packaging"].get("packaging"), fp
+    st = json.loads((art / "capture/tinyconv-fp32-ort_cpu_basic/status.json").read_text())
+    assert st["status"] == "OK", st
+    m = json.loads((art / "diff/tinyconv-fp32-ort_cpu_basic/metrics.json").read_text())
+    assert m["verdict"] == "PASS", m
+    res = json.loads((art / "suites/run/mine/fp32-ort_cpu_basic/results.json").read_text())
+    by_id = {r["id"]: r for r in res["cases"]}
+    assert by_id["tinyconv"]["status"] == "OK" and "Conv" in by_id["tinyconv"]["onnx_ops"], by_id
+    cov = json.loads((art / "suites/coverage/mine.json").read_text())
+    row = next(r for r in cov["rows"] if r["op"] == "tinyconv:TinyConv")
+    assert row["cells"]["ort_cpu_basic/fp32"]["status"] == "OK", row
