@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from parity.backends import ops
-from parity.suites import execute
+from parity.backends.base import OpSkip
 
 FD_MAX_ELEMENTS = 4096  # finite differences cost two reference calls per input element
 FD_EPS = 1e-6
@@ -55,9 +55,8 @@ def _as_tensor(obj):
     return obj
 
 
-def run_reference(case: dict, args, kwargs, gcase) -> tuple[list, float]:
-    """(named outputs [+ gradients], median ms) of the case's `reference` in float64."""
-    fn = execute.resolve(case["reference"], case.get("imports", ()), "op")
+def run_reference(fn, args, kwargs, gcase) -> tuple[list, float]:
+    """(named outputs [+ gradients], median ms) of a case's `reference` callable in float64."""
     a64 = ops.tmap(args, lambda t: t.double() if t.is_floating_point() else t)
     k64 = ops.tmap(kwargs, lambda t: t.double() if t.is_floating_point() else t)
     with torch.no_grad():
@@ -92,14 +91,14 @@ def _fd_grads(fn, args, kwargs, gcase) -> list:
     leaves = [(f"in.{n}", t) for n, t in ops.leaves(args) if t.is_floating_point()]
     leaves += [(f"kw.{n}", t) for n, t in ops.leaves(kwargs) if t.is_floating_point()]
     if sum(t.numel() for _, t in leaves) > FD_MAX_ELEMENTS:
-        raise execute.SkipCase("INVALID", f"finite-difference gradients of a numpy reference are limited to "
+        raise OpSkip("INVALID", f"finite-difference gradients of a numpy reference are limited to "
                                           f"{FD_MAX_ELEMENTS} input elements (parity.suites.custom)")
     out = []
     with torch.no_grad():
         for name, t in leaves:
             flat = t.view(-1) if t.is_contiguous() else None
             if flat is None:
-                raise execute.SkipCase("INVALID", "finite differences need contiguous inputs")
+                raise OpSkip("INVALID", "finite differences need contiguous inputs")
             g = torch.zeros_like(flat)
             for i in range(flat.numel()):
                 x0 = float(flat[i])

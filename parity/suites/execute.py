@@ -255,7 +255,8 @@ def run_case(case: dict, cell: dict) -> dict:
                 if case.get("reference"):  # a user op against the user's float64 reference
                     from parity.suites import custom
 
-                    ref, rms = custom.run_reference(case, p_args, p_kwargs, gcase)
+                    fn = resolve(case["reference"], case.get("imports", ()), "op")
+                    ref, rms = custom.run_reference(fn, p_args, p_kwargs, gcase)
                 else:
                     ref, rms, _ = _reference(main, dt, p_args, p_kwargs, cell, gcase)
             except Exception as e:
