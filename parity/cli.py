@@ -15,6 +15,7 @@
                                             mismatch counts and worst elements
   parity list models|dtypes|providers|suites   the options of a conf/ group
   parity suite list|validate|show|import-opdiff ...  expand a suite (conf/suites), show a case, convert opdiff
+  parity fuzz SUITE --dtype D --provider P  seeded fuzz campaign; --reproduce ID, --minimise ID (fuzz_cli)
   parity completion bash|zsh               a shell completion script (shtab)
 
 --json (check, compare, sweep, show, list) prints one JSON document on stdout: docs/cli-json.md.
@@ -219,6 +220,8 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=_list)
     sub.add_parser("suite", help="list|validate SUITE ...: expand an op/module suite without running it",
                    add_help=False)
+    sub.add_parser("fuzz", help="SUITE --dtype D --provider P: fuzz a suite's cases; --reproduce/--minimise ID",
+                   add_help=False)
     from parity import expview
 
     c = sub.add_parser("exp", help="dvc exp show narrowed: differing params, totals, one verdict per cell",
@@ -242,6 +245,10 @@ def _main(argv: list[str]) -> int:
         from parity.suites.cli import main as suite_main
 
         return suite_main(argv[1:], prog="parity suite")
+    if argv[:1] == ["fuzz"]:  # its own parser (parity.fuzz_cli): campaign / --reproduce / --minimise
+        from parity.fuzz_cli import main as fuzz_main
+
+        return fuzz_main(argv[1:])
     args = parser().parse_args(argv)
     return args.fn(args)
 

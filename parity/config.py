@@ -39,6 +39,8 @@ TOP_KEYS = {
     "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",
     "plan_dtypes": "dtypes that get a plan@model-dtype-provider stage (resolved from `analysis.plan`, `dtypes`)",
     "reduce_dtypes": "dtypes that get reduce@model-dtype-provider stages (resolved from `analysis.reduce`, `dtypes`)",
+    "fuzz": "fuzz campaigns: fuzz@suite-dtype-provider stages (parity/analysis/fuzz.py)",
+    "train_step": "training step fp32 vs AMP: train_step@model-dtype stages (parity/analysis/train_step.py)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -46,9 +48,12 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"latency", "warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
-    "report": {"coverage_dep", "plan_dep", "reduce_dep"},
+    "report": {"coverage_dep", "plan_dep", "reduce_dep", "fuzz_dep", "train_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
     "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
+    "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
+             "timeout_s", "workers"},
+    "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
@@ -214,6 +219,7 @@ def validate(p: dict) -> dict:
     _dtypes(p)
     _providers(p)
     _analysis(p)
+    _fuzz_train(p)
     _derived(p)
     for name, m in p["models"].items():
         _model(f"models.{name}", m)
@@ -454,6 +460,39 @@ def _analysis(p: dict) -> None:
     if not isinstance(a.get("reduce", False), bool):
         raise ConfigError(f"analysis.reduce: expected true or false, got {a['reduce']!r}")
     _num("analysis.reduce_rel_l2", a.get("reduce_rel_l2", 1e-3), lo=0)
+
+
+def _fuzz_train(p: dict) -> None:
+    """fuzz (when fuzz.suites names one): its dtypes/providers among the selected ones (their
+    settings come from params); train_step: models among the selected ones, AMP dtypes float16/bfloat16."""
+    f = p.get("fuzz") or {}
+    for key, group in (("dtypes", "dtypes"), ("providers", "providers")):
+        for name in (f.get(key) or []) if f.get("suites") else []:  # defaults matter only when fuzzing
+            if name not in p[group]:
+                raise ConfigError(f"fuzz.{key}: '{name}' is not selected in `{group}`. Selected: "
+                                  f"{_choices(p[group])}")
+    for name in f.get("suites") or []:
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ConfigError(f"fuzz.suites: bad suite name {name!r}")
+    for k, lo in (("cases", 1), ("seed", 0), ("max_numel", 1), ("workers", 1)):
+        if k in f:
+            _num(f"fuzz.{k}", f[k], lo=lo, integer=True)
+    if "timeout_s" in f:
+        _num("fuzz.timeout_s", f["timeout_s"], lo=0.001)
+    t = p.get("train_step") or {}
+    for m in t.get("models") or []:
+        if m not in p["models"]:
+            raise ConfigError(f"train_step.models: '{m}' is not selected in `models`. Selected: "
+                              f"{_choices(p['models'])}")
+    for d in t.get("dtypes") or []:
+        if d not in ("float16", "bfloat16"):
+            raise ConfigError(f"train_step.dtypes: unknown AMP dtype {d!r}. Valid: bfloat16, float16")
+    if "lr" in t:
+        _num("train_step.lr", t["lr"], lo=0)
+    if t.get("device", "auto") not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"train_step.device: unknown device {t['device']!r}. Valid: auto, cpu, cuda")
+    if t.get("limit") is not None:
+        _num("train_step.limit", t["limit"], lo=0)
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).

@@ -33,4 +33,6 @@ def model_dir(model: str) -> str:
 SUITES_COVERAGE = f"{ARTIFACTS}/suites/coverage"
 PLAN = f"{ARTIFACTS}/plan"
 REDUCE = f"{ARTIFACTS}/reduce"  # reduce@cell folders (analysis.reduce)
+FUZZ = f"{ARTIFACTS}/fuzz"              # fuzz@suite-dtype-provider: FUZZ/<suite>/<dtype>-<provider>/
+TRAIN_STEP = f"{ARTIFACTS}/train_step"  # train_step@model-dtype: TRAIN_STEP/<model>/<dtype>.json
 REPORT = f"{ARTIFACTS}/report"

@@ -27,7 +27,7 @@ CODE_DIRS = ("parity", "stages", "hydra_plugins")
 # the conf/ groups whose YAML names modules a stage imports at run time (by stage module)
 CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "reduce": ("providers",),
              "suite_run": ("suites", "providers"),
-             "suite_coverage": ("providers",)}
+             "suite_coverage": ("providers",), "fuzz": ("suites", "providers")}
 
 
 def _yaml_strings(node):

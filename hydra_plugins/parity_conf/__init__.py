@@ -145,6 +145,25 @@ def _reduce_dep(*, _root_) -> str:
 
 if not OmegaConf.has_resolver("parity_reduce_dep"):
     OmegaConf.register_new_resolver("parity_reduce_dep", _reduce_dep)
+
+
+def _fuzz_dep(*, _root_) -> str:
+    """The report's fuzz input: artifacts/fuzz when fuzz.suites names one, else conf/suites."""
+    from parity import paths
+
+    return paths.FUZZ if (_root_.get("fuzz") or {}).get("suites") else "conf/suites"
+
+
+def _train_dep(*, _root_) -> str:
+    """The report's training-step input: artifacts/train_step with train_step.models, else conf/models."""
+    from parity import paths
+
+    return paths.TRAIN_STEP if (_root_.get("train_step") or {}).get("models") else "conf/models"
+
+
+for _name, _fn in (("parity_fuzz_dep", _fuzz_dep), ("parity_train_dep", _train_dep)):
+    if not OmegaConf.has_resolver(_name):
+        OmegaConf.register_new_resolver(_name, _fn)
 if not OmegaConf.has_resolver("parity_plan_dep"):
     OmegaConf.register_new_resolver("parity_plan_dep", _plan_dep)
 if not OmegaConf.has_resolver("parity_validate"):

@@ -266,11 +266,18 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
         else:
             main = sides["main"]
             try:
-                (ref, rms, _), base_grads = _baseline(case, main, dt, p_args, p_kwargs, cell, gcase)
+                if case.get("reference"):  # a user op against the user's float64 reference
+                    from parity.suites import custom
+
+                    fn = resolve(case["reference"], case.get("imports", ()), "op")
+                    (ref, rms), base_grads = custom.run_reference(fn, p_args, p_kwargs, gcase), True
+                else:
+                    (ref, rms, _), base_grads = _baseline(case, main, dt, p_args, p_kwargs, cell, gcase)
             except SkipCase as e:
                 return {"status": "INVALID", "reason": f"baseline: {e.status}: {e.reason}"}
             except Exception as e:
-                return {"status": "INVALID", "reason": "fails on the baseline too: " + reason_of(e)}
+                what = "the reference fails: " if case.get("reference") else "fails on the baseline too: "
+                return {"status": "INVALID", "reason": what + reason_of(e)}
             if not base_grads:
                 gcase = None  # no gradients on an ONNX baseline: compare forward outputs only
             zero = _zero_output(case, ref)

@@ -27,6 +27,10 @@ A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
           - {id: fd, gradcheck: pkg.mod:MyFunction, inputs: [x]}           # float64 gradcheck
           - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
           - {id: mine, op: mypkg.ops:fused_gelu, import: mypkg.ops, inputs: [x]}  # code of your own
+          - {id: my_op, op: "import:mypkg.ops:my_gelu", reference: "import:mypkg.ref:gelu64",  # checked
+             inputs: [x]}                       # against your float64 reference (parity.suites.custom)
+    A preset may also give layout: contiguous | transposed | channels_last and nonfinite: {nan: n,
+    inf: n} (what fuzzing draws: parity.analysis.fuzz).
 
 More keys (parity.suites.features): preset dtypes complex/float64/int32/...; random values
 {uniform}, {randint}, {bernoulli}, {choice}, {optional}; `file:path.py::Symbol` targets; nested
@@ -57,9 +61,11 @@ SUITE_KEYS = {"tolerances", "spec"}
 SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases", "import", *features.OPTION_KEYS}
 KINDS = ("op", "module", "pair", "gradcheck", "opinfo")
 CASE_KEYS = {"id", *KINDS, "inputs", "args", "kwargs", "vars", "only", "skip", "grad", "loss", "train",
-             "timeout_s", "import", *features.OPTION_KEYS}
+             "timeout_s", "import", "reference", *features.OPTION_KEYS}
 PAIR_SIDE_KEYS = {"op", "module", "args", "kwargs"}
-PRESET_KEYS = {"shape", "dtype", "init"}
+PRESET_KEYS = {"shape", "dtype", "init", "layout", "nonfinite"}
+LAYOUTS = ("contiguous", "transposed", "channels_last")  # preset layout: strides of the tensor (fuzzing)
+IMPORT_PREFIX = "import:"  # op: import:pkg.mod:fn declares pkg.mod as code to run (custom ops)
 PRESET_DTYPES = features.PRESET_DTYPES
 INITS = {"normal": 2, "uniform": 2, "randint": 2, "fixed": None, "fill": 1, "bernoulli": 1}
 LOSSES = ("sum", "mse")
@@ -188,7 +194,27 @@ def _check_preset(p: dict, dims: dict, err) -> dict:
             numel *= s
         if len(params) != numel:
             err(f"init fixed: {len(params)} values for shape {shape} ({numel} elements)")
-    return {"shape": shape, "dtype": dtype, "init": {iname: params}}
+    out = {"shape": shape, "dtype": dtype, "init": {iname: params}}
+    _check_layout(p, shape, features.kind_of(dtype), err, out)
+    return out
+
+
+def _check_layout(p: dict, shape: list, dt: str, err, out: dict) -> None:
+    """layout: contiguous | transposed (last two axes, >= 2-D) | channels_last (4-D); nonfinite:
+    {nan: n, inf: n} seeded positions (float presets). Both are written by fuzzing (parity.analysis.fuzz)."""
+    lay = p.get("layout", "contiguous")
+    if lay not in LAYOUTS:
+        err(f"unknown layout '{lay}'. Valid: {', '.join(LAYOUTS)}")
+    if lay == "transposed" and len(shape) < 2 or lay == "channels_last" and len(shape) != 4:
+        err(f"layout {lay} needs a {'4-D' if lay == 'channels_last' else '2-D or larger'} shape, got {shape}")
+    if lay != "contiguous":
+        out["layout"] = lay
+    nf = p.get("nonfinite")
+    if nf is not None:
+        if dt != "float" or not isinstance(nf, dict) or not set(nf) <= {"nan", "inf"} or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in nf.values()):
+            err(f"nonfinite: expected {{nan: count, inf: count}} on a float preset, got {nf!r}")
+        out["nonfinite"] = {k: nf[k] for k in sorted(nf)}
 
 
 # ------------------------------------------------------------------------------------------ templates
@@ -326,7 +352,9 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         for k, v in body.items():
             c[k] = _subst(v, env, lambda m, k=k: cerr(m, k))
         dims, presets = ctx["dims"], ctx["presets"]
+        implied = _strip_import_prefix(c, cerr)
         imports = _declared_imports(c, ctx, cerr)
+        imports += [m for m in implied if m not in imports]
         case = {"id": cid, "kind": kind, "file": file,
                 "grad": bool(c.get("grad", ctx["grad"])), "loss": c.get("loss", ctx["loss"]),
                 "train": bool(c.get("train", False)),
@@ -379,6 +407,11 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
                     sides[s] = d
                 case.update(pair=sides, call_args=ins, call_kwargs={})
                 case["label"] = f"{sides['a']['target']} vs {sides['b']['target']}"
+        if "reference" in c:
+            if kind != "op" or not _is_path(c["reference"]):
+                cerr("reference: an op case's reference implementation, import:pkg.mod:fn (numpy or torch, "
+                     "called in float64)", "reference")
+            case["reference"] = c["reference"]
         _check_code(case, imports, cerr)
         if cid in seen:
             cerr(f"duplicate case id (also in {seen[cid]})", "id")
@@ -450,6 +483,22 @@ def _spec_imports(spec: dict, file: str) -> list[str]:
         raise SuiteError(file, None, "spec.import", str(e)) from None
 
 
+def _strip_import_prefix(c: dict, cerr) -> list[str]:
+    """`op: import:pkg.mod:fn` / `reference: import:pkg.mod:fn`: the prefix declares pkg.mod (as
+    `import: pkg.mod` would); the target becomes pkg.mod:fn. Returns the declared modules."""
+    out = []
+    for k in ("op", "reference"):
+        v = c.get(k)
+        if isinstance(v, str) and v.startswith(IMPORT_PREFIX):
+            v = v[len(IMPORT_PREFIX):]
+            mod = v.partition(":")[0] if ":" in v else v.rpartition(".")[0]
+            if not mod or not _is_path(v):
+                cerr(f"expected import:pkg.module:function, got {c[k]!r}", k)
+            c[k] = v
+            out.append(mod)
+    return out
+
+
 def _declared_imports(c: dict, ctx: dict, cerr) -> list[str]:
     """A case's `import:` plus its suite's."""
     from parity import imports
@@ -475,6 +524,8 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
         targets = [(case["kind"], case["kind"], case["target"])]
     named = {x[2] for x in targets}
     targets += [("construct", "module", t) for t in features.case_targets(case) if t not in named]
+    if case.get("reference"):
+        targets.append(("reference", "op", case["reference"]))
     for key, kind, target in targets:
         try:
             search = imports.search_path([str(features.repo_root(case["file"]))])
