@@ -197,7 +197,7 @@ def test_killed_node_mid_cell_completes_elsewhere(tmp_path, local_cluster):
     assert out.count(f"{cell}: PASS on ") == 1, out
     # the killed attempt pushed nothing: one run-cache entry per cell stage on the remote
     runs = [d for d in (tmp_path / "remote" / "runs").rglob("*") if d.is_file()]
-    keys = {f.parent.parent.name for f in runs}
+    keys = {f.parent.name for f in runs}  # runs/<2-hex prefix>/<stage key>/<entry>: prefixes can collide
     assert len(runs) == len(keys), runs
     # the killed attempt stopped in its dvc repro and left no process behind
     assert json.loads((cl.workdirs[killed] / "running.json").read_text())["phase"] == "run"
