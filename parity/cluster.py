@@ -146,16 +146,19 @@ def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------- the task (runs on a node)
 
-# Kills the process group argv[2] once this watchdog's parent (the Ray worker running the cell) is
-# gone: a node that dies, or a task cancelled by Ctrl-C on the driver, leaves no dvc and no stage behind.
-_WATCHDOG = """import os, signal, sys, time
-parent, group = int(sys.argv[1]), int(sys.argv[2])
-while os.getppid() == parent:
-    time.sleep(0.2)
-try:
-    os.killpg(group, signal.SIGKILL)
-except OSError:
-    pass
+# Kills the process group argv[1] unless the Ray worker running the cell says "done" on stdin: a node
+# that dies, or a task cancelled by Ctrl-C on the driver, closes the pipe without it (EOF), and no dvc
+# and no stage process is left behind. It forks off at once, so it is not a child of the worker: on
+# a cancel Ray kills the worker's own children (dvc's main process among them), but not dvc's stage
+# command in dvc's process group, which this kills.
+_WATCHDOG = """import os, signal, sys
+if os.fork():
+    os._exit(0)
+if sys.stdin.buffer.read(1) != b"x":
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except OSError:
+        pass
 """
 
 
@@ -163,12 +166,15 @@ def _run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Compl
     """`cmd` in a process group of its own, watched: if this worker dies, the whole group is killed."""
     p = subprocess.Popen(cmd, cwd=cwd, env=env or parallel._env(), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    w = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(p.pid)], start_new_session=True)
+    w = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(p.pid)], stdin=subprocess.PIPE,
+                         start_new_session=True)
+    w.wait()  # the watchdog's first half; the second half holds the pipe's read end until we are done
     try:
         out, _ = p.communicate()
     finally:
-        w.kill()
-        w.wait()
+        with contextlib.suppress(OSError):
+            w.stdin.write(b"x")
+            w.stdin.close()
     return subprocess.CompletedProcess(cmd, p.returncode, out, None)
 
 

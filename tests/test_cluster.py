@@ -207,8 +207,12 @@ def test_killed_node_mid_cell_completes_elsewhere(tmp_path, local_cluster):
 
 def test_ctrl_c_cancels_remote_tasks(tmp_path, local_cluster):
     """SIGINT to the driver while a node runs a cell: the driver cancels the task, exits 130, and no
-    dvc or stage process of the cell is left on the node."""
+    dvc or stage process of the cell is left on the node. The cell's capture command first sleeps, so
+    the task is surely still in its run phase when the signal lands (a tiny cell could otherwise finish
+    while a loaded machine delivers the cancel), and the sleep is one more process that must be gone."""
     repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    repo.edit("dvc.yaml", "python -m stages.capture", "sleep 600 && python -m stages.capture")
+    repo.commit("a capture that takes its time")
     with_remote(repo, tmp_path)
     cl = local_cluster([[], ["ort_cpu"]])
     drv = subprocess.Popen([f"{BIN}/parity", "repro", "--cluster", cl.address], cwd=repo.path, env=env(),

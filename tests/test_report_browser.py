@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -49,10 +50,18 @@ def load(browser, uri) -> tuple[list[str], list[str]]:
     """Open `uri`; return (every URL fetched, the ones that failed). chrome:// internals are not fetches."""
     browser.get_log("performance"), browser.get_log("browser")  # drop earlier events
     browser.get(uri)
-    events = [json.loads(e["message"])["message"] for e in browser.get_log("performance")]
-    sent = {e["params"]["requestId"]: e["params"]["request"]["url"] for e in events
-            if e["method"] == "Network.requestWillBeSent"}
-    fetched = {i: u for i, u in sent.items() if u.split(":")[0] in ("http", "https", "ws", "wss", "file")}
+    events: list[dict] = []
+    end = time.monotonic() + 30
+    while True:  # a failed fetch may be logged after the load event: wait until every fetch has ended
+        events += [json.loads(e["message"])["message"] for e in browser.get_log("performance")]
+        sent = {e["params"]["requestId"]: e["params"]["request"]["url"] for e in events
+                if e["method"] == "Network.requestWillBeSent"}
+        fetched = {i: u for i, u in sent.items() if u.split(":")[0] in ("http", "https", "ws", "wss", "file")}
+        ended = {e["params"]["requestId"] for e in events
+                 if e["method"] in ("Network.loadingFinished", "Network.loadingFailed")}
+        if set(fetched) <= ended or time.monotonic() > end:
+            break
+        time.sleep(0.1)
     failed = [fetched[e["params"]["requestId"]] for e in events
               if e["method"] == "Network.loadingFailed" and e["params"]["requestId"] in fetched]
     return sorted(set(fetched.values())), failed
