@@ -18,7 +18,6 @@ Runner.mixed (the mixed-precision plan): the plain graph converted with chosen n
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -215,10 +214,7 @@ class OrtRunner(Runner):
             del lv.inputs[c]
             lv.skipped[c] = "the reference has no pre:<call> input for it"
         self.own_cut = lv
-        with tempfile.TemporaryDirectory(prefix="parity-own-") as d:
-            path = Path(d) / "own.onnx"
-            onnx.save(onnx_cut.cut(m, lv), str(path))
-            self.own = self._session(path)
+        self.own = self._session(onnx_cut.cut(m, lv))  # in memory: _convert takes a ModelProto
 
     def infer_own(self, feeds, ref):
         if getattr(self, "own", None) is None:

@@ -163,10 +163,27 @@ def _vi(name: str, like: onnx.TypeProto | None) -> onnx.ValueInfoProto:
     return v
 
 
+def _without_weights(m: onnx.ModelProto) -> onnx.ModelProto:
+    """`m` with the bytes of its large floating initializers left out (dims and type kept): shape
+    inference reads only the values of small integer tensors (Reshape shapes, Slice starts), and
+    handing it resnet18's 47 MB of weights cost a serialisation and a parse (~0.2 s per capture)."""
+    light = onnx.ModelProto()
+    light.CopyFrom(m)
+    for init in light.graph.initializer:
+        if init.data_type in _FLOATS and init.ByteSize() > 4096:
+            init.ClearField("raw_data")
+            for f in ("float_data", "double_data", "int32_data"):  # fp16/bf16 values live in int32_data
+                init.ClearField(f)
+    return light
+
+
+_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
 def cut(m: onnx.ModelProto, lv: Leaves) -> onnx.ModelProto:
     """The cut graph (module doc): inputs = the model's + `ref:<call>` + `pre:<call>`; outputs =
     `<call>` (own) per leaf, `between:<call>` per cut leaf input, `between:output[:i]`."""
-    g = _Graph(onnx.shape_inference.infer_shapes(m).graph)  # types of the tensors now graph I/O
+    g = _Graph(onnx.shape_inference.infer_shapes(_without_weights(m)).graph)  # types of the tensors now graph I/O
     src_of = {t: c for c, t in lv.src.items()}
     node_call = {i: c for c, s in lv.nodes.items() for i in s}
     used_ref: dict[str, str] = {}
