@@ -14,12 +14,10 @@ Speed and precision: one fused pass per (actual, expected) pair, in blocks of CH
 to float64 in cache (compare_arrays). Element-wise values are the unblocked float64 ones, so
 max_abs, max_rel, tol_ratio, n_outside, hist, the NaN/Inf counts and the worst index are exact (bit
 for bit what one whole-array float64 pass gives); the sums behind mean_abs, rel_l2 and cosine are
-added per block (sums of products as BLAS dots of at most SEG elements, which OpenBLAS runs on one
-thread; mean_abs with numpy's pairwise sum) and then across blocks in order, which agrees with a
-whole-array sum to a relative 1e-12 (tests/test_compare_fused.py checks both against the
-implementation this replaced, on random and adversarial arrays). Every reduction runs on one thread
-in a fixed order, so the same arrays give the same bytes whatever the thread count or the machine's
-load (tests/test_compare.py runs it at 1, 2 and 4 BLAS threads).
+added per block with numpy's pairwise sum and then across blocks, which agrees with a whole-array
+sum to a relative 1e-12 (tests/test_compare_fused.py checks both against the implementation this
+replaced, on random and adversarial arrays). No BLAS: every reduction runs on one thread in a fixed
+order, so the same arrays give the same bytes whatever the thread count or the machine's load.
 """
 
 from __future__ import annotations
@@ -172,45 +170,25 @@ class _Sample:
         }
 
 
-# Sums of products run as BLAS dots (a multiply-add in registers, no temporary: 3-5x a product pass
-# and a pairwise sum) over segments of SEG elements, added in a fixed order. OpenBLAS computes a dot
-# of at most 10,000 elements on one thread (larger ones are split over its threads, and the split
-# changed the last bits with the thread count), so the bytes stay the same whatever
-# OPENBLAS_NUM_THREADS / OMP_NUM_THREADS or the core count (tests/test_compare.py checks).
-SEG = 8192
-
-
-def _dots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Row-wise x . y of two (rows, n) float64 arrays (rows contiguous), as floats summed per SEG
-    segment in order: one thread, a fixed order."""
-    n = x.shape[-1]
-    k = n // SEG
-    out = np.zeros(x.shape[:-1])
-    if k:
-        seg = np.vecdot(x[..., :k * SEG].reshape(*x.shape[:-1], k, SEG),
-                        y[..., :k * SEG].reshape(*y.shape[:-1], k, SEG))
-        for j in range(k):  # left to right, the same order for every row
-            out += seg[..., j]
-    if n > k * SEG:
-        out += np.vecdot(x[..., k * SEG:], y[..., k * SEG:])
-    return out
-
-
 def _block(s: _Sample, xy: np.ndarray, w: np.ndarray, offset: int, atol: float, rtol: float) -> bool:
     """One block of finite values (xy: actual and expected rows, float64; w: 3 work rows). False,
     with nothing added, when a sum of squares is not finite: a NaN/Inf (a float32/float16 square
     cannot overflow a float64 sum), or float64 values near 1e154; _block_nonfinite takes those."""
     x, y = xy
     d, t, u = w[0, :x.size], w[1, :x.size], w[2, :x.size]
+    sq = np.add.reduce(np.multiply(xy, xy, out=w[1:, :x.size]), axis=1)  # a^2, b^2 (pairwise sums)
+    saa, sbb = float(sq[0]), float(sq[1])
     np.subtract(x, y, out=d)
-    saa, sbb = (float(v) for v in _dots(xy, xy))  # a^2, b^2
-    sdd = float(_dots(d[None], d[None])[0])
+    sdd = _sumsq(d, t)
     if not math.isfinite(saa + sbb + sdd):
         return False
     s.sq_act += saa
     s.sq_ref += sbb
     s.sq_diff += sdd
-    s.prod += float(_dots(x[None], y[None])[0])
+    if sdd <= (saa + sbb) / 4:  # a close to b: a.b from the sums above, to ~1e-14 relative
+        s.prod += (saa + sbb - sdd) / 2
+    else:  # far apart (or one much larger): that identity would cancel; a product pass
+        s.prod += float(np.add.reduce(np.multiply(x, y, out=t)))
     np.abs(d, out=d)
     np.abs(y, out=u)
     np.multiply(u, rtol, out=t)
@@ -228,8 +206,8 @@ def _block(s: _Sample, xy: np.ndarray, w: np.ndarray, offset: int, atol: float, 
 
 
 def _sumsq(x: np.ndarray, tmp: np.ndarray) -> float:
-    """sum(x * x) of a contiguous 1-D float64 array (_dots: one thread, a fixed order); `tmp` unused."""
-    return float(_dots(x[None], x[None])[0])
+    """sum(x * x): a product pass into `tmp` and numpy's pairwise sum (one thread, a fixed order)."""
+    return float(np.add.reduce(np.multiply(x, x, out=tmp)))
 
 
 def _block_nonfinite(s: _Sample, x: np.ndarray, y: np.ndarray, offset: int, atol: float, rtol: float) -> None:
@@ -260,7 +238,7 @@ def _block_nonfinite(s: _Sample, x: np.ndarray, y: np.ndarray, offset: int, atol
     s.sq_diff += _sumsq(diff, allowed)
     s.sq_ref += _sumsq(y, allowed)
     s.sq_act += _sumsq(x, allowed)
-    s.prod += float(_dots(x[None], y[None])[0])
+    s.prod += float(np.add.reduce(np.multiply(x, y, out=allowed)))
 
 
 def sum_sq(x: np.ndarray) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import compare, config, store
-from parity.analysis import oracle
+from parity.analysis import oracle, sums
 from parity.io import read_json
 
 OWN = "own.parquet"
@@ -78,18 +78,25 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
     cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
     gold = own = None
     if mode == "oracle":
-        gold = read_dict(reference_dir / "fp64.parquet")
-        base = read_dict(baseline_dir / "layers.parquet")
         u, lim = oracle.unit_roundoff(p["dtypes"][dtype]), (_k(p, dtype), _slack(p, dtype))  # (k, slack)
-        ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
-        for d in cd.layers:
-            d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, lim, ref_sq)
-            d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
-        if (capture_dir / OWN).exists() and (baseline_dir / OWN).exists():
-            own = read_dict(capture_dir / OWN)
-            cd.own = own_records(own, read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
+        cs, bs = sums.load(capture_dir), sums.load(baseline_dir)
+        if cs is not None and bs is not None:  # the producers' sums: no fp64 or own.parquet read
+            _judge_from_sums(cd, cs, bs, u, lim, samples)
+        else:
+            gold = read_dict(reference_dir / "fp64.parquet")
+            base = read_dict(baseline_dir / "layers.parquet")
+            ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
+            for d in cd.layers:
+                d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, lim, ref_sq)
+                d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
+            if (capture_dir / OWN).exists() and (baseline_dir / OWN).exists():
+                own = read_dict(capture_dir / OWN)
+                cd.own = own_records(own, read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
     cd.summary = summarize(cd)
     if cd.summary.get("drift_origin"):
+        if mode == "oracle" and gold is None:  # explaining the origin needs the values themselves
+            gold = read_dict(reference_dir / "fp64.parquet")
+            own = read_dict(capture_dir / OWN) if cd.own else None
         cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
     settings_causes(cd)
     return cd
@@ -167,6 +174,27 @@ def _judge(name: str, gold_name: str, act: dict, base: dict, gold: dict, u: floa
         return None
     floor = _sq(base, gold_name, gold, gold_name, ref_sq)
     return oracle.judge(err, floor, u, *lim)
+
+
+def _judge_from_sums(cd: CellDiff, cs: dict, bs: dict, u: float, lim: tuple, samples: range | None) -> None:
+    """The oracle verdict of every layer and own value from the capture's and the baseline's
+    oracle_sums.json (parity.analysis.sums): what _judge and own_records compute from the arrays."""
+    for d in cd.layers:
+        gname = store.reference_name(d.name)
+        err = sums.sq(cs, "layers", d.name, gname, samples)
+        d.oracle = oracle.judge(err, sums.sq(bs, "layers", gname, gname, samples), u, *lim) if err else None
+        d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
+    if cs.get("own") is None or bs.get("own") is None:
+        return
+    for name in sums.own_names(cs, samples):
+        gname = store.own_reference_name(name)
+        err = sums.sq(cs, "own", name, gname, samples)
+        if err is None:
+            continue
+        kind = "between" if name.startswith(BETWEEN) else "leaf"
+        layer = name[len(BETWEEN):] if kind == "between" else name
+        cd.own.append({"name": name, "layer": layer, "kind": kind,
+                       **oracle.judge(err, sums.sq(bs, "own", name, gname, samples), u, *lim)})
 
 
 def own_records(own: dict, base_own: dict, gold: dict, u: float, lim: tuple, ref_sq: dict) -> list[dict]:

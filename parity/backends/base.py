@@ -101,6 +101,8 @@ class CaptureResult:
     own_reason: str = ""
     # leaf calls whose input the runner could not feed from the reference (no own value for them)
     own_skipped: list[str] = field(default_factory=list)
+    # the fp64 reference per sample ({name: array}), when the own-error run read it
+    reference: list[dict[str, np.ndarray]] | None = None
 
 
 class Runner:
@@ -305,7 +307,7 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
         res.own_reason = runner.own_unsupported
         return
     try:
-        refs = reference_values(Path(job.reference))
+        refs = res.reference = reference_values(Path(job.reference))
         if len(refs) != len(feeds):
             res.own_reason = f"{job.reference} has {len(refs)} samples, the inputs {len(feeds)}"
             return

@@ -16,6 +16,7 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
     oracle's yardstick. UNSUPPORTED for precision modes torch CPU eager does not reproduce."""
     from parity import store
     from parity.analysis.oracle import has_baseline
+    from parity.analysis import sums
     from parity.backends.base import CaptureJob, run_capture, write_own
     from parity.io import write_json
     from parity.pipeline.inputs import load
@@ -48,6 +49,10 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
                 if not t.name.startswith(store.PLAIN)]
     store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
     own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
+    if res is not None:
+        sums.write_for(out, res, reference, dc)
+    else:
+        (out / sums.FILE).unlink(missing_ok=True)
     provider = "ort_cpu_noopt" if p["models"][model]["arch"]["source"] == "onnx" else BASELINE_PROVIDER
     write_json(out / "status.json", {"baseline": key, "provider": provider, "status": res_status,
                                      "reason": reason, "own": own})

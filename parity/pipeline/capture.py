@@ -14,6 +14,7 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
     from parity import fingerprint, inputspec, store
     from parity.backends import CaptureJob, load_runner
+    from parity.analysis import sums
     from parity.backends.base import CaptureResult, latency_stats, write_own
     from parity.io import write_json
     from parity.pipeline.inputs import load
@@ -51,6 +52,7 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     status = {"cell": key, "model": model, "dtype": dtype, "provider": provider,
               "status": res.status, "reason": res.reason, "layers": n_layers,
               "own": write_own(out / "own.parquet", res, key)}
+    sums.write_for(out, res, reference, p["dtypes"][dtype])
     if by_shape:  # models.<m>.shapes: each shape's status (a failure at one shape names it)
         status["shapes"] = by_shape
     if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)

@@ -1,0 +1,142 @@
+"""The oracle's squared-error sums, computed where the values are made and stored beside them.
+
+The oracle verdict (parity.analysis.oracle) needs, per layer and sample, the squared error of the
+values against the fp64 reference, the number of non-finite errors, the element count and the
+squared fp64 values: sums that do not depend on any tolerance or diff setting. The capture and
+baseline stages hold the values and the fp64 reference in memory anyway (the reference feeds the
+own-error run), so they write these sums to `oracle_sums.json` next to layers.parquet and own.parquet.
+The diff stage then judges every layer from the two small files instead of reading the fp64
+reference and both own.parquet files again (about 550 of the 670 MB it read for resnet18); it reads
+those arrays only to explain a drift origin, or when a producer wrote no sums (older artifacts).
+
+The sums come from the same functions on the same arrays as the diff's own computation
+(parity.compare.sq_error, sum_sq), one entry per sample, added in sample order by `sq`: the verdicts
+and metrics are the same bytes either way (tests/test_oracle_sums.py). JSON keeps every float
+exactly (repr round-trips). numpy only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from parity import store
+from parity.analysis.oracle import Sq
+from parity.compare import sq_error, sum_sq
+from parity.io import read_json, write_json
+
+FILE = "oracle_sums.json"
+VERSION = 1
+
+
+def _shape(a: np.ndarray) -> tuple:
+    return np.shape(a) or (1,)  # the store keeps a 0-d tensor as shape [1]
+
+
+def _table(samples: list[list[tuple[str, np.ndarray]]], gold: list[dict], gold_name, ref_sq: dict) -> dict:
+    """{name: {"gold": gold name, "samples": [[err, nonfinite, n] or None per sample]}}: entries for
+    the samples 0..S-1 that the fp64 reference has this tensor for (it stops at the first it lacks, as
+    the diff's loop does); None where the values lack the sample or their shape differs."""
+    names: dict[str, None] = {}
+    for named in samples:
+        names.update((n, None) for n, _ in named)
+    by_sample = [dict(named) for named in samples]
+    out = {}
+    for name in names:
+        gname = gold_name(name)
+        rows = []
+        for s, g in enumerate(gold):
+            ref = g.get(gname)
+            if ref is None:
+                break
+            val = by_sample[s].get(name) if s < len(by_sample) else None
+            if val is None or _shape(np.asarray(val)) != _shape(ref):
+                rows.append(None)
+                continue
+            if (s, gname) not in ref_sq:
+                ref_sq[s, gname] = sum_sq(ref)
+            err, bad = sq_error(val, ref)
+            rows.append([err, bad, int(np.size(ref))])
+        out[name] = {"gold": gname, "samples": rows}
+    return out
+
+
+def compute(layers: list[list[tuple[str, np.ndarray]]], own: list[list[tuple[str, np.ndarray]]] | None,
+            gold: list[dict]) -> dict:
+    """The sums file's content for a capture (or baseline): its layer values (plain: outputs
+    included) and own values against the fp64 reference `gold` (per sample {name: array})."""
+    ref_sq: dict = {}
+    doc = {"version": VERSION,
+           "layers": _table(layers, gold, store.reference_name, ref_sq),
+           "own": _table(own, gold, store.own_reference_name, ref_sq) if own is not None else None,
+           # own.parquet's order per sample (the diff lists own records in it)
+           "own_order": [[n for n, _ in named] for named in own] if own is not None else None}
+    names = sorted({g for _, g in ref_sq})
+    doc["ref_sq"] = {g: [ref_sq.get((s, g)) for s in range(len(gold))] for g in names}
+    return doc
+
+
+def write(out_dir: Path, layers, own, gold: list[dict] | None) -> None:
+    """oracle_sums.json in `out_dir`, or none (removed) without an fp64 reference."""
+    path = Path(out_dir) / FILE
+    if gold is None:
+        path.unlink(missing_ok=True)
+        return
+    write_json(path, compute(layers, own, gold))
+
+
+def write_for(out_dir: Path, res, reference: Path | None, dtype_cfg: dict) -> None:
+    """oracle_sums.json for a capture or baseline result (parity.backends.base.CaptureResult): its
+    values against the fp64 reference at `reference`, for an OK result at a dtype the oracle judges
+    (none otherwise). The reference the own-error run read is reused; else it is read here."""
+    from parity.analysis.oracle import has_baseline
+
+    ok = res.status == "OK" and reference is not None and Path(reference).exists() and has_baseline(dtype_cfg)
+    gold = None
+    if ok:
+        gold = res.reference if res.reference is not None else _read_gold(Path(reference))
+    write(out_dir, res.samples, res.own, gold)
+
+
+def _read_gold(path: Path) -> list[dict]:
+    """fp64.parquet -> per sample {name: array}."""
+    by: dict[int, dict] = {}
+    for t in store.read(path):
+        by.setdefault(t.sample, {})[t.name] = t.array
+    return [by[k] for k in sorted(by)]
+
+
+def load(directory: Path | None) -> dict | None:
+    """The sums a producer wrote in `directory`, or None (none written, or another version)."""
+    if directory is None or not (Path(directory) / FILE).exists():
+        return None
+    doc = read_json(Path(directory) / FILE)
+    return doc if doc.get("version") == VERSION else None
+
+
+def sq(doc: dict, kind: str, name: str, gold_name: str, samples: range | None = None) -> Sq | None:
+    """Sq of `name` (kind "layers" or "own") over `samples` (all when None, else that range), as the
+    diff's array loop builds it: None when a sample lacks the values or no sample was compared."""
+    entry = (doc.get(kind) or {}).get(name)
+    if entry is None or entry["gold"] != gold_name:
+        return None
+    rows, refs = entry["samples"], doc["ref_sq"].get(gold_name, [])
+    if samples is not None:
+        rows, refs = rows[samples.start:samples.stop], refs[samples.start:samples.stop]
+    out = Sq()
+    for r, ref in zip(rows, refs):
+        if r is None:
+            return None
+        out.err += r[0]
+        out.nonfinite += r[1]
+        out.ref += ref
+        out.n += r[2]
+    return out if out.n else None
+
+
+def own_names(doc: dict, samples: range | None = None) -> list[str]:
+    """Own value names in own.parquet's order, of the first sample of `samples`."""
+    order = doc.get("own_order") or []
+    k = samples.start if samples is not None else 0
+    return list(order[k]) if k < len(order) else []

@@ -1,0 +1,64 @@
+"""The oracle's error sums written by the capture and baseline stages (parity.analysis.sums): the
+diff stage judges from them without reading the fp64 reference or any own.parquet, and its
+verdicts, metrics and drift-origin cause are the same bytes as when it computes them from the
+arrays (a producer without sums, e.g. artifacts from before this file existed)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import yaml
+
+from conftest import make_repo
+from parity import store
+from parity.analysis import diffcell, sums
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    r = make_repo(tmp_path_factory.mktemp("sums") / "repo")
+    r.repro()
+    return r
+
+
+def _diff(p, cell, root, without_sums, tmp):
+    model, dtype, _ = cell.split("-", 2)
+    cap, base = root / "artifacts/capture" / cell, root / "artifacts/baseline" / model / dtype
+    if without_sums:  # the same artifacts with no oracle_sums.json: the diff computes from the arrays
+        for src in (cap, base):
+            dst = tmp / src.relative_to(root)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns(sums.FILE))
+        cap, base = tmp / cap.relative_to(root), tmp / base.relative_to(root)
+    cd = diffcell.diff_cell(p, model, dtype, cap, root / "artifacts/reference" / model, base)
+    return json.dumps({"layers": [d.as_dict() for d in cd.layers], "own": cd.own, "summary": cd.summary,
+                       "mode": cd.mode}, sort_keys=True)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "failing"])
+def test_verdicts_from_sums_equal_verdicts_from_arrays(built, tmp_path, strict, monkeypatch):
+    """Every cell of the 4-cell pipeline, at its own oracle settings and at k = 1e-6 (every layer
+    fails, so the drift origin's cause is computed from the values too): identical JSON both ways;
+    with sums, a passing cell reads no fp64 reference and no own.parquet."""
+    root = built.path
+    p = yaml.safe_load((root / "params.yaml").read_text())
+    if strict:
+        p = copy.deepcopy(p)
+        for d in p["dtypes"].values():
+            d["oracle"] = {"k": 1e-6, "slack": 0.0}
+    cells = [f"tiny_mlp-{d}-{q}" for d in ("fp32", "fp16") for q in ("torch_cpu", "ort_cpu")]
+    for cell in cells:
+        assert (root / "artifacts/capture" / cell / sums.FILE).exists(), cell
+        read = []
+        real = store.read_dict
+        monkeypatch.setattr(store, "read_dict", lambda path: read.append(str(path)) or real(path))
+        with_sums = _diff(p, cell, root, False, tmp_path / cell / "a")
+        monkeypatch.setattr(store, "read_dict", real)
+        assert with_sums == _diff(p, cell, root, True, tmp_path / cell / "b"), cell
+        summary = json.loads(with_sums)["summary"]
+        assert summary["verdict_mode"] == "oracle"
+        assert summary["passed"] is (not strict), (cell, summary)
+        if not strict:
+            assert not [f for f in read if f.endswith(("fp64.parquet", "own.parquet"))], read
