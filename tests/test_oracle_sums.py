@@ -62,3 +62,33 @@ def test_verdicts_from_sums_equal_verdicts_from_arrays(built, tmp_path, strict, 
         assert summary["passed"] is (not strict), (cell, summary)
         if not strict:
             assert not [f for f in read if f.endswith(("fp64.parquet", "own.parquet"))], read
+
+
+@pytest.mark.slow
+def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
+    """models.<m>.shapes: the diff judges each shape's sample set (a slice of the sums) exactly as from
+    that shape's arrays, own-error records included."""
+    from parity import inputspec
+
+    r = make_repo(tmp_path / "repo", models=("transformer_seq",), dtypes=("fp32",), providers=("ort_cpu",))
+    r.repro()
+    p = yaml.safe_load((r.path / "params.yaml").read_text())
+    sets = inputspec.sample_sets(p["models"]["transformer_seq"], p.get("inputs", {}).get("samples", 1))
+    assert len(sets) == 2
+    cell = "transformer_seq-fp32-ort_cpu"
+    status = json.loads((r.path / "artifacts/capture" / cell / "status.json").read_text())
+    for _, rng in sets:
+        got = []
+        for without in (False, True):
+            d = tmp_path / ("arrays" if without else "sums")
+            cap, base = r.path / "artifacts/capture" / cell, r.path / "artifacts/baseline/transformer_seq/fp32"
+            if without:
+                shutil.copytree(cap, d / "cap", ignore=shutil.ignore_patterns(sums.FILE), dirs_exist_ok=True)
+                shutil.copytree(base, d / "base", ignore=shutil.ignore_patterns(sums.FILE), dirs_exist_ok=True)
+                cap, base = d / "cap", d / "base"
+            cd = diffcell.diff_cell(p, "transformer_seq", "fp32", cap, r.path / "artifacts/reference/transformer_seq",
+                                    base, samples=rng, status=status)
+            assert cd.mode == "oracle" and cd.own
+            got.append(json.dumps({"layers": [x.as_dict() for x in cd.layers], "own": cd.own,
+                                   "summary": cd.summary}, sort_keys=True))
+        assert got[0] == got[1], rng
