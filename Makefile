@@ -10,9 +10,14 @@ export PATH := $(BIN):$(PATH)
 PARITY_REMOTE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/parity/dvc-remote
 PUSH ?= 1
 
-.PHONY: setup remote plots push run test test-all bench clean
+.PHONY: setup remote plots kernel push run test test-all bench clean
 
-setup: $(VENV)/.installed remote plots
+setup: $(VENV)/.installed remote plots kernel
+
+# the compare's C loop (parity/ckernel.py), built once per machine into ~/.cache/parity; without a C
+# compiler the compare runs on numpy with the same results
+kernel: $(VENV)/.installed
+	@$(BIN)/python -m parity.ckernel
 
 # offline `dvc plots show/diff`: a page template with Vega inlined (parity/plots.py), set in the
 # git-ignored .dvc/config.local like the remote (DVC's own page loads Vega from a CDN)
