@@ -221,21 +221,30 @@ def build() -> Path | None:
     cc = _compiler()
     if cc is None:
         return None
+    for flags in (FLAGS, PORTABLE_FLAGS):  # built before (a failed first set is not retried each time)
+        if library_path(cc, flags).exists():
+            return library_path(cc, flags)
+    failed = library_path(cc, FLAGS).with_suffix(".failed")  # both sets failed here before: numpy
+    if failed.exists():
+        return None
     for flags in (FLAGS, PORTABLE_FLAGS):
         path = library_path(cc, flags)
-        if path.exists():
-            return path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
                 src, out = Path(tmp) / "compare.c", Path(tmp) / "compare.so"
                 src.write_text(SOURCE)
-                r = subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True)
+                r = subprocess.run([cc, *flags, "-o", str(out), str(src), "-lm"], capture_output=True, text=True,
+                                   timeout=120)
                 if r.returncode == 0:
                     os.replace(out, path)  # atomic: a racing build writes the same bytes
                     return path
         except (OSError, subprocess.SubprocessError):
             return None
+    try:
+        failed.write_text("the C compiler failed on both flag sets; delete this file to try again\n")
+    except OSError:
+        pass
     return None
 
 

@@ -116,3 +116,17 @@ def test_without_a_compiler_the_compare_falls_back_to_numpy(tmp_path, monkeypatc
     assert ckernel.build() is None
     assert list(tmp_path.iterdir()) == []
     assert shutil.which("cc") or shutil.which("gcc")  # the machine's own compiler built the one in use
+
+
+def test_a_compiler_that_fails_is_tried_once_not_by_every_diff_process(tmp_path, monkeypatch):
+    cc = tmp_path / "badcc"
+    calls = tmp_path / "calls"
+    cc.write_text(f"#!/bin/sh\necho x >> {calls}\nexit 1\n")
+    cc.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(cache))
+    monkeypatch.setenv("CC", str(cc))
+    assert ckernel.build() is None
+    assert ckernel.build() is None
+    assert calls.read_text().count("x") == 2  # both flag sets, once
+    assert [p.suffix for p in cache.iterdir()] == [".failed"]
