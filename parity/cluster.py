@@ -171,6 +171,9 @@ def _run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Compl
     w.wait()  # the watchdog's first half; the second half holds the pipe's read end until we are done
     try:
         out, _ = p.communicate()
+        if p.returncode < 0:  # dvc was killed (a cancel, the OOM killer): its stage commands may live on
+            with contextlib.suppress(OSError):
+                os.killpg(p.pid, signal.SIGKILL)
     finally:
         with contextlib.suppress(OSError):
             w.stdin.write(b"x")
@@ -245,8 +248,12 @@ def run_cell(bundle: bytes, commit: str, files: dict[str, str | None], cell: str
     steps = (("pull", ["pull", *pull]), ("run", ["repro", "--pull", "-s", *stages]),
              ("push", ["push", "--run-cache", *stages]))
     with _slot(base) as repo:
+        entered: list[str] = []
+
         def phase(name: str) -> float:
-            write_json(base / MARKER, {"cell": cell, "phase": name, "pid": os.getpid(), "slot": repo.name})
+            entered.append(name)
+            write_json(base / MARKER, {"cell": cell, "phase": name, "phases": entered, "pid": os.getpid(),
+                                       "slot": repo.name})
             return time.perf_counter()
 
         t = phase("checkout")
