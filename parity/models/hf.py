@@ -2,7 +2,10 @@
 
 `arch: {source: hf, name: bert, kwargs: {hidden_size: 768, ...}}` builds
 `transformers.AutoModel.from_config(AutoConfig.for_model("bert", **kwargs))`: the model type's base
-model (BertModel, GPT2Model) with the config's defaults for every key not given. Nothing is
+model (BertModel, GPT2Model) with the config's defaults for every key not given.
+`arch.head: causal_lm` builds `AutoModelForCausalLM` instead (LlamaForCausalLM, Qwen2ForCausalLM):
+the base model under `model.` (layers named as users know them, `model.layers.3.mlp.down_proj`)
+plus `lm_head`, and the logits are the model's output. Nothing is
 downloaded: no pretrained weights, no tokenizer, no hub config. Weights come from transformers' own
 initialisers under `torch.manual_seed(seed)` (parity.models.build seeds before calling `build`), so
 the same seed gives the same weights in every process.
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 # config keys that are not PretrainedConfig fields: they go to from_config
 FROM_CONFIG_KEYS = ("attn_implementation",)
+# arch.head -> the transformers Auto class that builds it (parity.config.HF_HEADS lists the same keys:
+# config validates at compose without importing this layer; tests/test_decoders.py keeps them equal)
+HEADS = {"base": "AutoModel", "causal_lm": "AutoModelForCausalLM"}
 
 
 def load():
@@ -38,8 +44,11 @@ def load():
     return transformers
 
 
-def build(name: str, kwargs: dict):
-    """The base model of model type `name` with config `kwargs`, seeded by the caller."""
+def build(name: str, kwargs: dict, head: str = "base"):
+    """The model of type `name` with config `kwargs` (the base model, or with `head`), seeded by
+    the caller."""
+    if head not in HEADS:
+        raise ValueError(f"unknown Hugging Face head '{head}'. Valid: {', '.join(sorted(HEADS))}")
     tf = load()
     kw = dict(kwargs)
     extra = {k: kw.pop(k) for k in FROM_CONFIG_KEYS if k in kw}
@@ -54,5 +63,5 @@ def build(name: str, kwargs: dict):
         raise ValueError(f"unknown {type(cfg).__name__} key(s) {', '.join(unknown)} in arch.kwargs. "
                          f"Valid: {', '.join(known)}")
     cfg.use_cache = False
-    model = tf.AutoModel.from_config(cfg, **extra)
+    model = getattr(tf, HEADS[head]).from_config(cfg, **extra)
     return model
