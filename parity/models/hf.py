@@ -14,7 +14,10 @@ the same seed gives the same weights in every process.
   forward pass.
 - Inputs are passed positionally, in the order of the model's `forward` parameters: BERT
   (input_ids, attention_mask, token_type_ids), GPT-2 (input_ids only: its second parameter is the
-  cache).
+  cache), Llama and Qwen2 (input_ids, attention_mask; with input_ids alone the mask is causal).
+- With `head: causal_lm` the output is the logits alone: `CausalLMOutputWithPast` with no labels
+  (no loss) and no cache holds one tensor. A tied `lm_head` (Qwen2's `tie_word_embeddings`) is still
+  its own leaf module, captured as `lm_head`.
 - `kwargs.attn_implementation` (eager | sdpa) picks the attention kernel; transformers' default
   otherwise (sdpa).
 
