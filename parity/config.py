@@ -58,6 +58,9 @@ SECTION_KEYS = {
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
 ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
+# `arch.head` of an hf model: base (AutoModel, the default) or causal_lm (AutoModelForCausalLM: lm_head,
+# logits out); the keys of parity/models/hf.py's HEADS
+HF_HEADS = ("base", "causal_lm")
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set(),
@@ -308,7 +311,7 @@ def _model(where: str, m: dict) -> None:
         _onnx_arch(f"{where}.arch", arch)
         arch = {**arch, "name": ""}
     else:
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate", "head"}, required=("source", "name"))
     if "calibrate" in arch:
         c = arch["calibrate"]
         _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
@@ -321,6 +324,11 @@ def _model(where: str, m: dict) -> None:
                           f"Valid: {_choices(parity_zoo())}")
     if arch["source"] == "import":
         check_import_model(f"{where}.arch.name", arch["name"])
+    if "head" in arch:
+        if arch["source"] != "hf":
+            raise ConfigError(f"{where}.arch.head: only an hf model has a head (source is '{arch['source']}')")
+        if arch["head"] not in HF_HEADS:
+            raise ConfigError(f"{where}.arch.head: unknown head '{arch['head']}'. Valid: {_choices(HF_HEADS)}")
     if not isinstance(m["input"], list) or not m["input"]:
         raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
     for i, spec in enumerate(m["input"]):

@@ -36,7 +36,7 @@ def build(arch: dict, seed: int):
     elif source == "hf":
         from parity.models import hf
 
-        model = hf.build(name, kwargs)
+        model = hf.build(name, kwargs, arch.get("head", "base"))
     elif source == "import":
         import importlib
 
