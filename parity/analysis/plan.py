@@ -362,6 +362,11 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
         how = ("onnxruntime.quantization quantize_static / quantize_dynamic on model.onnx with the cell's "
                f"settings (providers.{plan['provider']}.options) and nodes_to_exclude=nodes_to_exclude")
         doc["nodes_to_exclude"] = nodes
+    elif plan.get("items") == "onnx_nodes" and mode == "int4_weight":
+        how = ("onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer on model.onnx with the cell's "
+               f"settings (providers.{plan['provider']}.options; parity.backends.ort_int4.quantize) and "
+               "nodes_to_exclude=nodes_to_exclude")
+        doc["nodes_to_exclude"] = nodes
     elif plan.get("items") == "onnx_nodes":
         how = ("parity.backends.ort_cpu.mixed_fp16(onnx.load('model.onnx'), node_block_list): onnxruntime's "
                "convert_float_to_float16(keep_io_types=True, node_block_list=...) plus its Cast repairs")
