@@ -140,3 +140,32 @@ def test_a_bad_int4_option_is_refused_at_compose_in_one_line(tmp_path, override,
     assert p.returncode != 0 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert all(e in lines[0] for e in expected), lines[0]
     assert (tmp_path / "params.yaml").read_bytes() == before
+
+
+TINY_LLAMA = """\
+tiny_llama_int4:
+  arch: {source: hf, name: llama, kwargs: {hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2,
+         num_attention_heads: 4, num_key_value_heads: 2, vocab_size: 1000}}
+  input:
+    - {name: input_ids, shape: [1, 16], dtype: int64, init: tokens}
+  tolerances: []
+"""
+
+
+@pytest.mark.slow
+def test_tiny_llama_int4_gets_a_verdict_and_a_confirmed_plan(tmp_path):
+    """The Llama shape (q/k/v/o/gate/up/down per layer, 2 layers): 14 weight MatMuls quantized; PASS
+    at the default tolerance; a plan at a tighter target keeps some projections in float32."""
+    cell = "tiny_llama_int4-int4_weight-ort_int4"
+    r = make_repo(tmp_path / "repo", compose=False)
+    (r.path / "conf/models/tiny_llama_int4.yaml").write_text(TINY_LLAMA)
+    r.set_defaults(models=["tiny_llama_int4"], dtypes=["int4_weight"], providers=["ort_int4"])
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("tiny llama on ort_int4")
+    r.exp_run("analysis.plan=true", "analysis.plan_target={atol:0.2,rtol:0.2}")
+    st = read(r, f"capture/{cell}/status.json")
+    assert st["status"] == "OK" and st["settings"]["quantized_matmuls"] == 14, st
+    assert read(r, f"diff/{cell}/metrics.json")["verdict"] == "PASS"
+    pl = read(r, f"plan/{cell}/plan.json")
+    assert pl["candidates"] == 14 and pl["outcome"] == "planned" and pl["passes"], pl.get("summary")
+    assert all(k.endswith(("_proj",)) for k in pl["keep"]), pl["keep"]
