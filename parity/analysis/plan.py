@@ -289,7 +289,11 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     warmup, repeats = int(cap.get("warmup", 0)), int(cap.get("repeats", 1))
     max_keep = int((p.get("analysis") or {}).get("max_keep", 16))
     all_units = units_for(cls.plan_items, Path(c.model_dir))
-    units = cls.plan_units({k: v for k, v in all_units.items() if v}, Path(c.model_dir), p["providers"][c.provider])
+    scoped = {k: v for k, v in all_units.items() if v}
+    units = cls.plan_units(scoped, Path(c.model_dir), p["providers"][c.provider])
+    if scoped and not units:
+        raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no leaf module holds a node "
+                         f"{cls.__name__} runs at reduced precision ({cls.__name__}.plan_units)")
     if not units:
         raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no node carries {SCOPES} metadata "
                          f"naming a leaf module (export.exporter=legacy does not keep it; use dynamo)")
