@@ -166,8 +166,12 @@ class OrtInt4Runner(OrtRunner):
         names = weight_matmuls(m, bool(o["gemm_to_matmul"]))
         gemms = {n.name for n in m.graph.node if n.op_type == "Gemm"}
         left = [] if o["gemm_to_matmul"] else [n for n in weight_matmuls(m, True) if n in gemms]
-        return {**o, "quantized_matmuls": len(names), "from_gemm": len(gemms & set(names)),
-                "gemms_left_fp32": len(left), "quantized_nodes": names}
+        n_mm = sum(1 for n in m.graph.node if n.op_type in ("MatMul", "Gemm"))
+        why = (f"weight MatMuls of model.onnx's {n_mm} MatMul/Gemm nodes, as 4-bit blocks of "
+               f"{o['block_size']} ({'symmetric' if o['is_symmetric'] else 'with zero points'}, "
+               f"accuracy_level {o['accuracy_level']}) <providers.{job.provider}.options>")
+        return {**o, "quantized_matmuls": len(names), "quantized_matmuls_from": why,
+                "from_gemm": len(gemms & set(names)), "gemms_left_fp32": len(left), "quantized_nodes": names}
 
     def _opts(self) -> dict:
         return options(self.job.provider_cfg)
