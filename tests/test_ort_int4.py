@@ -169,3 +169,39 @@ def test_tiny_llama_int4_gets_a_verdict_and_a_confirmed_plan(tmp_path):
     pl = read(r, f"plan/{cell}/plan.json")
     assert pl["candidates"] == 14 and pl["outcome"] == "planned" and pl["passes"], pl.get("summary")
     assert all(k.endswith(("_proj",)) for k in pl["keep"]), pl["keep"]
+
+
+def test_a_mixed_model_assembled_from_one_quantization_equals_quantizing_with_exclusions():
+    """The plan's mixed models reuse one full quantization (ort_int4.assemble): same graph numbers as
+    the quantizer run with nodes_to_exclude, for every exclusion set."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from parity.backends import ort_int4
+
+    rng = np.random.default_rng(1)
+    w1, b1 = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    w2 = rng.standard_normal((32, 16)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+                           helper.make_node("Relu", ["h"], ["r"], name="act"),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+                          [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+    def copy():
+        return onnx.ModelProto.FromString(m.SerializeToString())
+
+    def run(model):
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    full, _ = ort_int4.quantize(copy(), ort_int4.DEFAULTS)
+    for exclude in ([], ["fc1"], ["fc2"], ["fc1", "fc2"]):
+        want, _ = ort_int4.quantize(copy(), ort_int4.DEFAULTS, exclude)
+        got = ort_int4.assemble(copy(), full, ort_int4.DEFAULTS, exclude)
+        assert sorted(n.op_type for n in got.graph.node) == sorted(n.op_type for n in want.graph.node), exclude
+        assert sorted(t.name for t in got.graph.initializer) == sorted(t.name for t in want.graph.initializer)
+        np.testing.assert_array_equal(run(got), run(want))

@@ -26,8 +26,9 @@ when it runs). The per-layer graph (layers.onnx) is quantized with the same sett
 compares against the fp32 reference by the same name.
 
 Own error: not measured (own_unsupported). Runner.mixed (the plan): model.onnx quantized with the kept
-layers' weight MatMuls in the quantizer's nodes_to_exclude; candidates are the leaf modules holding at
-least one weight MatMul (plan_units). Never imports torch.
+layers' weight MatMuls in the quantizer's nodes_to_exclude (the same graph, assembled from one full
+quantization per runner: assemble); candidates are the leaf modules holding at least one weight MatMul
+(plan_units). Never imports torch.
 """
 
 from __future__ import annotations
@@ -131,6 +132,53 @@ def quantize(m, opts: dict, exclude=()):
     return out, want
 
 
+def assemble(m, q_full, opts: dict, exclude=()):
+    """`m` (changed in place) as quantize(m, opts, exclude) makes it, from `q_full` = quantize(a copy
+    of m, opts): each weight is quantized on its own, so its MatMulNBits node and tensors are taken
+    from q_full instead of quantizing it again (a plan runs dozens of mixed models; quantizing a 1B
+    model's weights takes minutes). Nodes in `exclude` keep their float32 weights."""
+    import onnx
+
+    del m.graph.value_info[:]
+    if opts["gemm_to_matmul"]:
+        gemm_to_matmul(m, set(exclude))
+    want = set(weight_matmuls(m, False, set(exclude)))
+    by_out = {n.output[0]: n for n in q_full.graph.node if n.op_type == "MatMulNBits"}
+    q_inits = {t.name: t for t in q_full.graph.initializer}
+    nodes, add = [], {}
+    for n in m.graph.node:
+        qn = by_out.get(n.output[0]) if n.name in want else None
+        if n.name in want and qn is None:
+            raise ValueError(f"no quantized node for {n.name} in the fully quantized model")
+        nodes.append(qn if qn is not None else n)
+        add.update({i: q_inits[i] for i in (qn.input[1:] if qn is not None else []) if i in q_inits})
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    used = _used(m.graph) | {o.name for o in m.graph.output}
+    keep = [t for t in m.graph.initializer if t.name in used]
+    del m.graph.initializer[:]
+    m.graph.initializer.extend(keep + [add[k] for k in sorted(add)])
+    if want and not any(o.domain == "com.microsoft" for o in m.opset_import):
+        m.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return m
+
+
+def _used(graph) -> set[str]:
+    """Every name a node of `graph` or of its subgraphs reads."""
+    import onnx
+
+    names = set()
+    for n in graph.node:
+        names.update(n.input)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                names |= _used(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    names |= _used(g)
+    return names
+
+
 def _quantizer():
     """MatMulNBitsQuantizer. Its module calls logging.basicConfig(level=INFO) on import: the root
     logger's handlers and level are put back as they were."""
@@ -217,6 +265,17 @@ class OrtInt4Runner(OrtRunner):
         return {k: [n for n in v if n in w] for k, v in units.items() if any(n in w for n in v)}
 
     def _mixed_model(self, m, fp32_nodes):
+        """`m` with the weight MatMuls outside `fp32_nodes` in 4 bits: every weight is quantized once
+        per runner (the first call), each mixed model assembled from those (assemble)."""
+        import onnx
+
         self._check_mode()
-        q, _ = quantize(m, self._opts(), set(fp32_nodes))
-        return q
+        if getattr(self, "_q_full", None) is None:
+            full = onnx.ModelProto()
+            full.CopyFrom(m)
+            self._q_full, _ = quantize(full, self._opts())
+        return assemble(m, self._q_full, self._opts(), set(fp32_nodes))
+
+    def deactivate(self) -> None:
+        super().deactivate()
+        self._q_full = None
