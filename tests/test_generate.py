@@ -1,0 +1,107 @@
+"""Generation drift (generate@model-dtype-provider, parity/pipeline/generate.py) through real DVC:
+greedy decoding with a KV cache on ort_cpu (a decoder graph with past/present key-values) and torch_cpu
+(the model's cache) against torch fp64, teacher-forced; a fault in one decoder layer of the provider's
+graph is reported at the step where it shows, with that layer as the drift origin."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import BIN, composed, config_error, make_repo
+
+# tiny Hugging Face decoders (random init from the config, nothing downloaded); own names, so this
+# test does not depend on which zoo conf files exist
+GEN_LLAMA = """\
+gen_llama:
+  arch:
+    source: hf
+    name: llama
+    kwargs: {hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4,
+             num_key_value_heads: 2, vocab_size: 1000}
+  input:
+    - {name: input_ids, shape: [1, 8], dtype: int64, init: tokens}
+  tolerances: []
+"""
+GEN_GPT2 = """\
+gen_gpt2:
+  arch:
+    source: hf
+    name: gpt2
+    kwargs: {n_layer: 2, n_embd: 64, n_head: 4, vocab_size: 1000, n_positions: 256}
+  input:
+    - {name: input_ids, shape: [1, 8], dtype: int64, init: tokens}
+  tolerances: []
+"""
+FAULT = "+providers.ort_cpu.options.fault={node: model.layers.1.mlp.down_proj, scale: 1.01}"
+
+
+@pytest.fixture(scope="module")
+def gen_repo(tmp_path_factory):
+    repo = make_repo(tmp_path_factory.mktemp("gen") / "repo", models=("gen_llama", "gen_gpt2"), dtypes=("fp32",),
+                     compose=False)
+    (repo.path / "conf/models/gen_llama.yaml").write_text(GEN_LLAMA)
+    (repo.path / "conf/models/gen_gpt2.yaml").write_text(GEN_GPT2)
+    repo.edit("conf/config.yaml", "  models: []               # dvc exp run -S 'generate.models=[gpt2_small]'",
+              "  models: [gen_llama, gen_gpt2]")
+    repo.run([f"{BIN}/parity", "compose"])
+    repo.commit("generate")
+    return repo
+
+
+def _cell(repo, key: str) -> tuple[dict, dict]:
+    d = repo.path / "artifacts/generate" / key
+    return json.loads((d / "steps.json").read_text()), json.loads((d / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("model", ["gen_llama", "gen_gpt2"])
+def test_ort_cpu_and_torch_cpu_agree_on_every_token(gen_repo, model):
+    cells = [f"generate@{model}-fp32-{p}" for p in ("torch_cpu", "ort_cpu")]
+    ran = gen_repo.repro(*cells)
+    assert f"generate_export@{model}" in ran and set(cells) <= set(ran), ran
+    ort, ort_m = _cell(gen_repo, f"{model}-fp32-ort_cpu")
+    torch_, _ = _cell(gen_repo, f"{model}-fp32-torch_cpu")
+    assert ort_m["verdict"] == "PASS" and ort_m["agreement"] == 32 == ort["steps"], ort_m
+    assert ort_m["first_divergence"] is None and ort_m["first_fail"] is None and ort_m["drift_origin"] is None
+    assert [r["token"] for r in ort["steps_detail"]] == [r["token"] for r in torch_["steps_detail"]] \
+        == ort["tokens_ref"] == torch_["tokens_ref"]
+    assert len(ort["steps_detail"]) == 32 and all(r["passed"] for r in ort["steps_detail"])
+    assert 0 < max(r["rel_l2"] for r in ort["steps_detail"]) < 1e-5  # fp32 rounding, and not a copy of torch
+    export = json.loads((gen_repo.path / f"artifacts/generate_export/{model}/decoder.json").read_text())
+    assert export["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"] and export["n_layers"] == 2
+    # same inputs, same bytes: a forced re-run rewrites nothing
+    before = (gen_repo.path / f"artifacts/generate/{model}-fp32-ort_cpu/steps.json").read_bytes()
+    gen_repo.repro("-f", "-s", cells[1])
+    assert (gen_repo.path / f"artifacts/generate/{model}-fp32-ort_cpu/steps.json").read_bytes() == before
+
+
+def test_a_fault_in_one_decoder_layer_is_reported_at_its_step_with_that_layer(gen_repo):
+    gen_repo.repro("generate_export@gen_llama")
+    gen_repo.run([f"{BIN}/parity", "compose", "-S", FAULT])
+    try:
+        ran = gen_repo.repro("generate@gen_llama-fp32-ort_cpu")
+        assert "generate_export@gen_llama" not in ran  # the fault is the provider's: the graph is reused
+        steps, m = _cell(gen_repo, "gen_llama-fp32-ort_cpu")
+    finally:
+        gen_repo.run([f"{BIN}/parity", "compose"])
+    assert m["verdict"] == "FAIL" and m["first_fail"] == 0 and m["origin_step"] == 0, m
+    assert m["drift_origin"] == "model.layers.1.mlp.down_proj", m
+    first = steps["steps_detail"][0]
+    assert first["excess"] > first["limit"] and not first["passed"]
+    layers = {r["name"]: r for r in steps["origin"]["layers"]}
+    assert all(r["passed"] for n, r in layers.items() if n.startswith("model.layers.0."))
+    assert not layers["model.layers.1.mlp.down_proj"]["passed"]
+
+
+def test_generate_config_is_validated_at_compose():
+    p = composed("models=[mlp]")
+    assert "generate" in p and p["generate"]["models"] == []
+    msg = config_error(p, lambda q: q["generate"].update(models=["zzz"]))
+    assert msg == "generate.models: 'zzz' is not selected in `models`. Selected: mlp", msg
+    msg = config_error(p, lambda q: q["generate"].update(models=["mlp"]))
+    assert msg.startswith("generate.models: 'mlp' is not a Hugging Face causal LM"), msg
+    msg = config_error(p, lambda q: q["generate"].update(steps=0))
+    assert msg == "generate.steps: 0 is out of range (valid: [1, 4096])", msg
+    msg = config_error(p, lambda q: q["generate"].update(bogus=1))
+    assert "generate" in msg and "bogus" in msg, msg
