@@ -105,3 +105,49 @@ def test_generate_config_is_validated_at_compose():
     assert msg == "generate.steps: 0 is out of range (valid: [1, 4096])", msg
     msg = config_error(p, lambda q: q["generate"].update(bogus=1))
     assert "generate" in msg and "bogus" in msg, msg
+
+
+def test_report_draws_each_generate_cell(gen_repo, tmp_path):
+    """The report's generation section: a line and a chart per cell (excess/rel_l2 per step, the
+    agreement strip), summary.json's `generate` entries; a cell not run says so."""
+    from parity import config
+    from parity.pipeline.report import write_report
+
+    gen_repo.repro("generate@gen_llama-fp32-ort_cpu")
+    p = config.load(gen_repo.path / "params.yaml")
+    p["generate"]["providers"] = ["ort_cpu", "torch_cpu"]
+    p["generate"]["models"] = ["gen_llama"]
+    (gen_repo.path / "artifacts/generate/gen_llama-fp32-torch_cpu").mkdir(parents=True, exist_ok=True)
+    summary, _ = write_report(p, gen_repo.path / "artifacts", tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    md = (tmp_path / "report.md").read_text()
+    assert "<h2>Generation drift</h2>" in page and page.count('<svg xmlns="http://www.w3.org/2000/svg" width="900" '
+                                                              'height="260" class="gen"') >= 1
+    assert page.count('class="agree"') == 32 and "<script" not in page
+    assert "gen_llama-fp32-ort_cpu: PASS, top-1 agreement 32/32 with fp64" in md
+    ort = summary["generate"]["gen_llama-fp32-ort_cpu"]
+    assert ort == {"verdict": "PASS", "agreement": 32, "steps": 32}, ort
+    assert summary["generate"]["gen_llama-fp32-torch_cpu"] in ({"verdict": "NOT_RUN"},
+                                                               {"verdict": "PASS", "agreement": 32, "steps": 32})
+
+
+def test_report_is_unchanged_without_generate_cells(tmp_path):
+    from parity.analysis import generate_report
+
+    assert generate_report.load({"generate": {"models": []}}, tmp_path) == {}
+    assert generate_report.html_sections({}) == "" and generate_report.markdown({}) == []
+
+
+def test_chart_marks_first_divergence_and_failure():
+    from parity.analysis import generate_report
+
+    rows = [{"step": i, "excess": 0.01 if i < 3 else 50.0, "rel_l2": 1e-7 if i < 3 else 1e-3, "limit": 4.0,
+             "passed": i < 3, "agree": i != 5, "token": 1, "token_ref": 1 if i != 5 else 2, "margin_ref": 0.1}
+            for i in range(8)]
+    c = {"status": "OK", "verdict": "FAIL", "steps": 8, "agreement": 7, "first_divergence": 5, "first_fail": 3,
+         "worst_excess": 50.0, "steps_detail": rows,
+         "origin": {"step": 3, "origin": "model.layers.1.mlp.down_proj", "prefix_len": 11, "layers": []}}
+    svg = generate_report.steps_svg(c)
+    assert "first divergence: step 5" in svg and "first failing step: step 3" in svg
+    assert svg.count('fill="#cf222e"><title>step 5: token 1 vs fp64 2') == 1
+    assert "drift origin model.layers.1.mlp.down_proj at step 3" in generate_report.line("k", c)
