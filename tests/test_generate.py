@@ -151,3 +151,15 @@ def test_chart_marks_first_divergence_and_failure():
     assert "first divergence: step 5" in svg and "first failing step: step 3" in svg
     assert svg.count('fill="#cf222e"><title>step 5: token 1 vs fp64 2') == 1
     assert "drift origin model.layers.1.mlp.down_proj at step 3" in generate_report.line("k", c)
+
+
+def test_other_providers_are_unsupported_with_the_reason(tmp_path):
+    """A provider generate@ does not drive gets UNSUPPORTED naming the runners it does (before any model
+    is built)."""
+    from parity.pipeline.generate import run_cell
+
+    p = composed("models=[gpt2_small]", "providers=[torch_cpu,torch_compile]", "generate.models=[gpt2_small]",
+                 "generate.providers=[torch_compile]")
+    res = run_cell(p, "gpt2_small", "fp32", "torch_compile", tmp_path)
+    assert res["status"] == res["verdict"] == "UNSUPPORTED", res
+    assert "torch_cpu and ort_cpu runners" in res["reason"] and "TorchCompileRunner" in res["reason"], res
