@@ -55,7 +55,8 @@ def _cell(repo, key: str) -> tuple[dict, dict]:
     return json.loads((d / "steps.json").read_text()), json.loads((d / "metrics.json").read_text())
 
 
-@pytest.mark.parametrize("model", ["gen_llama", "gen_gpt2"])
+# each ~50 s alone (a dynamo export of the decoder, two cells); the GPT-2 one runs with the slow tests
+@pytest.mark.parametrize("model", ["gen_llama", pytest.param("gen_gpt2", marks=pytest.mark.slow)])
 def test_ort_cpu_and_torch_cpu_agree_on_every_token(gen_repo, model):
     cells = [f"generate@{model}-fp32-{p}" for p in ("torch_cpu", "ort_cpu")]
     ran = gen_repo.repro(*cells)
@@ -123,7 +124,8 @@ def test_report_draws_each_generate_cell(gen_repo, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "<h2>Generation drift</h2>" in page and page.count('<svg xmlns="http://www.w3.org/2000/svg" width="900" '
                                                               'height="260" class="gen"') >= 1
-    assert page.count('class="agree"') == 32 and "<script" not in page
+    ran = [k for k, e in summary["generate"].items() if e["verdict"] != "NOT_RUN"]
+    assert page.count('class="agree"') == 32 * len(ran) and "<script" not in page
     assert "gen_llama-fp32-ort_cpu: PASS, top-1 agreement 32/32 with fp64" in md
     ort = summary["generate"]["gen_llama-fp32-ort_cpu"]
     assert ort == {"verdict": "PASS", "agreement": 32, "steps": 32}, ort
