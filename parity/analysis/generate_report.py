@@ -92,8 +92,8 @@ def steps_svg(c: dict, width: int = 900, height: int = 260) -> str:
     ex, rel = [num(r["excess"]) for r in rows], [num(r["rel_l2"]) for r in rows]
     lo, hi = _decades(ex + rel, limit)
     L, R, T, B = 56, 12, 22, 52
-    n = max(1, len(rows) - 1)
-    x = lambda i: L + (width - L - R) * i / n  # noqa: E731
+    slot = (width - L - R) / len(rows)  # one slot per step: its point at the middle, its agreement box below
+    x = lambda i: L + slot * (i + 0.5)  # noqa: E731
     y = lambda v: T + (height - T - B) * (hi - math.log10(min(max(v, 1e-12), 10 ** hi))) / (hi - lo)  # noqa: E731
     e = html.escape
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" class="gen" role="img" '
@@ -119,7 +119,7 @@ def steps_svg(c: dict, width: int = 900, height: int = 260) -> str:
             bad = label == "oracle excess" and not rows[i]["passed"]
             out.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="{2.6 if bad else 1.8}" '
                        f'fill="{FAIL_COLOUR if bad else colour}"><title>step {i}: {e(label)} {short(v)}</title></circle>')
-    bw = max(2.0, (width - L - R) / (n + 1) - 1)
+    bw = max(1.0, slot - 1)
     for i, r in enumerate(rows):
         tip = f"step {i}: token {r['token']} vs fp64 {r['token_ref']} (fp64 top-1 margin {short(r['margin_ref'])})"
         out.append(f'<rect class="agree" x="{x(i) - bw / 2:.1f}" y="{height - B + 8}" width="{bw:.1f}" height="10" '
