@@ -71,6 +71,13 @@ def test_ort_cpu_and_torch_cpu_agree_on_every_token(gen_repo, model):
     assert 0 < max(r["rel_l2"] for r in ort["steps_detail"]) < 1e-5  # fp32 rounding, and not a copy of torch
     export = json.loads((gen_repo.path / f"artifacts/generate_export/{model}/decoder.json").read_text())
     assert export["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"] and export["n_layers"] == 2
+    import onnx
+
+    ed = gen_repo.path / f"artifacts/generate_export/{model}"  # the weights once, beside both graphs
+    for g in ("decoder.onnx", "decoder_layers.onnx"):
+        m = onnx.load(str(ed / g), load_external_data=False)
+        ext = {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"}
+        assert ext == {"decoder.weights"} and all(len(t.raw_data) < 1024 for t in m.graph.initializer), g
     # same inputs, same bytes: a forced re-run rewrites nothing
     before = (gen_repo.path / f"artifacts/generate/{model}-fp32-ort_cpu/steps.json").read_bytes()
     gen_repo.repro("-f", "-s", cells[1])

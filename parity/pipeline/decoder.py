@@ -23,7 +23,8 @@ GPT-2). The cache object itself is no graph input: the wrapper builds it from th
 is what makes the dynamo export work without registering transformers' Cache as a pytree.
 Two graphs from one export: `decoder_layers.onnx` (logits, present, every leaf output) and
 `decoder.onnx`, the same graph pruned to logits + present (what decode steps run: marking every
-leaf output can change what onnxruntime fuses). Both keep the nodes' name_scopes, so a fault named by
+leaf output can change what onnxruntime fuses). Both keep their weights in one shared external-data
+file, `decoder.weights` (`externalize`): on disk once, and no graph near protobuf's 2 GiB limit. Both keep the nodes' name_scopes, so a fault named by
 module (parity.pipeline.generate.resolve_fault) names the same node in both.
 """
 
@@ -152,10 +153,46 @@ def export(lm: nn.Module, out_dir, opset: int = 18) -> dict:
     prog = torch.onnx.export(rec, (ids, mask, pos, *past), input_names=inputs, output_names=outputs,
                              dynamic_shapes=(shapes,), dynamo=True, opset_version=opset, external_data=False)
     m = strip_paths(prog.model_proto)
+    del prog
+    externalize(m, out_dir, WEIGHTS)  # before pruning: the copy prune_outputs makes holds no weights
     plain = prune_outputs(m, [LOGITS, *present_names(n)])
     for name, proto in (("decoder_layers.onnx", m), ("decoder.onnx", plain)):
         with atomic_path(out_dir / name) as tmp:
             onnx.save(proto, str(tmp))
     return {"inputs": inputs, "outputs": [LOGITS, *present_names(n)], "layers": layers, "n_layers": n,
             "kv_heads": heads, "head_dim": dim, "vocab_size": int(lm.config.vocab_size), "opset": opset,
-            "exporter": "dynamo"}
+            "exporter": "dynamo", "weights": WEIGHTS}
+
+
+WEIGHTS = "decoder.weights"
+EXTERNAL_MIN = 1024  # initializers of at least this many bytes go to the weights file
+
+
+def externalize(m, out_dir, name: str) -> int:
+    """Write the bytes of every initializer of `m` holding >= EXTERNAL_MIN bytes (raw_data) once, in
+    initializer order, to out_dir/name (atomically), and make `m` refer to them (ONNX external data,
+    location relative to the graph). Both decoder graphs refer to the one file: the weights are on
+    disk once, no graph is near protobuf's 2 GiB limit, and onnxruntime reads them by path. Returns
+    the bytes written."""
+    from pathlib import Path
+
+    from onnx import TensorProto
+
+    from parity.io import atomic_path
+
+    written = 0
+    with atomic_path(Path(out_dir) / name, allow_empty=True) as tmp, open(tmp, "wb") as f:
+        for t in m.graph.initializer:
+            if t.data_location == TensorProto.EXTERNAL or len(t.raw_data) < EXTERNAL_MIN:
+                continue
+            data = t.raw_data
+            ref = {"location": name, "offset": str(written), "length": str(len(data))}
+            f.write(data)
+            written += len(data)
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            del t.external_data[:]
+            for k, v in ref.items():
+                e = t.external_data.add()
+                e.key, e.value = k, v
+    return written
