@@ -41,6 +41,8 @@ TOP_KEYS = {
     "reduce_dtypes": "dtypes that get reduce@model-dtype-provider stages (resolved from `analysis.reduce`, `dtypes`)",
     "fuzz": "fuzz campaigns: fuzz@suite-dtype-provider stages (parity/analysis/fuzz.py)",
     "train_step": "training step fp32 vs AMP: train_step@model-dtype stages (parity/analysis/train_step.py)",
+    "generate": "generation drift: greedy decoding with a KV cache, generate@model-dtype-provider stages "
+                "(parity/pipeline/generate.py)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -48,12 +50,13 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"latency", "warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
-    "report": {"coverage_dep", "plan_dep", "reduce_dep", "fuzz_dep", "train_dep"},
+    "report": {"coverage_dep", "plan_dep", "reduce_dep", "fuzz_dep", "train_dep", "generate_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
     "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
              "timeout_s", "workers"},
     "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
+    "generate": {"models", "dtypes", "providers", "steps", "prompt_len"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
@@ -227,6 +230,7 @@ def validate(p: dict) -> dict:
     _providers(p)
     _analysis(p)
     _fuzz_train(p)
+    _generate(p)
     _derived(p)
     for name, m in p["models"].items():
         _model(f"models.{name}", m)
@@ -505,6 +509,30 @@ def _fuzz_train(p: dict) -> None:
         raise ConfigError(f"train_step.device: unknown device {t['device']!r}. Valid: auto, cpu, cuda")
     if t.get("limit") is not None:
         _num("train_step.limit", t["limit"], lo=0)
+
+
+def _generate(p: dict) -> None:
+    """generate (when generate.models names one): models among the selected ones and built from a
+    Hugging Face config (arch.source: hf), dtypes and providers among the selected ones, steps and
+    prompt_len positive integers."""
+    g = p.get("generate") or {}
+    if not isinstance(g, dict):
+        raise ConfigError(f"generate: expected a mapping, got {g!r}")
+    for key, group in (("models", "models"), ("dtypes", "dtypes"), ("providers", "providers")):
+        names = g.get(key) or []
+        if not isinstance(names, list):
+            raise ConfigError(f"generate.{key}: expected a list of `{group}` options, got {names!r}")
+        for name in names if g.get("models") else []:  # dtypes/providers matter only when generating
+            if name not in p[group]:
+                raise ConfigError(f"generate.{key}: '{name}' is not selected in `{group}`. Selected: "
+                                  f"{_choices(p[group])}")
+    for m in g.get("models") or []:
+        src = ((p["models"][m] or {}).get("arch") or {}).get("source")
+        if src != "hf":
+            raise ConfigError(f"generate.models: '{m}' is not a Hugging Face causal LM (models.{m}.arch.source: "
+                              f"{src}). Valid: models with arch.source: hf")
+    _num("generate.steps", g.get("steps", 32), lo=1, hi=4096, integer=True)
+    _num("generate.prompt_len", g.get("prompt_len", 8), lo=1, hi=4096, integer=True)
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
