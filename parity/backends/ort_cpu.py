@@ -52,38 +52,59 @@ class OrtRunner(Runner):
         """options.fault (parity.backends.fault): a diagnostic fault injected into every graph run."""
         return (self.job.provider_cfg.get("options") or {}).get("fault")
 
-    def _convert(self, path) -> str | bytes:
-        """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
-        as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
-        fp16 is converted and serialised. With options.fault, the fault is applied first."""
+    def _convert(self, path) -> tuple[str | bytes, dict]:
+        """(the graph at `path` for the cell's dtype as onnxruntime takes it, {initializer: array} to
+        hand the session as external initializers). Graphs are read without their weights
+        (parity.models.onnx_weights): fp32 is the file as it is, passed by path; fp16 is the weightless
+        graph converted and serialised, with its external weights converted one tensor at a time.
+        With options.fault, the fault is applied first. A ModelProto (reduce, the own-error cut) is
+        converted in place; its external weights are read from the model directory."""
         m = None
-        if not isinstance(path, (str, Path)):  # a ModelProto in memory (reduce; converted in place)
+        if not isinstance(path, (str, Path)):  # a ModelProto in memory
             m, path = path, None
         torch_dtype = self._torch_dtype()
-        if torch_dtype == "float32" and not self._fault():
-            return str(path) if m is None else m.SerializeToString()
         if torch_dtype not in ("float32", "float16"):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype} "
                              f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
-        import onnx
+        from parity.models import onnx_weights
 
         if m is None:
-            m = onnx.load(str(path))
+            m = onnx_weights.load_graph(path)
+        weights = self._weights(m, Path(path).parent if path is not None else self.job.model_dir)
+        if torch_dtype == "float32" and not self._fault():
+            return (str(path) if path is not None else m.SerializeToString()), weights
         if self._fault():
             from parity.backends import fault
 
-            m = fault.inject(m, self._fault())
+            m, weights = fault.inject(m, self._fault(), weights)
         if torch_dtype == "float32":
-            return m.SerializeToString()
-        from onnxruntime.transformers.float16 import convert_float_to_float16
+            return m.SerializeToString(), weights
+        m, weights = onnx_weights.to_float16(m, weights, self._weight_cache(), keep_io_types=True)
+        return m.SerializeToString(), weights
 
-        return convert_float_to_float16(m, keep_io_types=True).SerializeToString()
+    def _weight_cache(self) -> dict:
+        """This runner's converted weights {(name, dtype): array}, shared by its graphs."""
+        if getattr(self, "_wcache", None) is None:
+            self._wcache = {}
+        return self._wcache
+
+    def _weights(self, m, base) -> dict:
+        """{name: read-only array} of `m`'s external initializers, views of the weights file under
+        `base`, memory-mapped once per runner (every session of the capture shares the pages)."""
+        from parity.models import onnx_weights
+
+        if getattr(self, "_maps", None) is None:
+            self._maps = {}
+        return onnx_weights.arrays(m, base, self._maps)
 
     # -- reduce (parity.analysis.reduce): any ONNX graph, as this provider runs it --
     def prepared(self, path) -> bytes:
-        """The graph at `path` (or a ModelProto) as this provider hands it to onnxruntime (dtype
-        conversion, fault), serialised."""
-        m = self._convert(path)
+        """The graph at `path` (or a ModelProto, its weights inline) as this provider hands it to
+        onnxruntime (dtype conversion, fault), serialised."""
+        m, weights = self._convert(path)
+        if weights:
+            raise ValueError("prepared(): the graph's weights are external data; reduce hands it a graph "
+                             "with its weights inline (onnx.load of model.onnx reads weights.bin)")
         return Path(m).read_bytes() if isinstance(m, str) else m
 
     def run_graph(self, model: bytes, feeds: dict) -> dict:
@@ -96,15 +117,31 @@ class OrtRunner(Runner):
         opt = (self.job.provider_cfg.get("options") or {}).get("graph_optimization_level", "all")
         return {"ep": self.ep, "provider_options": self.provider_options(), "opt_level": OPT_LEVELS[opt]}
 
-    def _session(self, path, model: bytes | None = None):
-        """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes),
-        or on `model` (serialised) as it is."""
-        sess = self._ort().InferenceSession(self._convert(path) if model is None else model,
-                                            sess_options=self._session_options(), providers=self._providers())
+    def _session(self, path, model: bytes | None = None, weights: dict | None = None):
+        """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes, and
+        its external weights), or on `model` (serialised, with `weights`) as it is. The weights go in as
+        external initializers (one OrtValue per array, made once per runner): sessions of one runner
+        read the same memory, not each its own copy."""
+        if model is None:
+            model, weights = self._convert(path)
+        so = self._session_options()
+        if weights:
+            names = sorted(weights)
+            so.add_external_initializers(names, [self._ortvalue(n, weights[n]) for n in names])
+        sess = self._ort().InferenceSession(model, sess_options=so, providers=self._providers())
         if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
             raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
                               f"{sess.get_providers()}): the EP's libraries or device are missing")
         return sess
+
+    def _ortvalue(self, name: str, arr):
+        """The OrtValue over `arr` (no copy; it keeps `arr` alive), one per (name, dtype) per runner."""
+        if getattr(self, "_ovs", None) is None:
+            self._ovs = {}
+        key = (name, arr.dtype.str)
+        if key not in self._ovs:
+            self._ovs[key] = self._ort().OrtValue.ortvalue_from_numpy(arr)
+        return self._ovs[key]
 
     @staticmethod
     def _ort():
@@ -131,13 +168,15 @@ class OrtRunner(Runner):
     plan_items = "onnx_nodes"
 
     def _plan_source(self):
-        """model.onnx, loaded once for every mixed() call: value_info of initializers dropped (the
-        dynamo exporter records them; converters then insert casts twice or fail on stale shapes) and
-        shapes inferred once, so each conversion can skip shape inference."""
+        """model.onnx (weightless), loaded once for every mixed() call: value_info of initializers
+        dropped (the dynamo exporter records them; converters then insert casts twice or fail on stale
+        shapes) and shapes inferred once, so each conversion can skip shape inference."""
         import onnx
 
+        from parity.models import onnx_weights
+
         if getattr(self, "_plan_src", None) is None:
-            m = onnx.load(str(self.job.model_dir / "model.onnx"))
+            m = onnx_weights.load_graph(self.job.model_dir / "model.onnx")
             inits = {t.name for t in m.graph.initializer}
             keep = [v for v in m.graph.value_info if v.name not in inits]
             del m.graph.value_info[:]
@@ -152,18 +191,19 @@ class OrtRunner(Runner):
         nodes = {n.name for n in src.graph.node}
         fp32 = set(flip) if reduced else nodes - set(flip)
         m = onnx.ModelProto()
-        m.CopyFrom(src)
+        m.CopyFrom(src)  # weightless: a copy of the graph only
+        weights = self._weights(m, self.job.model_dir)
         if fp32 != nodes:  # everything in fp32: the exported graph as it is
-            m = self._mixed_model(m, fp32)
-        self.plain = self._session(None, m.SerializeToString())
+            m, weights = self._mixed_model(m, fp32, weights)
+        self.plain = self._session(None, m.SerializeToString(), weights)
         self.plain_names = [o.name for o in self.plain.get_outputs()]
 
-    def _mixed_model(self, m, fp32_nodes: set):
-        """`m` at the cell's dtype with the nodes `fp32_nodes` left in float32 (fp16:
-        convert_float_to_float16's node_block_list, Casts inserted around them)."""
+    def _mixed_model(self, m, fp32_nodes: set, weights: dict):
+        """(`m` at the cell's dtype with the nodes `fp32_nodes` left in float32, its external weights)
+        (fp16: convert_float_to_float16's node_block_list, Casts inserted around them)."""
         if self._torch_dtype() != "float16":
             raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
-        return mixed_fp16(m, fp32_nodes, shapes_inferred=True)
+        return mixed_fp16_weights(m, fp32_nodes, weights, self._weight_cache(), shapes_inferred=True)
 
     def provider_options(self) -> dict:
         """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
@@ -177,11 +217,10 @@ class OrtRunner(Runner):
 
     def activate(self) -> None:
         if self._fault():
-            import onnx
-
             from parity.backends import fault
+            from parity.models import onnx_weights
 
-            fault.check(onnx.load(str(self.job.model_dir / "model.onnx")), self._fault(),
+            fault.check(onnx_weights.load_graph(self.job.model_dir / "model.onnx"), self._fault(),
                         f"providers.{self.job.provider}.options.fault")
         self.layers = self._session(self.job.model_dir / "layers.onnx")
         self.plain = self._session(self.job.model_dir / "model.onnx")
@@ -203,18 +242,16 @@ class OrtRunner(Runner):
         return None
 
     def _own_session(self, ref: dict) -> None:
-        import onnx
+        from parity.models import onnx_cut, onnx_weights
 
-        from parity.models import onnx_cut
-
-        m = onnx.load(str(self.job.model_dir / "layers.onnx"))
+        m = onnx_weights.load_graph(self.job.model_dir / "layers.onnx")  # weightless: cut the graph only
         pre = {n.removeprefix(store.PRE): np.shape(v) for n, v in ref.items() if store.is_pre(n)}
         lv = onnx_cut.analyse(m, pre)
         for c in [c for c in lv.inputs if c not in pre]:
             del lv.inputs[c]
             lv.skipped[c] = "the reference has no pre:<call> input for it"
         self.own_cut = lv
-        self.own = self._session(onnx_cut.cut(m, lv))  # in memory: _convert takes a ModelProto
+        self.own = self._session(onnx_cut.cut(m, lv))  # in memory; its weights: weights.bin, shared
 
     def infer_own(self, feeds, ref):
         if getattr(self, "own", None) is None:
@@ -235,6 +272,7 @@ class OrtRunner(Runner):
 
     def deactivate(self) -> None:
         self.layers = self.plain = self.own = None
+        self._ovs = self._maps = self._wcache = None  # after the sessions that read them
 
     def run_op(self, side, args, kwargs, grad=None):
         """The op exported alone (TorchScript exporter, suites_run.onnx_opset) and run in a session
@@ -305,16 +343,22 @@ class OrtCpuRunner(OrtRunner):
 
 
 def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False):
-    """`m` in float16 with the nodes `fp32_nodes` computing in float32 (float32 graph I/O):
-    convert_float_to_float16's node_block_list, then two repairs. The converter stores every tensor
-    between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked input),
-    so nothing kept would see float32 values: each such Cast pair becomes an Identity of the float32
-    value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes)."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    """`m` (its weights inline) in float16 with the nodes `fp32_nodes` computing in float32 (float32
+    graph I/O): convert_float_to_float16's node_block_list, then two repairs. The converter stores every
+    tensor between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked
+    input), so nothing kept would see float32 values: each such Cast pair becomes an Identity of the
+    float32 value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes)."""
+    return mixed_fp16_weights(m, fp32_nodes, {}, None, shapes_inferred)[0]
 
-    m = convert_float_to_float16(m, keep_io_types=True, node_block_list=sorted(fp32_nodes),
-                                 disable_shape_infer=shapes_inferred)
-    return dedupe_nodes(fold_cast_pairs(m))
+
+def mixed_fp16_weights(m, fp32_nodes, weights: dict, cache: dict | None, shapes_inferred: bool = False):
+    """mixed_fp16 of a weightless graph: (converted graph, {name: array} of its external initializers
+    at their new types; parity.models.onnx_weights.to_float16)."""
+    from parity.models import onnx_weights
+
+    m, weights = onnx_weights.to_float16(m, weights, cache, keep_io_types=True, node_block_list=sorted(fp32_nodes),
+                                         disable_shape_infer=shapes_inferred)
+    return dedupe_nodes(fold_cast_pairs(m)), weights
 
 
 def fold_cast_pairs(m):
