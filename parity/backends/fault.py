@@ -30,18 +30,19 @@ def check(m, spec: dict, where: str) -> None:
                          f"({len(names)} nodes: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
 
 
-def inject(m, spec: dict, weights: dict | None = None):
-    """(a copy of `m` with the fault applied, `weights`) (`m` itself when the node is not in it).
-    `m` may be weightless: `weights` {initializer name: array} holds the values of its external
-    initializers (parity.models.onnx_weights); the scaled copy of one goes into the graph inline."""
+def inject(m, spec: dict, base_dir=None):
+    """A copy of `m` with the fault applied (m itself when the node is not in it). `m` may be
+    weightless (parity.models.onnx_weights): the weight to scale is read from its external data under
+    `base_dir`, and its scaled copy goes into the graph inline."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    weights = {} if weights is None else weights
+    from parity.models import onnx_weights
+
     node = find(m, str(spec["node"]))
     if node is None:
-        return m, weights
+        return m
     scale = float(spec.get("scale", 1.01))
     out = onnx.ModelProto()
     out.CopyFrom(m)
@@ -51,13 +52,14 @@ def inject(m, spec: dict, weights: dict | None = None):
     floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
     w = next((i for i in list(node.input)[1:] if i in inits and inits[i].data_type in floats), None)
     if w is not None:
-        arr = np.asarray(weights[w]) if w in weights else numpy_helper.to_array(inits[w])
+        t = inits[w]
+        arr = onnx_weights.tensor_view(t, base_dir, {}) if onnx_weights.is_external(t) else numpy_helper.to_array(t)
         g.initializer.append(numpy_helper.from_array((arr * scale).astype(arr.dtype), w + "__fault"))
         node.input[list(node.input).index(w)] = w + "__fault"
-        return out, weights
+        return out
     o = node.output[0]
     node.output[0] = o + "__prefault"
     g.initializer.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), o + "__scale"))
     idx = list(g.node).index(node)
     g.node.insert(idx + 1, helper.make_node("Mul", [o + "__prefault", o + "__scale"], [o], name=o + "__fault"))
-    return out, weights
+    return out

@@ -52,13 +52,14 @@ class OrtRunner(Runner):
         """options.fault (parity.backends.fault): a diagnostic fault injected into every graph run."""
         return (self.job.provider_cfg.get("options") or {}).get("fault")
 
-    def _convert(self, path) -> tuple[str | bytes, dict]:
-        """(the graph at `path` for the cell's dtype as onnxruntime takes it, {initializer: array} to
-        hand the session as external initializers). Graphs are read without their weights
-        (parity.models.onnx_weights): fp32 is the file as it is, passed by path; fp16 is the weightless
-        graph converted and serialised, with its external weights converted one tensor at a time.
-        With options.fault, the fault is applied first. A ModelProto (reduce, the own-error cut) is
-        converted in place; its external weights are read from the model directory."""
+    def _convert(self, path) -> tuple[str | bytes, Path | None]:
+        """(the graph at `path` for the cell's dtype as onnxruntime takes it, the folder of its external
+        data): fp32 is the file as it is, passed by path (onnxruntime reads weights.bin beside it,
+        memory-mapped; nothing is loaded here); fp16 is the weightless graph converted and serialised,
+        its weights converted one tensor at a time into this runner's temp weights file
+        (parity.models.onnx_weights). With options.fault, the fault is applied first. A ModelProto
+        (reduce, the own-error cut) is converted in place; its external data is in the model directory.
+        The folder is None when the graph has no external data (or is a path)."""
         m = None
         if not isinstance(path, (str, Path)):  # a ModelProto in memory
             m, path = path, None
@@ -68,41 +69,33 @@ class OrtRunner(Runner):
                              f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
         from parity.models import onnx_weights
 
+        if m is None and torch_dtype == "float32" and not self._fault():
+            return str(path), None
         if m is None:
             m = onnx_weights.load_graph(path)
-        weights = self._weights(m, Path(path).parent if path is not None else self.job.model_dir)
-        if torch_dtype == "float32" and not self._fault():
-            return (str(path) if path is not None else m.SerializeToString()), weights
+        base = Path(path).parent if path is not None else Path(self.job.model_dir)
         if self._fault():
             from parity.backends import fault
 
-            m, weights = fault.inject(m, self._fault(), weights)
-        if torch_dtype == "float32":
-            return m.SerializeToString(), weights
-        m, weights = onnx_weights.to_float16(m, weights, self._weight_cache(), keep_io_types=True)
-        return m.SerializeToString(), weights
+            m = fault.inject(m, self._fault(), base)
+        if torch_dtype == "float16":
+            m, base = onnx_weights.to_float16(m, base, self._converted(), keep_io_types=True), self._converted().dir
+        return m.SerializeToString(), (base if onnx_weights.has_external(m) else None)
 
-    def _weight_cache(self) -> dict:
-        """This runner's converted weights {(name, dtype): array}, shared by its graphs."""
-        if getattr(self, "_wcache", None) is None:
-            self._wcache = {}
-        return self._wcache
+    def _converted(self):
+        """This runner's temp weights file of converted tensors (parity.models.onnx_weights.Converted)."""
+        if getattr(self, "_conv", None) is None:
+            from parity.models.onnx_weights import Converted
 
-    def _weights(self, m, base) -> dict:
-        """{name: read-only array} of `m`'s external initializers, views of the weights file under
-        `base`, memory-mapped once per runner (every session of the capture shares the pages)."""
-        from parity.models import onnx_weights
-
-        if getattr(self, "_maps", None) is None:
-            self._maps = {}
-        return onnx_weights.arrays(m, base, self._maps)
+            self._conv = Converted()
+        return self._conv
 
     # -- reduce (parity.analysis.reduce): any ONNX graph, as this provider runs it --
     def prepared(self, path) -> bytes:
         """The graph at `path` (or a ModelProto, its weights inline) as this provider hands it to
         onnxruntime (dtype conversion, fault), serialised."""
-        m, weights = self._convert(path)
-        if weights:
+        m, folder = self._convert(path)
+        if folder is not None:
             raise ValueError("prepared(): the graph's weights are external data; reduce hands it a graph "
                              "with its weights inline (onnx.load of model.onnx reads weights.bin)")
         return Path(m).read_bytes() if isinstance(m, str) else m
@@ -117,31 +110,20 @@ class OrtRunner(Runner):
         opt = (self.job.provider_cfg.get("options") or {}).get("graph_optimization_level", "all")
         return {"ep": self.ep, "provider_options": self.provider_options(), "opt_level": OPT_LEVELS[opt]}
 
-    def _session(self, path, model: bytes | None = None, weights: dict | None = None):
-        """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes, and
-        its external weights), or on `model` (serialised, with `weights`) as it is. The weights go in as
-        external initializers (one OrtValue per array, made once per runner): sessions of one runner
-        read the same memory, not each its own copy."""
+    def _session(self, path, model: bytes | None = None, folder: Path | None = None):
+        """A session on `path` converted to the cell's dtype (_convert), or on `model` (serialised) as it
+        is, its external data in `folder`. onnxruntime memory-maps the weights file and keeps only
+        what its kernels repack: the sessions of a process share the file's pages."""
         if model is None:
-            model, weights = self._convert(path)
+            model, folder = self._convert(path)
         so = self._session_options()
-        if weights:
-            names = sorted(weights)
-            so.add_external_initializers(names, [self._ortvalue(n, weights[n]) for n in names])
+        if folder is not None:  # a graph from memory: where its external data is
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         sess = self._ort().InferenceSession(model, sess_options=so, providers=self._providers())
         if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
             raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
                               f"{sess.get_providers()}): the EP's libraries or device are missing")
         return sess
-
-    def _ortvalue(self, name: str, arr):
-        """The OrtValue over `arr` (no copy; it keeps `arr` alive), one per (name, dtype) per runner."""
-        if getattr(self, "_ovs", None) is None:
-            self._ovs = {}
-        key = (name, arr.dtype.str)
-        if key not in self._ovs:
-            self._ovs[key] = self._ort().OrtValue.ortvalue_from_numpy(arr)
-        return self._ovs[key]
 
     @staticmethod
     def _ort():
@@ -192,18 +174,20 @@ class OrtRunner(Runner):
         fp32 = set(flip) if reduced else nodes - set(flip)
         m = onnx.ModelProto()
         m.CopyFrom(src)  # weightless: a copy of the graph only
-        weights = self._weights(m, self.job.model_dir)
+        folder = self.job.model_dir
         if fp32 != nodes:  # everything in fp32: the exported graph as it is
-            m, weights = self._mixed_model(m, fp32, weights)
-        self.plain = self._session(None, m.SerializeToString(), weights)
+            m, folder = self._mixed_model(m, fp32)
+        self.plain = self._session(None, m.SerializeToString(), folder)
         self.plain_names = [o.name for o in self.plain.get_outputs()]
+        self._mixed = True  # self.plain is not model.onnx: never released and reopened (_own_session)
 
-    def _mixed_model(self, m, fp32_nodes: set, weights: dict):
-        """(`m` at the cell's dtype with the nodes `fp32_nodes` left in float32, its external weights)
-        (fp16: convert_float_to_float16's node_block_list, Casts inserted around them)."""
+    def _mixed_model(self, m, fp32_nodes: set):
+        """(`m` at the cell's dtype with the nodes `fp32_nodes` left in float32, the folder of its
+        external data) (fp16: convert_float_to_float16's node_block_list, Casts inserted around them)."""
         if self._torch_dtype() != "float16":
             raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
-        return mixed_fp16_weights(m, fp32_nodes, weights, self._weight_cache(), shapes_inferred=True)
+        conv = self._converted()
+        return mixed_fp16(m, fp32_nodes, shapes_inferred=True, weights=(self.job.model_dir, conv)), conv.dir
 
     def provider_options(self) -> dict:
         """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
@@ -228,9 +212,13 @@ class OrtRunner(Runner):
         self.plain_names = [o.name for o in self.plain.get_outputs()]
 
     def infer(self, feeds):
+        if self.layers is None:  # released for the own-error session (_own_session): open it again
+            self._reopened, self.layers = True, self._session(self.job.model_dir / "layers.onnx")
         return list(zip(self.names, self.layers.run(None, feeds)))
 
     def infer_plain(self, feeds):
+        if self.plain is None:
+            self._reopened, self.plain = True, self._session(self.job.model_dir / "model.onnx")
         return list(zip(self.plain_names, self.plain.run(None, feeds)))
 
     @property
@@ -251,7 +239,12 @@ class OrtRunner(Runner):
             del lv.inputs[c]
             lv.skipped[c] = "the reference has no pre:<call> input for it"
         self.own_cut = lv
-        self.own = self._session(onnx_cut.cut(m, lv))  # in memory; its weights: weights.bin, shared
+        if not getattr(self, "_reopened", False) and not getattr(self, "_mixed", False):
+            # A capture runs the layers and plain graphs before the own error: their sessions (each
+            # holding its kernels' repacked copy of the weights) go before the cut graph's comes, so
+            # at most two are open at once. Reopened if asked again; then never released again.
+            self.layers = self.plain = None
+        self.own = self._session(onnx_cut.cut(m, lv))  # in memory; its external data: weights.bin
 
     def infer_own(self, feeds, ref):
         if getattr(self, "own", None) is None:
@@ -272,7 +265,9 @@ class OrtRunner(Runner):
 
     def deactivate(self) -> None:
         self.layers = self.plain = self.own = None
-        self._ovs = self._maps = self._wcache = None  # after the sessions that read them
+        if getattr(self, "_conv", None) is not None:  # after the sessions that read it
+            self._conv.close()
+            self._conv = None
 
     def run_op(self, side, args, kwargs, grad=None):
         """The op exported alone (TorchScript exporter, suites_run.onnx_opset) and run in a session
@@ -342,23 +337,20 @@ class OrtCpuRunner(OrtRunner):
     pass
 
 
-def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False):
-    """`m` (its weights inline) in float16 with the nodes `fp32_nodes` computing in float32 (float32
-    graph I/O): convert_float_to_float16's node_block_list, then two repairs. The converter stores every
-    tensor between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked
-    input), so nothing kept would see float32 values: each such Cast pair becomes an Identity of the
-    float32 value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes)."""
-    return mixed_fp16_weights(m, fp32_nodes, {}, None, shapes_inferred)[0]
-
-
-def mixed_fp16_weights(m, fp32_nodes, weights: dict, cache: dict | None, shapes_inferred: bool = False):
-    """mixed_fp16 of a weightless graph: (converted graph, {name: array} of its external initializers
-    at their new types; parity.models.onnx_weights.to_float16)."""
+def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False, weights=None):
+    """`m` in float16 with the nodes `fp32_nodes` computing in float32 (float32 graph I/O):
+    convert_float_to_float16's node_block_list, then two repairs. The converter stores every tensor
+    between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked input),
+    so nothing kept would see float32 values: each such Cast pair becomes an Identity of the float32
+    value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes). `weights`: for a
+    weightless `m`, (folder of its external data, parity.models.onnx_weights.Converted to write the
+    converted weights to); None when its weights are inline."""
     from parity.models import onnx_weights
 
-    m, weights = onnx_weights.to_float16(m, weights, cache, keep_io_types=True, node_block_list=sorted(fp32_nodes),
-                                         disable_shape_infer=shapes_inferred)
-    return dedupe_nodes(fold_cast_pairs(m)), weights
+    base, store = weights if weights is not None else (None, None)
+    m = onnx_weights.to_float16(m, base, store, keep_io_types=True, node_block_list=sorted(fp32_nodes),
+                                disable_shape_infer=shapes_inferred)
+    return dedupe_nodes(fold_cast_pairs(m))
 
 
 def fold_cast_pairs(m):

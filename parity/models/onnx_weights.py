@@ -9,12 +9,17 @@ protobuf's 2 GiB limit:
 - `pack` writes the initializers of a weightless graph (read from wherever they are: inline, or the
   external files a torch export or a user's file left) to one weights file, in graph order, each
   tensor at an aligned offset, and points the graph at it. Same graph, same bytes.
-- `load_graph` reads a graph without its external data; graphs are pruned, cut and renamed that way.
-- `arrays` maps each external initializer to a read-only numpy view of a memory-mapped weights file:
-  onnxruntime sessions take them as external initializers (SessionOptions.add_external_initializers),
-  so the sessions of one process share the same pages instead of each reading its own copy.
+- `load_graph` reads a graph without its external data; graphs are pruned, cut and renamed that way,
+  and `check` runs onnx's checker by path.
+- onnxruntime takes a graph by path (or serialised, weightless, with the folder of its external data:
+  session option `session.model_external_initializers_file_folder_path`) and memory-maps the weights
+  file itself, so every session of a process reads the same pages. (Measured on bert_base, fp32: a
+  session costs ~0.75 W of its kernels' repacked weights and nothing more; handing the weights in as
+  OrtValues over a numpy memmap, `add_external_initializers` / `add_initializer`, cost more, ~1.4 W
+  and ~0.75 W + the mapped file per session; disabling repacking changes the results.)
 - `to_float16` is onnxruntime's float16 converter on the weightless graph plus the same per-tensor
-  conversion (convert_np_to_float16) applied to the external initializers one at a time.
+  conversion (convert_np_to_float16) applied to the external initializers one at a time, written to
+  a temp weights file (`Converted`) that the cell's graphs share.
 """
 
 from __future__ import annotations
@@ -47,14 +52,7 @@ def external_info(t: TensorProto) -> dict:
 
 def initializers(m: onnx.ModelProto):
     """Every initializer of the main graph and of subgraphs (If/Loop bodies), in graph order."""
-    def graphs(g):
-        yield g
-        for n in g.node:
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    yield from graphs(sub)
-
-    for g in graphs(m.graph):
+    for g in _graphs_with_inits(m):
         yield from g.initializer
 
 
@@ -143,35 +141,71 @@ def check(path) -> None:
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def arrays(m: onnx.ModelProto, base_dir, maps: dict | None = None) -> dict[str, np.ndarray]:
-    """{initializer name: read-only array} for `m`'s external initializers, views of the memory-mapped
-    files they point at under `base_dir` (`maps`: a cache of open maps {file: np.memmap}, shared by
-    the caller across graphs so one file is mapped once)."""
+def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
+    """The values of external tensor `t` as a read-only view of its memory-mapped file under `base_dir`."""
     from onnx.helper import tensor_dtype_to_np_dtype
 
-    maps = {} if maps is None else maps
-    out = {}
-    for t in initializers(m):
-        if not is_external(t):
-            continue
-        info = external_info(t)
-        f = str(Path(base_dir) / info["location"])
-        if f not in maps:
-            maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
-        dt = np.dtype(tensor_dtype_to_np_dtype(t.data_type))
-        off = int(info.get("offset", 0))
-        n = int(info["length"]) if "length" in info else int(np.prod(t.dims, dtype=np.int64)) * dt.itemsize
-        out[t.name] = maps[f][off:off + n].view(dt).reshape(tuple(t.dims))
-    return out
+    info = external_info(t)
+    f = str(Path(base_dir) / info["location"])
+    if f not in maps:
+        maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
+    dt = np.dtype(tensor_dtype_to_np_dtype(t.data_type))
+    off = int(info.get("offset", 0))
+    n = int(info["length"]) if "length" in info else int(np.prod(t.dims, dtype=np.int64)) * dt.itemsize
+    return maps[f][off:off + n].view(dt).reshape(tuple(t.dims))
+
+
+def read_by_nodes(m: onnx.ModelProto) -> set[str]:
+    """Names the nodes of `m` read (subgraphs included) or its graph outputs name."""
+    def names(g):
+        for n in g.node:
+            yield from n.input
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from names(sub)
+        yield from (o.name for o in g.output)
+
+    return set(names(m.graph))
+
+
+def has_external(m: onnx.ModelProto) -> bool:
+    return any(is_external(t) for t in initializers(m))
 
 
 def with_data(m: onnx.ModelProto, base_dir) -> onnx.ModelProto:
     """`m` with its external data read in (for the few consumers that need a whole-model protobuf:
-    the quantizer, the ONNX reference evaluator, a standalone repro). Small models only."""
+    the quantizer, the ONNX reference evaluator). Small models only."""
     from onnx.external_data_helper import load_external_data_for_model
 
     load_external_data_for_model(m, str(base_dir))
     return m
+
+
+class Converted:
+    """A temp folder with one weights file of converted tensors (float16 copies of the model's
+    weights), appended one tensor at a time and kept for the life of the runner: the layers, plain and
+    cut graphs of a cell point at the same bytes. onnxruntime reads it as it reads weights.bin
+    (a graph's external data folder: SessionOptions `session.model_external_initializers_file_folder_path`)."""
+
+    def __init__(self):
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="parity-weights-")
+        self.dir = Path(self._tmp.name)
+        self.index: dict[tuple[str, str], tuple[int, int]] = {}  # (name, dtype) -> (offset, length)
+
+    def put(self, key: tuple[str, str], make) -> tuple[int, int]:
+        """(offset, length) of tensor `key` in the file, written from `make()` (an array) the first time."""
+        if key not in self.index:
+            arr = np.ascontiguousarray(make())
+            with open(self.dir / WEIGHTS, "ab") as f:
+                pos = _align(f)
+                f.write(memoryview(arr.reshape(-1)).cast("B"))
+            self.index[key] = (pos, arr.nbytes)
+        return self.index[key]
+
+    def close(self) -> None:
+        self._tmp.cleanup()
 
 
 @contextlib.contextmanager
@@ -191,34 +225,48 @@ def _shapes_from_dims():
         float16.make_value_info_from_tensor = orig
 
 
-def to_float16(m: onnx.ModelProto, weights: dict, cache: dict | None = None, **kwargs):
-    """(`m` converted by onnxruntime's convert_float_to_float16(m, **kwargs), {name: array} of its
-    external initializers at their new types). `m` is weightless (external initializers, arrays in
-    `weights`); the converter changes the graph and retypes external float initializers it converts,
-    and each of those is converted here with the converter's own per-tensor function: the values are
-    those of a conversion of the whole in-memory model. `cache` {(name, 'float16'): array} is reused
-    across graphs of one process (layers, plain and cut graphs share their weights)."""
+def to_float16(m: onnx.ModelProto, base_dir, store: Converted | None, **kwargs) -> onnx.ModelProto:
+    """`m` converted by onnxruntime's convert_float_to_float16(m, **kwargs), its external initializers
+    (weights under `base_dir`) written to `store`, each converted with the converter's own per-tensor
+    function (convert_np_to_float16) where the converter retyped it: the values are those of a
+    conversion of the whole in-memory model, and no more than one tensor is converted at a time.
+    Initializers no node reads are dropped first (onnxruntime drops them too)."""
     from onnxruntime.transformers.float16 import convert_float_to_float16, convert_np_to_float16
 
-    cache = {} if cache is None else cache
+    read = read_by_nodes(m)
+    for g in _graphs_with_inits(m):
+        keep = [t for t in g.initializer if t.name in read]
+        if len(keep) != len(g.initializer):
+            del g.initializer[:]
+            g.initializer.extend(keep)
     was = {t.name for t in initializers(m) if is_external(t) and t.data_type == TensorProto.FLOAT}
     with _shapes_from_dims():
         m = convert_float_to_float16(m, **kwargs)
-    lo = kwargs.get("min_positive_val", 5.96e-08)
-    hi = kwargs.get("max_finite_val", 65504.0)
-    out = {}
-    for t in initializers(m):
-        if t.name not in weights:
-            continue
+    lo, hi = kwargs.get("min_positive_val", 5.96e-08), kwargs.get("max_finite_val", 65504.0)
+    maps: dict = {}
+    for t in [t for t in initializers(m) if is_external(t)]:
+        src = TensorProto()
+        src.CopyFrom(t)
         if t.name in was and t.data_type == TensorProto.FLOAT16:
-            key = (t.name, "float16")
-            if key not in cache:
-                cache[key] = np.ascontiguousarray(convert_np_to_float16(np.asarray(weights[t.name]).reshape(-1),
-                                                                        lo, hi).reshape(weights[t.name].shape))
-            out[t.name] = cache[key]
-            info = external_info(t)  # describe what the session gets (same file, new length)
-            set_external(t, info["location"], int(info.get("offset", 0)), int(cache[key].nbytes))
-        else:
-            out[t.name] = weights[t.name]
-    return m, out
+            src.data_type = TensorProto.FLOAT
 
+            def make(src=src):
+                return convert_np_to_float16(tensor_view(src, base_dir, maps).reshape(-1), lo, hi)
+        else:
+            def make(src=src):
+                return tensor_view(src, base_dir, maps)
+        off, n = store.put((t.name, str(t.data_type)), make)
+        set_external(t, WEIGHTS, off, n)
+    maps.clear()  # unmap the source file
+    return m
+
+
+def _graphs_with_inits(m: onnx.ModelProto):
+    def graphs(g):
+        yield g
+        for n in g.node:
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from graphs(sub)
+
+    yield from graphs(m.graph)
