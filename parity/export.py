@@ -207,16 +207,5 @@ def export_checked(model, example, input_names, out: Path, exporter: str, opset:
         full = constant_outputs_as_nodes(strip_paths(onnx_weights.load_graph(tmp)))
         with atomic_path(out / onnx_weights.WEIGHTS, allow_empty=True) as w:
             onnx_weights.pack(full, d, w)
-    write_graph(full, out / "layers.onnx")
+    onnx_weights.write_checked(full, out / "layers.onnx")
     return names, full
-
-
-def write_graph(m: onnx.ModelProto, path: Path) -> None:
-    """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file beside
-    it (onnx.checker by path: no protobuf of the whole model, so no 2 GiB limit)."""
-    from parity.io import atomic_path
-    from parity.models import onnx_weights
-
-    with atomic_path(path) as tmp:
-        onnx_weights.save_graph(m, tmp)
-        onnx_weights.check(tmp)

@@ -383,7 +383,7 @@ def inject(model: onnx.ModelProto, fault: str, target: str, **options) -> tuple[
 
 def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
     """Write a faulty copy of an exported model directory (see the module docstring)."""
-    from parity.export import op_inventory, prune_outputs, write_graph
+    from parity.export import op_inventory, prune_outputs
     from parity.io import atomic_path, read_json, write_json
     from parity.models import onnx_weights
 
@@ -397,7 +397,7 @@ def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
         onnx_weights.pack(faulty, model_dir, w)  # as the export writes them: one weights.bin, shared
     plain = prune_outputs(faulty, plain_outputs)
     for name, m in (("layers.onnx", faulty), ("model.onnx", plain)):
-        write_graph(m, out_dir / name)
+        onnx_weights.write_checked(m, out_dir / name)
     write_json(out_dir / "layers.json", meta, sort_keys=False)
     write_json(out_dir / "ops.json", op_inventory(plain))
     write_json(out_dir / "fault.json", change)

@@ -141,6 +141,16 @@ def check(path) -> None:
     onnx.checker.check_model(str(path), full_check=True)
 
 
+def write_checked(m: onnx.ModelProto, path) -> None:
+    """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file
+    beside it."""
+    from parity.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        save_graph(m, tmp)
+        check(tmp)
+
+
 def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
     """The values of external tensor `t` as a read-only view of its memory-mapped file under `base_dir`."""
     from onnx.helper import tensor_dtype_to_np_dtype

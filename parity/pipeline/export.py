@@ -17,7 +17,8 @@ class ExportError(Exception):
 def export_model(p: dict, model: str, out: Path) -> str:
     """Write layers.onnx, model.onnx (both pointing at one weights.bin), layers.json and ops.json under
     `out`; the summary line."""
-    from parity.export import ExportFailed, export_checked, op_inventory, prune_outputs, write_graph
+    from parity.export import ExportFailed, export_checked, op_inventory, prune_outputs
+    from parity.models.onnx_weights import write_checked
     from parity.io import write_json
     from parity.models import build
     from parity.store import is_output
@@ -47,7 +48,7 @@ def export_model(p: dict, model: str, out: Path) -> str:
                           f"<export.exporter, export.opset>: {e}") from None
     outputs = [n for n in names if is_output(n)]
     plain = prune_outputs(full, outputs)  # weightless: model.onnx shares layers.onnx's weights.bin
-    write_graph(plain, out / "model.onnx")
+    write_checked(plain, out / "model.onnx")
     layers = _layers_json(model, net, names, outputs, full, exporter, opset)
     if inputspec.labels(m) != [None]:  # several input shapes: what was declared dynamic, and each shape
         layers.update(dynamic_axes=dynamic, shapes={lab: inputspec.describe(m, lab) for lab in inputspec.labels(m)})

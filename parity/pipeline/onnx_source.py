@@ -101,7 +101,6 @@ def write_graphs(m, src_dir: Path, out: Path):
     """layers.onnx and model.onnx of graph `m` (weightless, loaded by load_checked from a file in
     `src_dir`) under `out`, both pointing at one `out`/weights.bin (its weights copied there, in graph
     order; parity.models.onnx_weights.pack), each checked by path. Returns instrument(m)."""
-    from parity.export import write_graph
     from parity.io import atomic_path
     from parity.models import onnx_weights
 
@@ -110,7 +109,7 @@ def write_graphs(m, src_dir: Path, out: Path):
         onnx_weights.pack(m, src_dir, w)  # small tensors come inline first: shape inference reads them
     res = instrument(m)
     for name, g in (("layers.onnx", res[0]), ("model.onnx", res[1])):
-        write_graph(g, out / name)
+        onnx_weights.write_checked(g, out / name)
     return res
 
 
