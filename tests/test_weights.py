@@ -128,10 +128,18 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
 
 
+def _linear64(x: np.ndarray, w: np.ndarray, b: np.ndarray, rows: int = 1024) -> np.ndarray:
+    """x @ w.T + b in float64, `rows` of the (memory-mapped) weight at a time."""
+    return np.concatenate([x @ w[i:i + rows].astype(np.float64).T for i in range(0, w.shape[0], rows)], axis=-1) + b
+
+
 def _stage(name: str, *args) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", f"stages.{name}", *args], cwd=ROOT, env=env(),
+    """Run a stage; with GNU time installed, print its peak RSS and wall time (pytest -s shows them)."""
+    timed = ["/usr/bin/time", "-f", f"stages.{name}: peak RSS %M KiB, %e s"] if Path("/usr/bin/time").exists() else []
+    p = subprocess.run([*timed, sys.executable, "-m", f"stages.{name}", *args], cwd=ROOT, env=env(),
                        capture_output=True, text=True)
     assert p.returncode == 0, f"stages.{name}: {p.stdout}\n{p.stderr}"
+    print(p.stdout.strip(), *[ln for ln in p.stderr.splitlines() if "peak RSS" in ln], sep="\n")
     return p
 
 
@@ -141,6 +149,8 @@ def test_a_model_over_2_gib_exports_and_captures_on_ort_cpu(tmp_path):
     protobuf's 2 GiB. Export (dynamo), then the ort_cpu fp32 capture with own error (from an fp64
     reference computed here with numpy from weights.bin). Needs ~2.2 GB of disk (removed after) and
     several GiB of memory: run it alone."""
+    import yaml
+
     from parity import store
 
     big = {"arch": {"source": "parity", "name": "mlp",
@@ -150,7 +160,7 @@ def test_a_model_over_2_gib_exports_and_captures_on_ort_cpu(tmp_path):
     p = composed("models=[mlp]", "dtypes=[fp32]", "providers=[ort_cpu]")
     p["models"] = {"big_mlp": big}
     params = tmp_path / "params.yaml"
-    params.write_text(json.dumps(p))  # JSON is YAML
+    params.write_text(yaml.safe_dump(p))
     a = tmp_path / "artifacts"
     d, inputs = a / "models/big_mlp", a / "inputs/big_mlp.parquet"
     try:
@@ -170,9 +180,9 @@ def test_a_model_over_2_gib_exports_and_captures_on_ort_cpu(tmp_path):
         rows = []
         for t in store.read(inputs):
             x = t.array.astype(np.float64)
-            fc1 = x @ w1.T.astype(np.float64) + b1
+            fc1 = _linear64(x, w1, b1)
             act = _gelu(fc1)
-            fc2 = act @ w2.T.astype(np.float64) + b2
+            fc2 = _linear64(act, w2, b2)
             rows += [store.Tensor(t.sample, n, i, v) for i, (n, v) in enumerate(
                 [("fc1", fc1), ("act", act), ("fc2", fc2), ("output", fc2), ("pre:fc1", x), ("pre:act", fc1),
                  ("pre:fc2", act)])]

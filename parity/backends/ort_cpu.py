@@ -179,7 +179,7 @@ class OrtRunner(Runner):
             m, folder = self._mixed_model(m, fp32)
         self.plain = self._session(None, m.SerializeToString(), folder)
         self.plain_names = [o.name for o in self.plain.get_outputs()]
-        self._mixed = True  # self.plain is not model.onnx: never released and reopened (_own_session)
+        self._mixed = True  # self.plain is not model.onnx: never closed (_release_for)
 
     def _mixed_model(self, m, fp32_nodes: set):
         """(`m` at the cell's dtype with the nodes `fp32_nodes` left in float32, the folder of its
@@ -206,19 +206,48 @@ class OrtRunner(Runner):
 
             fault.check(onnx_weights.load_graph(self.job.model_dir / "model.onnx"), self._fault(),
                         f"providers.{self.job.provider}.options.fault")
-        self.layers = self._session(self.job.model_dir / "layers.onnx")
-        self.plain = self._session(self.job.model_dir / "model.onnx")
-        self.names = [o.name for o in self.layers.get_outputs()]
-        self.plain_names = [o.name for o in self.plain.get_outputs()]
+        self.layers = self.plain = self.own = None
+        self._opened, self._keep_open = set(), False
+        self._open("layers")  # the first session: an unavailable EP fails the activation
+
+    def _open(self, kind: str) -> None:
+        """Open the session `kind` (layers | plain) if it is closed. Each session holds its kernels'
+        repacked copy of the weights (~W for a MatMul-heavy model; onnxruntime's Python API cannot
+        share those between sessions), and a capture runs the graphs one after the other (layers,
+        plain, then the own-error cut): so opening one closes the others, and at most one holds its
+        weights at a time. A session asked for again after it was closed means the caller interleaves
+        them: from then on every session stays open."""
+        if getattr(self, kind) is not None:
+            return
+        self._release_for(kind)
+        setattr(self, kind, self._session(self.job.model_dir / ("layers.onnx" if kind == "layers" else "model.onnx")))
+        if kind == "layers":
+            self.names = [o.name for o in self.layers.get_outputs()]
+        else:
+            self.plain_names = [o.name for o in self.plain.get_outputs()]
+
+    def _release_for(self, kind: str) -> None:
+        """Close the sessions other than `kind` before `kind` opens (see _open); a mixed plain graph
+        (Runner.mixed) is never closed."""
+        opened = self.__dict__.setdefault("_opened", set())
+        if kind in opened:
+            self._keep_open = True
+        opened.add(kind)
+        if not getattr(self, "_keep_open", False):
+            closed = [o for o in ("layers", "plain", "own") if o != kind and getattr(self, o, None) is not None
+                      and not (o == "plain" and getattr(self, "_mixed", False))]
+            for other in closed:
+                setattr(self, other, None)
+            if closed:
+                _trim_heap()
+
 
     def infer(self, feeds):
-        if self.layers is None:  # released for the own-error session (_own_session): open it again
-            self._reopened, self.layers = True, self._session(self.job.model_dir / "layers.onnx")
+        self._open("layers")
         return list(zip(self.names, self.layers.run(None, feeds)))
 
     def infer_plain(self, feeds):
-        if self.plain is None:
-            self._reopened, self.plain = True, self._session(self.job.model_dir / "model.onnx")
+        self._open("plain")
         return list(zip(self.plain_names, self.plain.run(None, feeds)))
 
     @property
@@ -239,12 +268,9 @@ class OrtRunner(Runner):
             del lv.inputs[c]
             lv.skipped[c] = "the reference has no pre:<call> input for it"
         self.own_cut = lv
-        if not getattr(self, "_reopened", False) and not getattr(self, "_mixed", False):
-            # A capture runs the layers and plain graphs before the own error: their sessions (each
-            # holding its kernels' repacked copy of the weights) go before the cut graph's comes, so
-            # at most two are open at once. Reopened if asked again; then never released again.
-            self.layers = self.plain = None
-        self.own = self._session(onnx_cut.cut(m, lv))  # in memory; its external data: weights.bin
+        cut = onnx_cut.cut(m, lv)
+        self._release_for("own")  # one session's weights at a time (_open)
+        self.own = self._session(cut)  # in memory; its external data: weights.bin
 
     def infer_own(self, feeds, ref):
         if getattr(self, "own", None) is None:
@@ -399,3 +425,14 @@ def dedupe_nodes(m):
         del m.graph.value_info[:]
         m.graph.value_info.extend(vi)
     return m
+
+
+def _trim_heap() -> None:
+    """Give the heap pages freed by a closed session back to the system (glibc's malloc_trim): its
+    many mid-sized buffers otherwise stay in the process and the next session's land beside them."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
