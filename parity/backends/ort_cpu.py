@@ -238,9 +238,6 @@ class OrtRunner(Runner):
                       and not (o == "plain" and getattr(self, "_mixed", False))]
             for other in closed:
                 setattr(self, other, None)
-            if closed:
-                _trim_heap()
-
 
     def infer(self, feeds):
         self._open("layers")
@@ -426,13 +423,3 @@ def dedupe_nodes(m):
         m.graph.value_info.extend(vi)
     return m
 
-
-def _trim_heap() -> None:
-    """Give the heap pages freed by a closed session back to the system (glibc's malloc_trim): its
-    many mid-sized buffers otherwise stay in the process and the next session's land beside them."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
