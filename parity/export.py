@@ -2,7 +2,9 @@
 
 One export: the model wrapped in a LayerRecorder, so every leaf-module call is a named graph output
 (`layers.onnx`). The plain graph (`model.onnx`, what ships) is the same graph with only the model
-outputs kept and dead nodes dropped, so both graphs carry identical weights. Whole-model latency is
+outputs kept and dead nodes dropped, so both graphs carry identical weights: both point at one shared
+weights file, `weights.bin` (ONNX external data, parity.models.onnx_weights), and neither the export
+nor anything after it holds the weights in a protobuf (no 2 GiB limit). Whole-model latency is
 measured on the plain graph, since extra outputs can change what a backend fuses.
 """
 
@@ -28,7 +30,7 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
     names = list(rec.names)
     kwargs = dict(input_names=input_names, output_names=names, opset_version=opset)
     if exporter == "dynamo":
-        kwargs.update(dynamo=True, external_data=False, verbose=False)
+        kwargs.update(dynamo=True, external_data=True, verbose=False)  # weights beside it: no 2 GiB limit
     else:
         kwargs.update(dynamo=False)
         torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
@@ -97,7 +99,8 @@ def constant_outputs_as_nodes(m: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
-    """Copy of `m` with only the `keep` graph outputs and the nodes they need."""
+    """Copy of `m` with only the `keep` graph outputs and the nodes they need (`m` weightless: its
+    initializers refer to external data, which the copy shares)."""
     out = onnx.ModelProto()
     out.CopyFrom(m)
     g = out.graph
@@ -179,16 +182,21 @@ def input_error(model, example) -> str | None:
     return None
 
 
-def export_checked(model, example, input_names, path: Path, exporter: str, opset: int, dynamic=None):
-    """Export the per-layer graph to `path` (published only when export and check succeed);
-    return (output names, checked ModelProto). ExportFailed when the exporter raises."""
+def export_checked(model, example, input_names, out: Path, exporter: str, opset: int, dynamic=None):
+    """Export the per-layer graph to `out`/layers.onnx with its weights in `out`/weights.bin (each
+    published only when export and check succeed); return (output names, the checked graph, weightless:
+    its initializers refer to weights.bin). ExportFailed when the exporter raises. The exporter writes
+    into a temp folder beside `out`; its weights are then copied, in graph order, into weights.bin
+    (parity.models.onnx_weights.pack), never loaded into a protobuf."""
+    import tempfile
     import warnings
 
-    import onnx
-
     from parity.io import atomic_path
+    from parity.models import onnx_weights
 
-    with atomic_path(path) as tmp:
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.export-", dir=out.parent) as d:
+        tmp = Path(d) / "layers.onnx"
         try:
             with warnings.catch_warnings():
                 # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
@@ -196,7 +204,8 @@ def export_checked(model, example, input_names, path: Path, exporter: str, opset
                 names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic)
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
-        full = constant_outputs_as_nodes(strip_paths(onnx.load(str(tmp))))
-        onnx.checker.check_model(full, full_check=True)
-        onnx.save(full, str(tmp))
+        full = constant_outputs_as_nodes(strip_paths(onnx_weights.load_graph(tmp)))
+        with atomic_path(out / onnx_weights.WEIGHTS, allow_empty=True) as w:
+            onnx_weights.pack(full, d, w)
+    onnx_weights.write_checked(full, out / "layers.onnx")
     return names, full

@@ -500,15 +500,15 @@ def _cells(pl: Plan, res: Result, prog: _Progress, root: Path, jobs: int, todo: 
 def _longest_first(root: Path, cells: list[str]) -> list[str]:
     """Start the slowest cells first (a long cell started last is the tail of the whole run).
     Estimate: the cell's last measured latency x (warmup + repeats) (artifacts/timing/<cell>.json),
-    else its model's ONNX size; ties keep params order. Only the order changes, never the results."""
+    else its model's ONNX size (graph + weights.bin); ties keep params order. Only the order changes, never the results."""
     def cost(cell: str) -> tuple[float, int]:
         try:
             t = json.loads((root / paths.timing(cell)).read_text())
             ms = float(t["median_ms"]) * (int(t.get("warmup", 0)) + int(t.get("repeats", 1)))
         except (OSError, ValueError, KeyError, TypeError):
             ms = 0.0
-        onnx = root / paths.model_dir(cell.split("-")[0]) / "model.onnx"
-        return ms, onnx.stat().st_size if onnx.exists() else 0
+        d = root / paths.model_dir(cell.split("-")[0])  # the graph and its weights (weights.bin)
+        return ms, sum(f.stat().st_size for f in (d / "model.onnx", d / "weights.bin") if f.exists())
 
     return sorted(cells, key=cost, reverse=True)
 

@@ -2,6 +2,7 @@
 plain graph and an op inventory.
 
 Writes, under --out: layers.onnx (per-layer graph), model.onnx (the same graph, model outputs only),
+weights.bin (the weights of both graphs, stored once as ONNX external data),
 layers.json (output names in execution order, module types, `regions`: per leaf call the leaf calls
 whose outputs feed it and the op types between them, e.g. Softmax between qkv and out), ops.json
 (op types and counts, opset).

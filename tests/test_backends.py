@@ -216,7 +216,7 @@ def test_int8_keeps_layer_names_and_float32_outputs(exported):
         r.activate()
         assert [o.name for o in r.layers.get_outputs()] == ["output", "fc1", "act", "fc2"]
         assert {o.type for o in r.layers.get_outputs()} == {"tensor(float)"}
-        ops = {n.op_type for n in onnx.load_from_string(r._convert(exported / "layers.onnx")).graph.node}
+        ops = {n.op_type for n in onnx.load_from_string(r._convert(exported / "layers.onnx")[0]).graph.node}
         assert ({"DynamicQuantizeLinear", "MatMulInteger"} if dtype == "int8_dynamic"
                 else {"QuantizeLinear", "DequantizeLinear"}) <= ops, ops
         r.deactivate()
@@ -238,7 +238,7 @@ def _int8_weights(runner, path) -> int:
     import onnx
     from onnx import numpy_helper
 
-    m = onnx.load_from_string(runner._convert(path))
+    m = onnx.load_from_string(runner._convert(path)[0])
     return max(int(np.abs(numpy_helper.to_array(t).astype(np.int16)).max()) for t in m.graph.initializer
                if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2)
 

@@ -385,18 +385,19 @@ def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
     """Write a faulty copy of an exported model directory (see the module docstring)."""
     from parity.export import op_inventory, prune_outputs
     from parity.io import atomic_path, read_json, write_json
+    from parity.models import onnx_weights
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    layers = onnx.load(str(model_dir / "layers.onnx"))
-    plain_outputs = [o.name for o in onnx.load(str(model_dir / "model.onnx")).graph.output]
+    layers = onnx.load(str(model_dir / "layers.onnx"))  # with its weights (weights.bin): small models
+    plain_outputs = [o.name for o in onnx_weights.load_graph(model_dir / "model.onnx").graph.output]
     meta = read_json(model_dir / "layers.json")
     faulty, change = inject(layers, fault, target, **options)
-    plain = prune_outputs(faulty, plain_outputs)
-    onnx.checker.check_model(plain, full_check=True)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out_dir / onnx_weights.WEIGHTS, allow_empty=True) as w:
+        onnx_weights.pack(faulty, model_dir, w)  # as the export writes them: one weights.bin, shared
+    plain = prune_outputs(faulty, plain_outputs)
     for name, m in (("layers.onnx", faulty), ("model.onnx", plain)):
-        with atomic_path(out_dir / name) as tmp:
-            onnx.save(m, str(tmp))
+        onnx_weights.write_checked(m, out_dir / name)
     write_json(out_dir / "layers.json", meta, sort_keys=False)
     write_json(out_dir / "ops.json", op_inventory(plain))
     write_json(out_dir / "fault.json", change)

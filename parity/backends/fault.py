@@ -30,11 +30,15 @@ def check(m, spec: dict, where: str) -> None:
                          f"({len(names)} nodes: {', '.join(names[:8])}{', ...' if len(names) > 8 else ''})")
 
 
-def inject(m, spec: dict):
-    """A copy of `m` with the fault applied (m itself when the node is not in it)."""
+def inject(m, spec: dict, base_dir=None):
+    """A copy of `m` with the fault applied (m itself when the node is not in it). `m` may be
+    weightless (parity.models.onnx_weights): the weight to scale is read from its external data under
+    `base_dir`, and its scaled copy goes into the graph inline."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
+
+    from parity.models import onnx_weights
 
     node = find(m, str(spec["node"]))
     if node is None:
@@ -48,7 +52,8 @@ def inject(m, spec: dict):
     floats = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
     w = next((i for i in list(node.input)[1:] if i in inits and inits[i].data_type in floats), None)
     if w is not None:
-        arr = numpy_helper.to_array(inits[w])
+        t = inits[w]
+        arr = onnx_weights.tensor_view(t, base_dir, {}) if onnx_weights.is_external(t) else numpy_helper.to_array(t)
         g.initializer.append(numpy_helper.from_array((arr * scale).astype(arr.dtype), w + "__fault"))
         node.input[list(node.input).index(w)] = w + "__fault"
         return out

@@ -52,38 +52,52 @@ class OrtRunner(Runner):
         """options.fault (parity.backends.fault): a diagnostic fault injected into every graph run."""
         return (self.job.provider_cfg.get("options") or {}).get("fault")
 
-    def _convert(self, path) -> str | bytes:
-        """The model file at `path` for the cell's dtype, as onnxruntime takes it: fp32 is the file
-        as it is, passed by path (onnxruntime reads it; nothing is loaded or re-serialised here);
-        fp16 is converted and serialised. With options.fault, the fault is applied first."""
+    def _convert(self, path) -> tuple[str | bytes, Path | None]:
+        """(the graph at `path` for the cell's dtype as onnxruntime takes it, the folder of its external
+        data): fp32 is the file as it is, passed by path (onnxruntime reads weights.bin beside it,
+        memory-mapped; nothing is loaded here); fp16 is the weightless graph converted and serialised,
+        its weights converted one tensor at a time into this runner's temp weights file
+        (parity.models.onnx_weights). With options.fault, the fault is applied first. A ModelProto
+        (reduce, the own-error cut) is converted in place; its external data is in the model directory.
+        The folder is None when the graph has no external data (or is a path)."""
         m = None
-        if not isinstance(path, (str, Path)):  # a ModelProto in memory (reduce; converted in place)
+        if not isinstance(path, (str, Path)):  # a ModelProto in memory
             m, path = path, None
         torch_dtype = self._torch_dtype()
-        if torch_dtype == "float32" and not self._fault():
-            return str(path) if m is None else m.SerializeToString()
         if torch_dtype not in ("float32", "float16"):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype} "
                              f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
-        import onnx
+        from parity.models import onnx_weights
 
+        if m is None and torch_dtype == "float32" and not self._fault():
+            return str(path), None
         if m is None:
-            m = onnx.load(str(path))
+            m = onnx_weights.load_graph(path)
+        base = Path(path).parent if path is not None else Path(self.job.model_dir)
         if self._fault():
             from parity.backends import fault
 
-            m = fault.inject(m, self._fault())
-        if torch_dtype == "float32":
-            return m.SerializeToString()
-        from onnxruntime.transformers.float16 import convert_float_to_float16
+            m = fault.inject(m, self._fault(), base)
+        if torch_dtype == "float16":
+            m, base = onnx_weights.to_float16(m, base, self._converted(), keep_io_types=True), self._converted().dir
+        return m.SerializeToString(), (base if onnx_weights.has_external(m) else None)
 
-        return convert_float_to_float16(m, keep_io_types=True).SerializeToString()
+    def _converted(self):
+        """This runner's temp weights file of converted tensors (parity.models.onnx_weights.Converted)."""
+        if getattr(self, "_conv", None) is None:
+            from parity.models.onnx_weights import Converted
+
+            self._conv = Converted()
+        return self._conv
 
     # -- reduce (parity.analysis.reduce): any ONNX graph, as this provider runs it --
     def prepared(self, path) -> bytes:
-        """The graph at `path` (or a ModelProto) as this provider hands it to onnxruntime (dtype
-        conversion, fault), serialised."""
-        m = self._convert(path)
+        """The graph at `path` (or a ModelProto, its weights inline) as this provider hands it to
+        onnxruntime (dtype conversion, fault), serialised."""
+        m, folder = self._convert(path)
+        if folder is not None:
+            raise ValueError("prepared(): the graph's weights are external data; reduce hands it a graph "
+                             "with its weights inline (onnx.load of model.onnx reads weights.bin)")
         return Path(m).read_bytes() if isinstance(m, str) else m
 
     def run_graph(self, model: bytes, feeds: dict) -> dict:
@@ -96,11 +110,16 @@ class OrtRunner(Runner):
         opt = (self.job.provider_cfg.get("options") or {}).get("graph_optimization_level", "all")
         return {"ep": self.ep, "provider_options": self.provider_options(), "opt_level": OPT_LEVELS[opt]}
 
-    def _session(self, path, model: bytes | None = None):
-        """A session on `path` converted to the cell's dtype (_convert: a path or serialised bytes),
-        or on `model` (serialised) as it is."""
-        sess = self._ort().InferenceSession(self._convert(path) if model is None else model,
-                                            sess_options=self._session_options(), providers=self._providers())
+    def _session(self, path, model: bytes | None = None, folder: Path | None = None):
+        """A session on `path` converted to the cell's dtype (_convert), or on `model` (serialised) as it
+        is, its external data in `folder`. onnxruntime memory-maps the weights file and keeps only
+        what its kernels repack: the sessions of a process share the file's pages."""
+        if model is None:
+            model, folder = self._convert(path)
+        so = self._session_options()
+        if folder is not None:  # a graph from memory: where its external data is
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        sess = self._ort().InferenceSession(model, sess_options=so, providers=self._providers())
         if self.ep not in sess.get_providers():  # onnxruntime falls back to CPU silently
             raise Unavailable(f"onnxruntime created the session without {self.ep} (it ran on "
                               f"{sess.get_providers()}): the EP's libraries or device are missing")
@@ -131,13 +150,15 @@ class OrtRunner(Runner):
     plan_items = "onnx_nodes"
 
     def _plan_source(self):
-        """model.onnx, loaded once for every mixed() call: value_info of initializers dropped (the
-        dynamo exporter records them; converters then insert casts twice or fail on stale shapes) and
-        shapes inferred once, so each conversion can skip shape inference."""
+        """model.onnx (weightless), loaded once for every mixed() call: value_info of initializers
+        dropped (the dynamo exporter records them; converters then insert casts twice or fail on stale
+        shapes) and shapes inferred once, so each conversion can skip shape inference."""
         import onnx
 
+        from parity.models import onnx_weights
+
         if getattr(self, "_plan_src", None) is None:
-            m = onnx.load(str(self.job.model_dir / "model.onnx"))
+            m = onnx_weights.load_graph(self.job.model_dir / "model.onnx")
             inits = {t.name for t in m.graph.initializer}
             keep = [v for v in m.graph.value_info if v.name not in inits]
             del m.graph.value_info[:]
@@ -152,18 +173,21 @@ class OrtRunner(Runner):
         nodes = {n.name for n in src.graph.node}
         fp32 = set(flip) if reduced else nodes - set(flip)
         m = onnx.ModelProto()
-        m.CopyFrom(src)
+        m.CopyFrom(src)  # weightless: a copy of the graph only
+        folder = self.job.model_dir
         if fp32 != nodes:  # everything in fp32: the exported graph as it is
-            m = self._mixed_model(m, fp32)
-        self.plain = self._session(None, m.SerializeToString())
+            m, folder = self._mixed_model(m, fp32)
+        self.plain = self._session(None, m.SerializeToString(), folder)
         self.plain_names = [o.name for o in self.plain.get_outputs()]
+        self._mixed = True  # self.plain is not model.onnx: never closed (_release_for)
 
     def _mixed_model(self, m, fp32_nodes: set):
-        """`m` at the cell's dtype with the nodes `fp32_nodes` left in float32 (fp16:
-        convert_float_to_float16's node_block_list, Casts inserted around them)."""
+        """(`m` at the cell's dtype with the nodes `fp32_nodes` left in float32, the folder of its
+        external data) (fp16: convert_float_to_float16's node_block_list, Casts inserted around them)."""
         if self._torch_dtype() != "float16":
             raise ValueError(f"{type(self).__name__} has no mixed precision for dtype {self.job.dtype}")
-        return mixed_fp16(m, fp32_nodes, shapes_inferred=True)
+        conv = self._converted()
+        return mixed_fp16(m, fp32_nodes, shapes_inferred=True, weights=(self.job.model_dir, conv)), conv.dir
 
     def provider_options(self) -> dict:
         """Options for self.ep: conf `options.provider_options`, as strings (what ORT takes)."""
@@ -177,21 +201,50 @@ class OrtRunner(Runner):
 
     def activate(self) -> None:
         if self._fault():
-            import onnx
-
             from parity.backends import fault
+            from parity.models import onnx_weights
 
-            fault.check(onnx.load(str(self.job.model_dir / "model.onnx")), self._fault(),
+            fault.check(onnx_weights.load_graph(self.job.model_dir / "model.onnx"), self._fault(),
                         f"providers.{self.job.provider}.options.fault")
-        self.layers = self._session(self.job.model_dir / "layers.onnx")
-        self.plain = self._session(self.job.model_dir / "model.onnx")
-        self.names = [o.name for o in self.layers.get_outputs()]
-        self.plain_names = [o.name for o in self.plain.get_outputs()]
+        self.layers = self.plain = self.own = None
+        self._opened, self._keep_open = set(), False
+        self._open("layers")  # the first session: an unavailable EP fails the activation
+
+    def _open(self, kind: str) -> None:
+        """Open the session `kind` (layers | plain) if it is closed. Each session holds its kernels'
+        repacked copy of the weights (~W for a MatMul-heavy model; onnxruntime's Python API cannot
+        share those between sessions), and a capture runs the graphs one after the other (layers,
+        plain, then the own-error cut): so opening one closes the others, and at most one holds its
+        weights at a time. A session asked for again after it was closed means the caller interleaves
+        them: from then on every session stays open."""
+        if getattr(self, kind) is not None:
+            return
+        self._release_for(kind)
+        setattr(self, kind, self._session(self.job.model_dir / ("layers.onnx" if kind == "layers" else "model.onnx")))
+        if kind == "layers":
+            self.names = [o.name for o in self.layers.get_outputs()]
+        else:
+            self.plain_names = [o.name for o in self.plain.get_outputs()]
+
+    def _release_for(self, kind: str) -> None:
+        """Close the sessions other than `kind` before `kind` opens (see _open); a mixed plain graph
+        (Runner.mixed) is never closed."""
+        opened = self.__dict__.setdefault("_opened", set())
+        if kind in opened:
+            self._keep_open = True
+        opened.add(kind)
+        if not getattr(self, "_keep_open", False):
+            closed = [o for o in ("layers", "plain", "own") if o != kind and getattr(self, o, None) is not None
+                      and not (o == "plain" and getattr(self, "_mixed", False))]
+            for other in closed:
+                setattr(self, other, None)
 
     def infer(self, feeds):
+        self._open("layers")
         return list(zip(self.names, self.layers.run(None, feeds)))
 
     def infer_plain(self, feeds):
+        self._open("plain")
         return list(zip(self.plain_names, self.plain.run(None, feeds)))
 
     @property
@@ -203,18 +256,18 @@ class OrtRunner(Runner):
         return None
 
     def _own_session(self, ref: dict) -> None:
-        import onnx
+        from parity.models import onnx_cut, onnx_weights
 
-        from parity.models import onnx_cut
-
-        m = onnx.load(str(self.job.model_dir / "layers.onnx"))
+        m = onnx_weights.load_graph(self.job.model_dir / "layers.onnx")  # weightless: cut the graph only
         pre = {n.removeprefix(store.PRE): np.shape(v) for n, v in ref.items() if store.is_pre(n)}
         lv = onnx_cut.analyse(m, pre)
         for c in [c for c in lv.inputs if c not in pre]:
             del lv.inputs[c]
             lv.skipped[c] = "the reference has no pre:<call> input for it"
         self.own_cut = lv
-        self.own = self._session(onnx_cut.cut(m, lv))  # in memory: _convert takes a ModelProto
+        cut = onnx_cut.cut(m, lv)
+        self._release_for("own")  # one session's weights at a time (_open)
+        self.own = self._session(cut)  # in memory; its external data: weights.bin
 
     def infer_own(self, feeds, ref):
         if getattr(self, "own", None) is None:
@@ -235,6 +288,9 @@ class OrtRunner(Runner):
 
     def deactivate(self) -> None:
         self.layers = self.plain = self.own = None
+        if getattr(self, "_conv", None) is not None:  # after the sessions that read it
+            self._conv.close()
+            self._conv = None
 
     def run_op(self, side, args, kwargs, grad=None):
         """The op exported alone (TorchScript exporter, suites_run.onnx_opset) and run in a session
@@ -304,16 +360,19 @@ class OrtCpuRunner(OrtRunner):
     pass
 
 
-def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False):
+def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False, weights=None):
     """`m` in float16 with the nodes `fp32_nodes` computing in float32 (float32 graph I/O):
     convert_float_to_float16's node_block_list, then two repairs. The converter stores every tensor
     between two blocked nodes in float16 (blocked output -> Cast fp16 -> Cast fp32 -> blocked input),
     so nothing kept would see float32 values: each such Cast pair becomes an Identity of the float32
-    value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes)."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes). `weights`: for a
+    weightless `m`, (folder of its external data, parity.models.onnx_weights.Converted to write the
+    converted weights to); None when its weights are inline."""
+    from parity.models import onnx_weights
 
-    m = convert_float_to_float16(m, keep_io_types=True, node_block_list=sorted(fp32_nodes),
-                                 disable_shape_infer=shapes_inferred)
+    base, store = weights if weights is not None else (None, None)
+    m = onnx_weights.to_float16(m, base, store, keep_io_types=True, node_block_list=sorted(fp32_nodes),
+                                disable_shape_infer=shapes_inferred)
     return dedupe_nodes(fold_cast_pairs(m))
 
 
@@ -363,3 +422,4 @@ def dedupe_nodes(m):
         del m.graph.value_info[:]
         m.graph.value_info.extend(vi)
     return m
+

@@ -131,6 +131,9 @@ class OrtInt8Runner(OrtRunner):
         super().activate()
 
     def _convert(self, path):
+        """(the quantized graph serialised, None: no external data): onnxruntime's quantizer takes a whole model, so the
+        weights are read in (onnx.load resolves weights.bin beside the graph): int8 is for models
+        whose fp32 weights fit a protobuf (under 2 GiB)."""
         import onnx
 
         # The dynamo exporter records value_info for initializers; the quantizer rewrites some
@@ -140,7 +143,7 @@ class OrtInt8Runner(OrtRunner):
         del src.graph.value_info[:]
         m = self._quantize(src)
         self._check_io(src, m, Path(path).name)
-        return m.SerializeToString()
+        return m.SerializeToString(), None
 
     def _quantize(self, src, exclude=None, calibration_cache=None):
         """`src` (a ModelProto) quantized as this cell quantizes; `exclude`: node names left in float32
@@ -171,9 +174,13 @@ class OrtInt8Runner(OrtRunner):
             return onnx.load(str(out))
 
     def _mixed_model(self, m, fp32_nodes):
-        """Runner.mixed for int8: quantized as the cell is, with `fp32_nodes` excluded. Calibration
-        runs once per runner (its ranges are cached for the next calls)."""
+        """Runner.mixed for int8: (quantized as the cell is, with `fp32_nodes` excluded, None); `m`'s
+        weights are read in (the quantizer takes a whole model). Calibration runs once per runner
+        (its ranges are cached for the next calls)."""
+        from parity.models.onnx_weights import with_data
+
         self._prepare()
+        m = with_data(m, self.job.model_dir)
         if getattr(self, "_cal_dir", None) is None:
             self._cal_dir = tempfile.TemporaryDirectory(prefix="parity-int8-cal-")
         del m.graph.value_info[:]  # as _convert: the quantizer infers shapes itself
@@ -184,7 +191,7 @@ class OrtInt8Runner(OrtRunner):
         finally:
             logging.getLogger().removeFilter(hint)
         self._check_io(m, q, "model.onnx")
-        return q
+        return q, None
 
     def deactivate(self) -> None:
         super().deactivate()

@@ -115,7 +115,7 @@ def _build_one(trt, logger, onnx_path: Path, prec: str, opts: dict, timing_cache
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)  # explicit batch is the only mode in TensorRT 10
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse(onnx_path.read_bytes()):
+    if not parser.parse(onnx_path.read_bytes(), str(onnx_path)):  # the path: weights.bin beside it
         errs = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"TensorRT ONNX parser rejected {onnx_path.name}: {errs}")
     config = builder.create_builder_config()

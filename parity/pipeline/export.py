@@ -15,11 +15,11 @@ class ExportError(Exception):
 
 
 def export_model(p: dict, model: str, out: Path) -> str:
-    """Write layers.onnx, model.onnx, layers.json and ops.json under `out`; the summary line."""
-    import onnx
-
+    """Write layers.onnx, model.onnx (both pointing at one weights.bin), layers.json and ops.json under
+    `out`; the summary line."""
     from parity.export import ExportFailed, export_checked, op_inventory, prune_outputs
-    from parity.io import atomic_path, write_json
+    from parity.models.onnx_weights import write_checked
+    from parity.io import write_json
     from parity.models import build
     from parity.store import is_output
 
@@ -42,16 +42,13 @@ def export_model(p: dict, model: str, out: Path) -> str:
     example = _checked_example(p, model, net)
     dynamic = inputspec.dynamic_axes(m)  # axes whose size differs between models.<m>.shapes
     try:
-        names, full = export_checked(net, example, [s["name"] for s in m["input"]], out / "layers.onnx",
-                                     exporter, opset, dynamic)
+        names, full = export_checked(net, example, [s["name"] for s in m["input"]], out, exporter, opset, dynamic)
     except ExportFailed as e:
         raise ExportError(f"EXPORT_FAIL with exporter={exporter} opset={opset} "
                           f"<export.exporter, export.opset>: {e}") from None
     outputs = [n for n in names if is_output(n)]
-    plain = prune_outputs(full, outputs)
-    onnx.checker.check_model(plain, full_check=True)
-    with atomic_path(out / "model.onnx") as tmp:
-        onnx.save(plain, str(tmp))
+    plain = prune_outputs(full, outputs)  # weightless: model.onnx shares layers.onnx's weights.bin
+    write_checked(plain, out / "model.onnx")
     layers = _layers_json(model, net, names, outputs, full, exporter, opset)
     if inputspec.labels(m) != [None]:  # several input shapes: what was declared dynamic, and each shape
         layers.update(dynamic_axes=dynamic, shapes={lab: inputspec.describe(m, lab) for lab in inputspec.labels(m)})

@@ -1,30 +1,26 @@
 """export@model for a model given as an ONNX file (arch.source: onnx): the file checked
 (parity.pipeline.onnx_source.load_checked), then written as the torch export writes its graphs:
-layers.onnx (every floating node output a graph output), model.onnx, layers.json, ops.json."""
+layers.onnx (every floating node output a graph output), model.onnx (both pointing at one
+weights.bin), layers.json, ops.json."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from parity.pipeline.onnx_source import arch_path, check_inputs, instrument, load_checked
+from parity.pipeline.onnx_source import arch_path, check_inputs, load_checked, write_graphs
 
 
 def export_file(model: str, model_cfg: dict, out: Path) -> str:
     """export@model for an ONNX file: layers.onnx, model.onnx, layers.json, ops.json under `out`.
     Checks everything first (OnnxSourceError), so a bad file writes nothing. Returns a summary line."""
-    import onnx
-
     from parity.export import op_inventory
-    from parity.io import atomic_path, write_json
+    from parity.io import write_json
 
     where = f"models.{model}.arch.path"
     path = arch_path(model_cfg)
     m = load_checked(path, where)
     check_inputs(m, model_cfg["input"], path, f"models.{model}.input")
-    layers, plain, names, renamed = instrument(m)
-    for name, g in (("layers.onnx", layers), ("model.onnx", plain)):
-        with atomic_path(out / name) as tmp:
-            onnx.save(g, str(tmp))
+    layers, plain, names, renamed = write_graphs(m, path.parent, out)
     write_json(out / "layers.json", {
         "model": model, "exporter": "onnx-file", "source": str(path),
         "opset": next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), None),

@@ -10,22 +10,21 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.pipeline.onnx_source import NOOPT, ORT_RUNNER, OnnxSourceError, arch_path, instrument, load_checked, to_float64
+from parity.pipeline.onnx_source import (NOOPT, ORT_RUNNER, OnnxSourceError, arch_path, instrument, load_checked,
+                                         to_float64, write_graphs)
 
 
 def ort_capture(p: dict, model: str, feeds: list, dtype: str):
     """The ONNX file's per-node graph on ORT CPU with graph optimisation disabled, at conf dtype
     `dtype` (the reference at fp32, the oracle's trusted baseline at the cell's dtype): a CaptureResult."""
-    import onnx
-
     from parity.backends.base import CaptureJob, run_capture
     from parity.backends.ort_cpu import OrtCpuRunner
 
     mc = p["models"][model]
-    layers, plain, _, _ = instrument(load_checked(arch_path(mc), f"models.{model}.arch.path"))
+    path = arch_path(mc)
+    m = load_checked(path, f"models.{model}.arch.path")
     with tempfile.TemporaryDirectory(prefix="parity-onnx-") as d:
-        onnx.save(layers, str(Path(d) / "layers.onnx"))
-        onnx.save(plain, str(Path(d) / "model.onnx"))
+        write_graphs(m, path.parent, Path(d))  # as the export writes them: weights.bin shared
         job = CaptureJob(model=model, model_cfg=mc, dtype=dtype, dtype_cfg=p["dtypes"].get(dtype, {}),
                          provider="ort_cpu_noopt", provider_cfg={"runner": ORT_RUNNER, "dtypes": [dtype],
                                                                  "options": NOOPT},
@@ -51,8 +50,11 @@ def golden_rows(p: dict, model: str, feeds: list) -> tuple[list, str]:
 
     from parity import store
 
-    mc = p["models"][model]
-    layers, _, _, _ = instrument(load_checked(arch_path(mc), f"models.{model}.arch.path"))
+    from parity.models.onnx_weights import with_data
+
+    path = arch_path(p["models"][model])
+    # the evaluator runs a whole in-memory model (numpy): the fp64 golden run is for small graphs
+    layers, _, _, _ = instrument(with_data(load_checked(path, f"models.{model}.arch.path"), path.parent))
     m64 = to_float64(layers)
     names = [o.name for o in m64.graph.output]
     rows = []

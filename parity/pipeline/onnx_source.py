@@ -47,7 +47,9 @@ def arch_path(model_cfg: dict) -> Path:
 # -- checks ---------------------------------------------------------------------------------------
 
 def load_checked(path: str | Path, where: str = "arch.path"):
-    """The model at `path` with its external data loaded, or OnnxSourceError naming file and problem."""
+    """The graph at `path` without its external data (parity.models.onnx_weights: initializers keep
+    their references, relative to the file's folder), or OnnxSourceError naming file and problem.
+    The checker runs by path, so a file whose weights are over 2 GiB is checked too."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -67,24 +69,24 @@ def load_checked(path: str | Path, where: str = "arch.path"):
         what = "truncated ONNX file (it has no graph" if data[:1] == b"\x08" and m.ir_version else \
             "not an ONNX model (no ir_version or graph"
         raise OnnxSourceError(f"{where}: {p}: {what}; {len(data)} bytes)")
+    del data
     runtime_error(m, p, where)  # before the checker: its message for a too-new opset says less
-    _load_external(m, p, where)
+    _check_external(m, p, where)
     try:
-        onnx.checker.check_model(m)
+        onnx.checker.check_model(str(p))
     except onnx.checker.ValidationError as e:
         raise OnnxSourceError(f"{where}: {p}: invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
     return m
 
 
-def _load_external(m, p: Path, where: str) -> None:
-    """Check every external-data file the initializers name (present, long enough), then load them."""
-    from onnx import TensorProto
-    from onnx.external_data_helper import load_external_data_for_model
+def _check_external(m, p: Path, where: str) -> None:
+    """Check every external-data file the initializers name: present, long enough (not read)."""
+    from parity.models.onnx_weights import external_info, initializers, is_external
 
-    for t in m.graph.initializer:
-        if t.data_location != TensorProto.EXTERNAL:
+    for t in initializers(m):
+        if not is_external(t):
             continue
-        info = {e.key: e.value for e in t.external_data}
+        info = external_info(t)
         f = p.parent / info.get("location", "")
         if not info.get("location") or not f.is_file():
             raise OnnxSourceError(f"{where}: {p}: external data missing: initializer '{t.name}' reads "
@@ -93,7 +95,22 @@ def _load_external(m, p: Path, where: str) -> None:
         if f.stat().st_size < need:
             raise OnnxSourceError(f"{where}: {p}: external data file {f} is {f.stat().st_size} bytes; "
                                   f"initializer '{t.name}' needs bytes up to {need} (truncated)")
-    load_external_data_for_model(m, str(p.parent))
+
+
+def write_graphs(m, src_dir: Path, out: Path):
+    """layers.onnx and model.onnx of graph `m` (weightless, loaded by load_checked from a file in
+    `src_dir`) under `out`, both pointing at one `out`/weights.bin (its weights copied there, in graph
+    order; parity.models.onnx_weights.pack), each checked by path. Returns instrument(m)."""
+    from parity.io import atomic_path
+    from parity.models import onnx_weights
+
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / onnx_weights.WEIGHTS, allow_empty=True) as w:
+        onnx_weights.pack(m, src_dir, w)  # small tensors come inline first: shape inference reads them
+    res = instrument(m)
+    for name, g in (("layers.onnx", res[0]), ("model.onnx", res[1])):
+        onnx_weights.write_checked(g, out / name)
+    return res
 
 
 def runtime_error(m, p: Path, where: str) -> None:

@@ -1,0 +1,282 @@
+"""ONNX graphs whose weights live once, in one file beside them: onnx and numpy only, no torch.
+
+Every graph parity writes (layers.onnx, model.onnx; for torch exports and ONNX-file models alike)
+stores its initializers as ONNX external data in one shared file, `weights.bin`, in the model
+directory; tensors under onnx's default size threshold (1024 bytes) stay inline, so shape inference
+still sees the small integer tensors (Reshape shapes, Slice starts) it reads values from. Nothing here
+loads a whole model's weights into a protobuf, serialises one or deep-copies one, so no graph meets
+protobuf's 2 GiB limit:
+- `pack` writes the initializers of a weightless graph (read from wherever they are: inline, or the
+  external files a torch export or a user's file left) to one weights file, in graph order, each
+  tensor at an aligned offset, and points the graph at it. Same graph, same bytes.
+- `load_graph` reads a graph without its external data; graphs are pruned, cut and renamed that way,
+  and `check` runs onnx's checker by path.
+- onnxruntime takes a graph by path (or serialised, weightless, with the folder of its external data:
+  session option `session.model_external_initializers_file_folder_path`) and memory-maps the weights
+  file itself, so every session of a process reads the same pages. (Measured on bert_base, fp32: a
+  session costs ~0.75 W of its kernels' repacked weights and nothing more; handing the weights in as
+  OrtValues over a numpy memmap, `add_external_initializers` / `add_initializer`, cost more, ~1.4 W
+  and ~0.75 W + the mapped file per session; disabling repacking changes the results.)
+- `to_float16` is onnxruntime's float16 converter on the weightless graph plus the same per-tensor
+  conversion (convert_np_to_float16) applied to the external initializers one at a time, written to
+  a temp weights file (`Converted`) that the cell's graphs share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+WEIGHTS = "weights.bin"
+THRESHOLD = 1024   # bytes: onnx's default size_threshold; smaller tensors stay inline
+ALIGN = 4096       # each external tensor starts on a page (mmap-friendly, as onnx aligns large ones)
+CHUNK = 64 << 20   # bytes copied at a time
+
+
+def load_graph(path) -> onnx.ModelProto:
+    """The graph at `path` without its external data (initializers keep their references)."""
+    return onnx.load(str(path), load_external_data=False)
+
+
+def is_external(t: TensorProto) -> bool:
+    return t.data_location == TensorProto.EXTERNAL
+
+
+def external_info(t: TensorProto) -> dict:
+    return {e.key: e.value for e in t.external_data}
+
+
+def initializers(m: onnx.ModelProto):
+    """Every initializer of the main graph and of subgraphs (If/Loop bodies), in graph order."""
+    for g in _graphs_with_inits(m):
+        yield from g.initializer
+
+
+def set_external(t: TensorProto, location: str, offset: int, length: int) -> None:
+    for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+              "string_data", "external_data"):
+        t.ClearField(f)
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def _copy_range(src: Path, offset: int, length: int, out) -> None:
+    with open(src, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left:
+            buf = f.read(min(CHUNK, left))
+            if not buf:
+                raise ValueError(f"external data file {src} ends before byte {offset + length}")
+            out.write(buf)
+            left -= len(buf)
+
+
+def _external_length(t: TensorProto, base: Path) -> int:
+    info = external_info(t)
+    if "length" in info:
+        return int(info["length"])
+    return (base / info["location"]).stat().st_size - int(info.get("offset", 0))
+
+
+def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS) -> onnx.ModelProto:
+    """Write `m`'s initializers of THRESHOLD bytes or more to `weights` (one file, graph order, each at
+    an ALIGN-ed offset) and point them there as `location`; smaller ones become inline raw_data. A
+    tensor's bytes come from its inline fields or from its external file under `base_dir`. `m` is
+    changed in place and returned. Returns without holding more than one CHUNK of weights in memory
+    (inline tensors excepted: they are in `m` already)."""
+    from onnx.numpy_helper import to_array
+
+    base = Path(base_dir)
+    with open(weights, "wb") as out:
+        for t in initializers(m):
+            if is_external(t):
+                info = external_info(t)
+                n = _external_length(t, base)
+                if n < THRESHOLD:  # small: inline, as a torch export keeps it
+                    with open(base / info["location"], "rb") as f:
+                        f.seek(int(info.get("offset", 0)))
+                        raw = f.read(n)
+                    del t.external_data[:]
+                    t.data_location = TensorProto.DEFAULT
+                    t.raw_data = raw
+                    continue
+                pos = _align(out)
+                _copy_range(base / info["location"], int(info.get("offset", 0)), n, out)
+            else:
+                if t.data_type == TensorProto.STRING:
+                    continue
+                raw = t.raw_data if t.HasField("raw_data") else to_array(t).tobytes()
+                n = len(raw)
+                if n < THRESHOLD:
+                    continue
+                pos = _align(out)
+                out.write(raw)
+            set_external(t, location, pos, n)
+    return m
+
+
+def _align(out) -> int:
+    pos = out.tell()
+    pad = (-pos) % ALIGN
+    if pad:
+        out.write(b"\0" * pad)
+    return pos + pad
+
+
+def save_graph(m: onnx.ModelProto, path) -> None:
+    """Write a weightless graph (protobuf only; its external data stays where it points)."""
+    Path(path).write_bytes(m.SerializeToString())
+
+
+def check(path) -> None:
+    """onnx's full check of the graph at `path`, by path (works past 2 GiB: the weights are not read
+    into a protobuf; the checker only verifies the external data files exist beside it)."""
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def write_checked(m: onnx.ModelProto, path) -> None:
+    """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file
+    beside it."""
+    from parity.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        save_graph(m, tmp)
+        check(tmp)
+
+
+def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
+    """The values of external tensor `t` as a read-only view of its memory-mapped file under `base_dir`."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    info = external_info(t)
+    f = str(Path(base_dir) / info["location"])
+    if f not in maps:
+        maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
+    dt = np.dtype(tensor_dtype_to_np_dtype(t.data_type))
+    off = int(info.get("offset", 0))
+    n = int(info["length"]) if "length" in info else int(np.prod(t.dims, dtype=np.int64)) * dt.itemsize
+    return maps[f][off:off + n].view(dt).reshape(tuple(t.dims))
+
+
+def read_by_nodes(m: onnx.ModelProto) -> set[str]:
+    """Names the nodes of `m` read (subgraphs included) or its graph outputs name."""
+    def names(g):
+        for n in g.node:
+            yield from n.input
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from names(sub)
+        yield from (o.name for o in g.output)
+
+    return set(names(m.graph))
+
+
+def has_external(m: onnx.ModelProto) -> bool:
+    return any(is_external(t) for t in initializers(m))
+
+
+def with_data(m: onnx.ModelProto, base_dir) -> onnx.ModelProto:
+    """`m` with its external data read in (for the few consumers that need a whole-model protobuf:
+    the quantizer, the ONNX reference evaluator). Small models only."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(m, str(base_dir))
+    return m
+
+
+class Converted:
+    """A temp folder with one weights file of converted tensors (float16 copies of the model's
+    weights), appended one tensor at a time and kept for the life of the runner: the layers, plain and
+    cut graphs of a cell point at the same bytes. onnxruntime reads it as it reads weights.bin
+    (a graph's external data folder: SessionOptions `session.model_external_initializers_file_folder_path`)."""
+
+    def __init__(self):
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="parity-weights-")
+        self.dir = Path(self._tmp.name)
+        self.index: dict[tuple[str, str], tuple[int, int]] = {}  # (name, dtype) -> (offset, length)
+
+    def put(self, key: tuple[str, str], make) -> tuple[int, int]:
+        """(offset, length) of tensor `key` in the file, written from `make()` (an array) the first time."""
+        if key not in self.index:
+            arr = np.ascontiguousarray(make())
+            with open(self.dir / WEIGHTS, "ab") as f:
+                pos = _align(f)
+                f.write(memoryview(arr.reshape(-1)).cast("B"))
+            self.index[key] = (pos, arr.nbytes)
+        return self.index[key]
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+@contextlib.contextmanager
+def _shapes_from_dims():
+    """onnxruntime's float16 converter records a converted initializer's value_info from
+    `numpy_helper.to_array(tensor).shape`, which reads the tensor's data; for an external tensor the
+    same shape is its `dims`. Swapped in for the one call (the converter's result is otherwise
+    unchanged)."""
+    from onnx import helper
+    from onnxruntime.transformers import float16
+
+    orig = float16.make_value_info_from_tensor
+    float16.make_value_info_from_tensor = lambda t: helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    try:
+        yield
+    finally:
+        float16.make_value_info_from_tensor = orig
+
+
+def to_float16(m: onnx.ModelProto, base_dir, store: Converted | None, **kwargs) -> onnx.ModelProto:
+    """`m` converted by onnxruntime's convert_float_to_float16(m, **kwargs), its external initializers
+    (weights under `base_dir`) written to `store`, each converted with the converter's own per-tensor
+    function (convert_np_to_float16) where the converter retyped it: the values are those of a
+    conversion of the whole in-memory model, and no more than one tensor is converted at a time.
+    Initializers no node reads are dropped first (onnxruntime drops them too)."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16, convert_np_to_float16
+
+    read = read_by_nodes(m)
+    for g in _graphs_with_inits(m):
+        keep = [t for t in g.initializer if t.name in read]
+        if len(keep) != len(g.initializer):
+            del g.initializer[:]
+            g.initializer.extend(keep)
+    was = {t.name for t in initializers(m) if is_external(t) and t.data_type == TensorProto.FLOAT}
+    with _shapes_from_dims():
+        m = convert_float_to_float16(m, **kwargs)
+    lo, hi = kwargs.get("min_positive_val", 5.96e-08), kwargs.get("max_finite_val", 65504.0)
+    maps: dict = {}
+    for t in [t for t in initializers(m) if is_external(t)]:
+        src = TensorProto()
+        src.CopyFrom(t)
+        if t.name in was and t.data_type == TensorProto.FLOAT16:
+            src.data_type = TensorProto.FLOAT
+
+            def make(src=src):
+                return convert_np_to_float16(tensor_view(src, base_dir, maps).reshape(-1), lo, hi)
+        else:
+            def make(src=src):
+                return tensor_view(src, base_dir, maps)
+        off, n = store.put((t.name, str(t.data_type)), make)
+        set_external(t, WEIGHTS, off, n)
+    maps.clear()  # unmap the source file
+    return m
+
+
+def _graphs_with_inits(m: onnx.ModelProto):
+    def graphs(g):
+        yield g
+        for n in g.node:
+            for a in n.attribute:
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from graphs(sub)
+
+    yield from graphs(m.graph)
