@@ -259,12 +259,7 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     keep = KeepSink() if sink is None else None
     sink = sink or keep
     try:
-        res = _samples(runner, job, feeds, sink)
-        if res.status == "OK":
-            try:
-                res.latency_ms, res.warmup = _latency(runner, feeds[0], warmup, repeats), warmup
-            except Exception as e:
-                res = CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
+        res = _samples(runner, job, feeds, sink, warmup, repeats)
         if res.status == "OK":
             _own(runner, job, feeds, res, sink)
         if keep is not None:
@@ -306,9 +301,25 @@ class KeepSink(CaptureSink):
         self.kept_own.append(named)
 
 
-def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink) -> CaptureResult:
-    """The per-layer run and the plain graph, sample by sample, each handed to `sink` at once. A
-    failure is the result (its samples are not kept: a failed cell writes no values)."""
+def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink, warmup: int,
+             repeats: int) -> CaptureResult:
+    """The plain graph on every sample (its outputs are small: kept), its latency, then the
+    per-layer run sample by sample, each sample handed to `sink` at once with its plain outputs. One
+    graph at a time, in this order, so an ORT runner holds one session's weights at a time
+    (OrtRunner._open). A failure is the result (its samples are not kept: a failed cell writes no
+    values)."""
+    plain = []
+    for f in feeds:
+        try:
+            plain.append([(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)])
+        except CompileError as e:
+            return CaptureResult("COMPILE_FAIL", "plain-graph compile failed: " + _cause(e))
+        except Exception as e:
+            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
+    try:
+        lat = _latency(runner, feeds[0], warmup, repeats) if feeds else []
+    except Exception as e:
+        return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
     gold = gold_samples(job.reference) if sink.wants_gold and _has_reference(job) else None
     for k, f in enumerate(feeds):
         try:
@@ -317,18 +328,12 @@ def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink) ->
             return CaptureResult("COMPILE_FAIL", _cause(e))
         except Exception as e:
             return CaptureResult("INFER_FAIL", _reason(e))
-        try:
-            named += [(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)]
-        except CompileError as e:
-            return CaptureResult("COMPILE_FAIL", "plain-graph compile failed: " + _cause(e))
-        except Exception as e:
-            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
-        sink.sample(k, named, next(gold, (None, None))[1] if gold is not None else None)
+        sink.sample(k, named + plain[k], next(gold, (None, None))[1] if gold is not None else None)
         del named
     if gold is not None:
         for k, g in gold:
             sink.extra_gold(k, g)
-    return CaptureResult("OK", "")
+    return CaptureResult("OK", "", latency_ms=lat, warmup=warmup)
 
 
 def _latency(runner: Runner, feed: dict, warmup: int, repeats: int) -> list[float]:
