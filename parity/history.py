@@ -10,8 +10,10 @@ it. A tolerance change between the revisions (dtypes.<d>.tol, models.<m>.toleran
 diff.max_mismatch, a cell's verdict_mode or tolerance keys in its metrics) is printed, and a verdict
 flip of a cell whose tolerance changed is labelled "(tolerance changed)".
 
-A regression is a cell that passed in REV_A and does not in REV_B (FAIL, or a status such as
-INFER_FAIL), or a cell that ran in REV_A and no longer runs. `--fail-on-regression` makes it the
+A regression is a cell that passed in REV_A and does not in REV_B (FAIL, NOT_EXERCISED: the
+precision asked for is no longer computed, or a status such as INFER_FAIL), or a cell that ran in
+REV_A and no longer runs. PASS <-> BASELINE (a baseline cell named as such) is neither a regression
+nor a fix. `--fail-on-regression` makes it the
 exit code, so CI can gate on it.
 """
 
@@ -21,10 +23,11 @@ import re
 import sys
 from dataclasses import dataclass
 
-from parity import metrics
+from parity import metrics, status
 
 CELL_METRICS = metrics.CELL_METRICS_PATH
 RAN = metrics.RAN
+PASSING = status.PASSING  # PASS -> BASELINE is no regression; PASS -> NOT_EXERCISED is one
 
 
 @dataclass
@@ -55,12 +58,12 @@ class Change:
     @property
     def regression(self) -> bool:
         a, b = self.verdicts
-        return (a == "PASS" and b != "PASS" and b is not None) or (a in RAN and b is not None and b not in RAN)
+        return (a in PASSING and b not in PASSING and b is not None) or (a in RAN and b is not None and b not in RAN)
 
     @property
     def fixed(self) -> bool:
         a, b = self.verdicts
-        return a is not None and a != "PASS" and b == "PASS"
+        return a is not None and a not in PASSING and b in PASSING
 
 
 class MetricsUnavailable(RuntimeError):
