@@ -266,10 +266,21 @@ def _check_filter(kind: str, wanted, cells: list[str], pos: int) -> None:
         raise RuntimeError(f"unknown {kind} {', '.join(map(repr, bad))}: the revisions' cells have {', '.join(have)}")
 
 
+def evidence(m: dict) -> str | None:
+    """Why a (flattened) cell metrics is NOT_EXERCISED or BASELINE (parity.analysis.exercised)."""
+    if m.get("verdict") == status.Status.NOT_EXERCISED:
+        return m.get("precision.evidence")
+    if m.get("verdict") == status.Status.BASELINE:
+        return m.get("baseline")
+    return None
+
+
 def _cell_json(c: Change) -> dict:
     side = lambda d: None if not d else {  # noqa: E731
         "verdict": d.get("verdict"), "drift_origin": d.get("drift_origin"), "worst_layer": d.get("worst_layer"),
-        "output_max_abs": d.get("output.max_abs"), "output_rel_l2": d.get("output.rel_l2")}
+        "output_max_abs": d.get("output.max_abs"), "output_rel_l2": d.get("output.rel_l2"),
+        "precision_rounded": d.get("precision.rounded"), "precision_layers": d.get("precision.layers"),
+        "evidence": evidence(d)}
     return {"cell": c.cell, "change": c.kind, "regression": c.regression, "fixed": c.fixed,
             "tolerance_changed": c.tolerance, "old": side(c.old), "new": side(c.new)}
 
@@ -335,6 +346,10 @@ def _print(rev_a: str, rev_b: str | None, cs: list[Change], params: dict, show_a
     if params:
         print(file=out)
     ui_table(HEAD, table_rows(cs if show_all else moved), out)
+    for c in cs if show_all else moved:
+        why = evidence(c.new)
+        if why:
+            print(f"{c.cell}: {c.verdicts[1]}: {why}", file=out)
     print(f"\nparity compare {label}: {len(cs)} cells, {sum(c.regression for c in cs)} regressed, "
           f"{sum(c.fixed for c in cs)} fixed, {sum(c.kind == 'changed' for c in cs)} with moved metrics, "
           f"{sum(c.kind == 'new' for c in cs)} new, {sum(c.kind == 'removed' for c in cs)} removed, "
