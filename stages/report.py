@@ -23,7 +23,9 @@ def main(argv=None) -> int:
     out = Path(a.out)
     summary, cells = write_report(p, Path(a.artifacts), out)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
-          f"{summary['not_run']} not run -> {out}/report.html")
+          f"{summary['not_run']} not run"
+          + "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("baseline", "not_exercised") if summary.get(k))
+          + f" -> {out}/report.html")
     for c in cells:
         m = c["metrics"]
         print(f"  {c['key']:40s} {m.get('verdict', 'MISSING'):12s} drift_origin={m.get('drift_origin')}")

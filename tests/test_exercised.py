@@ -53,7 +53,7 @@ def test_a_reduction_in_another_valid_order_still_passes_at_fp32():
 
 
 def test_precision_exercised_counts_the_layers_that_show_the_rounding():
-    fp32_like = [_layer("fc1", 4e-8), _layer("act", 0.0), _layer("fc2", 3e-7, rms=0.01)]
+    fp32_like = [_layer("fc1", 4e-8), _layer("act", 0.0), _layer("fc2", 3e-7, rms=0.01), _layer("output", 0.4 * U16)]
     p = exercised.precision(fp32_like, "float16", "oracle")
     assert p["exercised"] is False and p["layers"] == 3 and p["rounded"] == 0
     assert p["evidence"].startswith("0 of 3 layers show fp16 rounding") and "ran fp32 kernels" in p["evidence"]

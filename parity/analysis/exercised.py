@@ -1,4 +1,4 @@
-"""Was the cell's precision exercised, and can its verdict fail at all? No numpy.
+"""Was the cell's precision exercised, and can its verdict fail at all?
 
 A reduced-precision cell (fp16, bf16, tf32, int8, int4, fp8) passes the oracle when it is as close to
 fp64 as the trusted backend at that precision. A cell that never computed in that precision passes
@@ -19,6 +19,8 @@ excess is 1 by construction and it cannot fail, so its verdict is BASELINE, not 
 """
 
 from __future__ import annotations
+
+from parity.store import is_output
 
 # the unit roundoff of each reduced format (parity.analysis.diffcell.cause_dtype's names): for the
 # integer formats, one quantisation step relative to the tensor's range
@@ -44,7 +46,8 @@ def precision(layers: list, fmt: str, mode: str) -> dict | None:
     u = ROUNDING_U.get(fmt)
     if u is None:
         return None
-    rels = [r for d in layers if not d.problem and (r := _rel(d)) is not None]
+    inner = [d for d in layers if not is_output(d.name)] or layers  # the layers `layers` counts
+    rels = [r for d in inner if not d.problem and (r := _rel(d)) is not None]
     if not rels:
         return None
     label = LABEL.get(fmt, fmt)
