@@ -126,3 +126,16 @@ def test_an_ort_fp16_cell_that_runs_fp32_kernels_is_not_exercised_and_strict_fai
     r.edit("params.yaml", "strict: false", "strict: true")
     out = r.run(["dvc", "repro", "report"], check=False)
     assert out.returncode != 0 and "NOT_EXERCISED" in out.stdout + out.stderr and cell in out.stdout + out.stderr
+
+
+def test_compare_counts_pass_to_not_exercised_as_a_regression_and_pass_to_baseline_as_none():
+    from parity.history import Change, evidence
+
+    def change(a, b, **new):
+        return Change("m-fp16-p", {"verdict": a}, {"verdict": b, **new})
+
+    assert change("PASS", "NOT_EXERCISED").regression and not change("PASS", "BASELINE").regression
+    assert not change("BASELINE", "PASS").regression and not change("BASELINE", "PASS").fixed
+    assert change("FAIL", "BASELINE").fixed and change("BASELINE", "FAIL").regression
+    assert evidence({"verdict": "NOT_EXERCISED", "precision.evidence": "0 of 1 layers ..."}) == "0 of 1 layers ..."
+    assert evidence({"verdict": "PASS", "precision.evidence": "1 of 1 layers ..."}) is None
