@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from conftest import BIN, Repo, make_repo
 from parity import compare, metrics, status
