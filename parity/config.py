@@ -28,7 +28,7 @@ TOP_KEYS = {
     "reference": "reference run settings",
     "capture": "capture/latency settings",
     "diff": "comparison settings",
-    "strict": "fail on UNAVAILABLE/UNSUPPORTED cells",
+    "strict": "fail on UNAVAILABLE/UNSUPPORTED cells and NOT_EXERCISED ones",
     "validated": "written by the Hydra plugin",
     "report": "report inputs (coverage_dep: resolved by the Hydra plugin)",
     "suites": "op/module suites, one per conf/suites/*.yaml option (parity/suites)",

@@ -10,8 +10,10 @@ it. A tolerance change between the revisions (dtypes.<d>.tol, models.<m>.toleran
 diff.max_mismatch, a cell's verdict_mode or tolerance keys in its metrics) is printed, and a verdict
 flip of a cell whose tolerance changed is labelled "(tolerance changed)".
 
-A regression is a cell that passed in REV_A and does not in REV_B (FAIL, or a status such as
-INFER_FAIL), or a cell that ran in REV_A and no longer runs. `--fail-on-regression` makes it the
+A regression is a cell that passed in REV_A and does not in REV_B (FAIL, NOT_EXERCISED: the
+precision asked for is no longer computed, or a status such as INFER_FAIL), or a cell that ran in
+REV_A and no longer runs. PASS <-> BASELINE (a baseline cell named as such) is neither a regression
+nor a fix. `--fail-on-regression` makes it the
 exit code, so CI can gate on it.
 """
 
@@ -21,10 +23,11 @@ import re
 import sys
 from dataclasses import dataclass
 
-from parity import metrics
+from parity import metrics, status
 
 CELL_METRICS = metrics.CELL_METRICS_PATH
 RAN = metrics.RAN
+PASSING = status.PASSING  # PASS -> BASELINE is no regression; PASS -> NOT_EXERCISED is one
 
 
 @dataclass
@@ -55,12 +58,12 @@ class Change:
     @property
     def regression(self) -> bool:
         a, b = self.verdicts
-        return (a == "PASS" and b != "PASS" and b is not None) or (a in RAN and b is not None and b not in RAN)
+        return (a in PASSING and b not in PASSING and b is not None) or (a in RAN and b is not None and b not in RAN)
 
     @property
     def fixed(self) -> bool:
         a, b = self.verdicts
-        return a is not None and a != "PASS" and b == "PASS"
+        return a is not None and a not in PASSING and b in PASSING
 
 
 class MetricsUnavailable(RuntimeError):
@@ -263,10 +266,21 @@ def _check_filter(kind: str, wanted, cells: list[str], pos: int) -> None:
         raise RuntimeError(f"unknown {kind} {', '.join(map(repr, bad))}: the revisions' cells have {', '.join(have)}")
 
 
+def evidence(m: dict) -> str | None:
+    """Why a (flattened) cell metrics is NOT_EXERCISED or BASELINE (parity.analysis.exercised)."""
+    if m.get("verdict") == status.Status.NOT_EXERCISED:
+        return m.get("precision.evidence")
+    if m.get("verdict") == status.Status.BASELINE:
+        return m.get("baseline")
+    return None
+
+
 def _cell_json(c: Change) -> dict:
     side = lambda d: None if not d else {  # noqa: E731
         "verdict": d.get("verdict"), "drift_origin": d.get("drift_origin"), "worst_layer": d.get("worst_layer"),
-        "output_max_abs": d.get("output.max_abs"), "output_rel_l2": d.get("output.rel_l2")}
+        "output_max_abs": d.get("output.max_abs"), "output_rel_l2": d.get("output.rel_l2"),
+        "precision_rounded": d.get("precision.rounded"), "precision_layers": d.get("precision.layers"),
+        "evidence": evidence(d)}
     return {"cell": c.cell, "change": c.kind, "regression": c.regression, "fixed": c.fixed,
             "tolerance_changed": c.tolerance, "old": side(c.old), "new": side(c.new)}
 
@@ -332,6 +346,10 @@ def _print(rev_a: str, rev_b: str | None, cs: list[Change], params: dict, show_a
     if params:
         print(file=out)
     ui_table(HEAD, table_rows(cs if show_all else moved), out)
+    for c in cs if show_all else moved:
+        why = evidence(c.new)
+        if why:
+            print(f"{c.cell}: {c.verdicts[1]}: {why}", file=out)
     print(f"\nparity compare {label}: {len(cs)} cells, {sum(c.regression for c in cs)} regressed, "
           f"{sum(c.fixed for c in cs)} fixed, {sum(c.kind == 'changed' for c in cs)} with moved metrics, "
           f"{sum(c.kind == 'new' for c in cs)} new, {sum(c.kind == 'removed' for c in cs)} removed, "

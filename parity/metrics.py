@@ -7,10 +7,13 @@ artifacts/report/summary.json: the only DVC metric of the model pipeline (dvc.ya
 stays narrow: the totals, then one small entry per cell, keyed by the cell's name (cell names always
 contain '-', the totals never do):
 
-    {"cells": 8, "passed": 7, "failed": 1, "not_run": 0,
+    {"cells": 8, "passed": 3, "failed": 1, "not_run": 0, "baseline": 4,
      "mlp-fp16-ort_cpu": {"verdict": "FAIL", "worst": 3.2, "origin": "fc1"}, ...}
 
-  verdict  PASS, FAIL, or the status of a cell that did not run (UNSUPPORTED, UNAVAILABLE, ...)
+  baseline, not_exercised   totals of the cells with those verdicts, only when there are some
+  verdict  PASS, FAIL, NOT_EXERCISED (within the limit, but no layer shows the rounding of the
+           cell's precision: parity.analysis.exercised), BASELINE (the oracle's baseline backend,
+           judged against itself), or the status of a cell that did not run (UNSUPPORTED, ...)
   worst    the cell's worst error over what its verdict allows (1 is the limit: the oracle's
            excess / k over every layer and own error; tolerance mode: the worst tol_ratio)
   origin   the drift origin (first layer whose error fails), only when there is one
@@ -36,6 +39,8 @@ SUMMARY = "summary.json"          # under the report stage's --out
 CELL_METRICS = paths.CELL_METRICS  # under artifacts/diff/<cell>/ (parity.paths)
 TOTALS = ("cells", "passed", "failed", "not_run")
 RAN = status.VERDICTS  # the one vocabulary: parity.status
+# totals written only when a cell has that verdict (so a run without them keeps its summary.json)
+EXTRA_TOTALS = {"baseline": status.Status.BASELINE.value, "not_exercised": status.Status.NOT_EXERCISED.value}
 CELL_METRICS_PATH = re.compile(r"^artifacts/diff/(?P<cell>[^/]+)/metrics\.json$")
 
 
@@ -85,7 +90,10 @@ def summary(entries: dict[str, dict], suites: dict | None = None) -> dict:
     """summary.json from {cell: cell_entry} (and suite_entries): the totals, the cells, `suites`."""
     vs = [e.get("verdict") for e in entries.values()]
     s = {"cells": len(vs), "passed": vs.count("PASS"), "failed": vs.count("FAIL")}
-    s["not_run"] = s["cells"] - s["passed"] - s["failed"]
+    s["not_run"] = sum(v not in RAN for v in vs)
+    for key, v in EXTRA_TOTALS.items():  # only when some cell has that verdict
+        if vs.count(v):
+            s[key] = vs.count(v)
     for key, e in entries.items():
         if not is_cell(key):
             raise ValueError(f"cell name without '-': {key!r}")
@@ -106,7 +114,7 @@ def cells_of(s: dict) -> dict[str, dict]:
 
 
 def totals(s: dict) -> dict:
-    return {k: s.get(k) for k in TOTALS}
+    return {k: s.get(k) for k in TOTALS + tuple(EXTRA_TOTALS) if k in TOTALS or k in s}
 
 
 # -- a cell's metrics.json -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from parity import report_svg as svg
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
                    "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700", "COMPILE_FAIL": "#9a6700",
-                   "MISSING": "#6e7781"}
+                   "MISSING": "#6e7781", "NOT_EXERCISED": "#bc4c00", "BASELINE": "#0969da"}
 
 
 def fmt(v, digits: int = 3) -> str:
@@ -40,7 +40,7 @@ METRIC_KEYS = {
     "reason": ("reason",), "layers": ("layers",), "layers_failed": ("layers_failed",),
     "drift_origin": ("drift_origin",), "drift_origin_where": ("drift_origin_where",),
     "drift_origin_cause": ("drift_origin_cause",), "worst_layer": ("worst_layer",),
-    "output": ("output",),
+    "output": ("output",), "precision": ("precision",), "baseline": ("baseline",),
 }
 
 
@@ -60,6 +60,21 @@ def shapes_text(m: dict) -> str:
     otherwise."""
     return ", ".join(f"{lab} {x.get('verdict')}" + (f" from {x['drift_origin']}" if x.get("drift_origin") else "")
                      for lab, x in (metric(m, "shapes") or {}).items())
+
+
+def extra_totals(summary: dict) -> str:
+    """', 4 baseline (judged against themselves), 1 not exercised (...)' when there are such cells."""
+    parts = []
+    if summary.get("baseline"):
+        parts.append(f"{summary['baseline']} baseline (the oracle's own backend, judged against itself)")
+    if summary.get("not_exercised"):
+        parts.append(f"{summary['not_exercised']} not exercised (no layer shows its precision's rounding)")
+    return "".join(", " + x for x in parts)
+
+
+def precision_text(m: dict) -> str:
+    """'3 of 3 layers show fp16 rounding (...)' of a reduced-precision cell (parity.analysis.exercised)."""
+    return (metric(m, "precision") or {}).get("evidence") or ""
 
 
 def verdict(c: dict) -> str:
@@ -279,7 +294,8 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
              models: dict | None = None, threads=None) -> str:
     lines = [f"# {title}", "",
              f"{summary['cells']} cells: **{summary['passed']} pass**, **{summary['failed']} fail**, "
-             f"{summary['not_run']} not run (unavailable/unsupported/failed to export or infer).", ""]
+             f"{summary['not_run']} not run (unavailable/unsupported/failed to export or infer)"
+             f"{extra_totals(summary)}.", ""]
     lines += md_table(HEADER, cell_rows(cells)) + [""]
     for c in cells:
         m = c["metrics"]
@@ -287,6 +303,10 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
             lines.append(f"- `{c['key']}` settings: {settings_text(c.get('settings'))}")
         if shapes_text(m):
             lines.append(f"- `{c['key']}` shapes: {shapes_text(m)}")
+        if precision_text(m):
+            lines.append(f"- `{c['key']}` precision: {precision_text(m)}")
+        if metric(m, "baseline"):
+            lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'baseline')}")
         if verdict(c) != "FAIL":
             if metric(m, "reason"):
                 lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'reason')}")
@@ -495,6 +515,10 @@ def cell_html(c: dict) -> str:
         h.append(f"<p>{e(metric(m, 'reason'))}</p>")
     if settings_text(c.get("settings")):
         h.append(f"<p class='settings'>Settings: {e(settings_text(c.get('settings')))}</p>")
+    if precision_text(m):
+        h.append(f"<p class='precision'>Precision: {e(precision_text(m))}</p>")
+    if metric(m, "baseline"):
+        h.append(f"<p class='baseline'>Baseline: {e(metric(m, 'baseline'))}</p>")
     if shapes_text(m):
         h.append(f"<p class='shapes'>Shapes (each a sample set of this cell; the layers below are "
                  f"<code>{e(str(metric(m, 'shape')))}</code>'s): {e(shapes_text(m))}</p>")
@@ -537,7 +561,7 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
     e = html.escape
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
          f"<h1>{e(title)}</h1><p id='summary'>{summary['cells']} cells: <b>{summary['passed']} pass</b>, "
-         f"<b>{summary['failed']} fail</b>, {summary['not_run']} not run.</p>",
+         f"<b>{summary['failed']} fail</b>, {summary['not_run']} not run{extra_totals(summary)}.</p>",
          matrix_html(cells),
          "<h2>Cells</h2><table id='cells'><tr>" + "".join(f"<th>{e(x)}</th>" for x in HEADER) + "</tr>"]
     for c, r in zip(cells, cell_rows(cells)):

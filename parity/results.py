@@ -65,7 +65,19 @@ def layer_counts(m: dict) -> tuple[int | None, int | None]:
 
 
 def ran(m: dict) -> bool:
-    return verdict(m) in ("PASS", "FAIL")
+    from parity.status import VERDICTS
+
+    return verdict(m) in VERDICTS
+
+
+def precision(m: dict) -> dict | None:
+    """{format, layers, rounded, exercised, evidence} of a reduced-precision cell (metrics.json)."""
+    return m.get("precision")
+
+
+def baseline(m: dict) -> str | None:
+    """Why the cell is the oracle's baseline judged against itself (verdict BASELINE), or None."""
+    return m.get("baseline")
 
 
 # ---- the report's summary.json ------------------------------------------------------------------

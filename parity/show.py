@@ -64,6 +64,7 @@ def collect(cell: str, root: str = ".", all_layers: bool = False) -> dict:
         "failing_own": [{k: r.get(k) for k in ("name", "layer", "kind", "excess", "err_rmse", "floor_rmse")}
                         for r in bad_own],
         "outside_tolerance": accepted, "outside_tolerance_total": n_accepted,
+        "precision": results.precision(m), "baseline": results.baseline(m),
     }
 
 
@@ -92,6 +93,10 @@ def render(v: dict, out: TextIO = sys.stdout) -> None:
     counts = f"{v['layers_failed']} of {v['layers']} layers fail" if v["layers"] is not None else ""
     print(f"{v['cell']}: {v['verdict']}" + (f" ({', '.join(x for x in (how, counts) if x)})" if how or counts else "")
           + (f": {v['reason']}" if v["reason"] else ""), file=out)
+    if v.get("precision"):
+        print(f"precision: {v['precision']['evidence']}", file=out)
+    if v.get("baseline"):
+        print(f"baseline: {v['baseline']}", file=out)
     if v["drift_origin"]:
         c = v["cause"]
         print(f"drift origin: {v['drift_origin_where']}" + (f"  cause: {c['label']}" if c else "")

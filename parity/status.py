@@ -16,6 +16,11 @@ are those strings).
   SKIPPED           a suite case skipped on this (provider, dtype) by its `skip_on` rule, with the reason
   NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
   PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
+  NOT_EXERCISED     a reduced-precision cell within its limit whose layers show no rounding of that
+                    precision: the provider ran fp32 kernels (parity.analysis.exercised); `strict:
+                    true` fails it
+  BASELINE          a cell whose provider is the oracle's baseline backend at that dtype (torch_cpu
+                    against the torch CPU eager baseline): judged against itself, it cannot fail
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Status(StrEnum):
     MISSING = "MISSING"
     PASS = "PASS"
     FAIL = "FAIL"
+    NOT_EXERCISED = "NOT_EXERCISED"
+    BASELINE = "BASELINE"
 
 
 def _values(*members: Status) -> tuple[str, ...]:
@@ -59,4 +66,8 @@ SEVERITY = _values(S.CRASH, S.TIMEOUT, S.INFER_FAIL, S.EXPORT_FAIL, S.COMPILE_FA
 # a suite case the provider ran (counted in support rates)
 CASE_RAN = _values(S.OK, S.MISMATCH, S.NAN_IN_OUTPUT, S.NAN_IN_REFERENCE)
 # a model cell's verdicts when it ran
-VERDICTS = _values(S.PASS, S.FAIL)
+VERDICTS = _values(S.PASS, S.FAIL, S.NOT_EXERCISED, S.BASELINE)
+# a ran cell whose verdict is no regression from PASS (a baseline cell is what PASS was before)
+PASSING = _values(S.PASS, S.BASELINE)
+# a ran cell that `strict: true` fails besides FAIL (the precision asked for was not computed)
+STRICT_FAILS = _values(S.NOT_EXERCISED)

@@ -33,7 +33,7 @@ import time
 import warnings
 from pathlib import Path
 
-from parity import results
+from parity import results, status
 from parity.ui import Progress, dump_json, num, table
 
 DONE = ("Success", "Failed")
@@ -199,7 +199,7 @@ def experiment_row(metrics: dict[str, dict]) -> dict:
     verdicts = {c: results.verdict(m) for c, m in sorted(cells.items())}
     return {"cells": verdicts, "passed": sum(v == "PASS" for v in verdicts.values()),
             "failed": sum(v == "FAIL" for v in verdicts.values()),
-            "not_run": sum(v not in ("PASS", "FAIL") for v in verdicts.values()),
+            "not_run": sum(v not in status.VERDICTS for v in verdicts.values()),
             "worst": worst, "drift_origins": dict(sorted(origins.items()))}
 
 

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TextIO
 
-VERDICT_STYLE = {"PASS": "green", "FAIL": "bold red"}
+VERDICT_STYLE = {"PASS": "green", "FAIL": "bold red", "NOT_EXERCISED": "yellow", "BASELINE": "cyan"}
 
 
 def is_tty(stream: TextIO) -> bool:

@@ -3,14 +3,14 @@ stages that left the matrix). Writes report.md, report.html (self-contained: inl
 scripts, no network), summary.json (the DVC metric: totals and per cell its verdict, worst error
 ratio and drift origin, parity.metrics; byte-stable, so `dvc metrics diff` shows no timing noise) and latency.json (a plain output: measured latency per cell, its ratio to
 torch_cpu fp32). With `strict: true`, fails naming every cell that did not run (UNAVAILABLE,
-UNSUPPORTED, EXPORT_FAIL, INFER_FAIL)."""
+UNSUPPORTED, EXPORT_FAIL, INFER_FAIL) and every NOT_EXERCISED cell with its evidence."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from parity import config
+from parity import config, status
 from parity.pipeline.report import write_report
 
 
@@ -23,14 +23,22 @@ def main(argv=None) -> int:
     out = Path(a.out)
     summary, cells = write_report(p, Path(a.artifacts), out)
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
-          f"{summary['not_run']} not run -> {out}/report.html")
+          f"{summary['not_run']} not run"
+          + "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("baseline", "not_exercised") if summary.get(k))
+          + f" -> {out}/report.html")
     for c in cells:
         m = c["metrics"]
         print(f"  {c['key']:40s} {m.get('verdict', 'MISSING'):12s} drift_origin={m.get('drift_origin')}")
     not_run = [c["key"] + f" ({c['metrics'].get('verdict')})" for c in cells
-               if c["metrics"].get("verdict") not in ("PASS", "FAIL")]
-    if p.get("strict") and not_run:
-        print("report: strict: true and these cells did not run: " + ", ".join(not_run), file=sys.stderr)
+               if c["metrics"].get("verdict") not in status.VERDICTS]
+    unexercised = [c["key"] + f" ({(c['metrics'].get('precision') or {}).get('evidence', '')})" for c in cells
+                   if c["metrics"].get("verdict") in status.STRICT_FAILS]
+    if p.get("strict") and (not_run or unexercised):
+        if not_run:
+            print("report: strict: true and these cells did not run: " + ", ".join(not_run), file=sys.stderr)
+        if unexercised:
+            print("report: strict: true and these cells did not compute in their precision (NOT_EXERCISED): "
+                  + "; ".join(unexercised), file=sys.stderr)
         return 1
     return 0
 

@@ -32,15 +32,17 @@ def test_first_repro_runs_every_stage_and_writes_results(repo):
         m = json.loads((art / "diff" / c / "metrics.json").read_text())
         assert m["status"] == "OK" and m["layers"] == 3  # fc1, act, fc2
         assert m["plain_output"]["max_abs"] is not None  # the shipped graph is compared, not only timed
-    # fp32: both providers agree with the reference; torch_cpu fp32 *is* the reference computation
-    for c in ("tiny_mlp-fp32-torch_cpu", "tiny_mlp-fp32-ort_cpu"):
-        assert json.loads((art / "diff" / c / "metrics.json").read_text())["verdict"] == "PASS"
+    # fp32: ort_cpu agrees with the reference; torch_cpu *is* the oracle's baseline computation, judged
+    # against itself: BASELINE, not a PASS that cannot fail
+    verdicts = {c: json.loads((art / "diff" / c / "metrics.json").read_text())["verdict"] for c in CELLS}
+    assert verdicts["tiny_mlp-fp32-ort_cpu"] == "PASS" and verdicts["tiny_mlp-fp16-ort_cpu"] == "PASS"
+    assert verdicts["tiny_mlp-fp32-torch_cpu"] == verdicts["tiny_mlp-fp16-torch_cpu"] == "BASELINE"
     summary = json.loads((art / "report" / "summary.json").read_text())
     assert summary["cells"] == 4 and set(k for k in summary if "-" in k) == set(CELLS)
     # the DVC metric is compact: the totals, then per cell its verdict, worst ratio and drift origin only
-    assert list(summary)[:4] == ["cells", "passed", "failed", "not_run"]
+    assert list(summary)[:5] == ["cells", "passed", "failed", "not_run", "baseline"] and summary["baseline"] == 2
     for c in CELLS:
-        assert set(summary[c]) <= {"verdict", "worst", "origin"} and summary[c]["verdict"] in ("PASS", "FAIL")
+        assert set(summary[c]) <= {"verdict", "worst", "origin"} and summary[c]["verdict"] == verdicts[c]
     html = (art / "report" / "report.html").read_text()
     assert "<svg" in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     ops = json.loads((art / "models" / "tiny_mlp" / "ops.json").read_text())
@@ -133,7 +135,8 @@ def test_oracle_verdict_by_default_and_tolerance_without_the_fp64_run(repo):
     assert (art / "reference/tiny_mlp/fp64.parquet").exists()
     m = json.loads((art / "diff/tiny_mlp-fp16-torch_cpu/metrics.json").read_text())
     # torch_cpu fp16 IS the trusted backend at fp16: exactly as far from fp64 as itself
-    assert m["verdict_mode"] == "oracle" and m["verdict"] == "PASS" and 0 < m["output"]["excess"] <= 1.0
+    assert m["verdict_mode"] == "oracle" and m["verdict"] == "BASELINE" and 0 < m["output"]["excess"] <= 1.0
+    assert "cannot fail" in m["baseline"] and m["precision"]["exercised"]
     assert m["output"]["bits_lost"] is not None and m["worst_layer"] is None  # no layer worse than itself
     repo.edit("conf/config.yaml", "fp64: true", "fp64: false")
     ran = set(repo.exp_run()) - {ENV}

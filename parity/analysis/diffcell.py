@@ -93,6 +93,7 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
                 own = read_dict(capture_dir / OWN)
                 cd.own = own_records(own, read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
     cd.summary = summarize(cd)
+    exercised_evidence(p, dtype, cd, baseline_dir)
     if cd.summary.get("drift_origin"):
         if mode == "oracle" and gold is None:  # explaining the origin needs the values themselves
             gold = read_dict(reference_dir / "fp64.parquet")
@@ -100,6 +101,21 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
         cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
     settings_causes(cd)
     return cd
+
+
+def exercised_evidence(p: dict, dtype: str, cd: CellDiff, baseline_dir: Path | None) -> None:
+    """summary `precision` (did the layers round to the cell's precision: parity.analysis.exercised)
+    and `baseline` (the evidence that the cell is the oracle's baseline judged against itself)."""
+    from parity.analysis import exercised
+
+    prec = exercised.precision(cd.layers, cause_dtype(p["dtypes"][dtype]), cd.mode)
+    if prec is not None:
+        cd.summary["precision"] = prec
+    st = baseline_dir / "status.json" if baseline_dir else None
+    base = read_json(st).get("provider") if st and st.exists() else None
+    why = exercised.baseline_self(cd.mode, cd.status.get("provider"), base, dtype)
+    if why:
+        cd.summary["baseline"] = why
 
 
 def _only(d: dict, samples: range) -> dict:
@@ -245,7 +261,7 @@ def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: 
     limit = None
     if rec and rec.get("ref_rms"):
         floor = max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"])
-        limit = (_k(p, dtype) * floor + _slack(p, dtype)) / rec["ref_rms"]
+        limit = _k(p, dtype) * floor / rec["ref_rms"] + _slack(p, dtype)  # the slack is relative
     return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit).as_dict()
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import inputspec
+from parity import inputspec, status
 from parity.analysis import diffcell
 from parity.io import read_json
 
@@ -38,14 +38,14 @@ def cell_diffs(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir
 
 def deciding(metrics: list[tuple[str, dict]]) -> int:
     """Index of the shape whose result is the cell's: the first that does not pass, else the first."""
-    return next((i for i, (_, m) in enumerate(metrics) if m["verdict"] != "PASS"), 0)
+    return next((i for i, (_, m) in enumerate(metrics) if m["verdict"] not in status.PASSING), 0)
 
 
 def combine(metrics: list[tuple[str, dict]]) -> dict:
     """The cell's metrics.json from each shape's (label, metrics)."""
     lab, top = metrics[deciding(metrics)]
     m = dict(top)
-    failing = [label for label, x in metrics if x["verdict"] != "PASS"]
+    failing = [label for label, x in metrics if x["verdict"] not in status.PASSING]
     if failing and m.get("drift_origin"):
         m["drift_origin_where"] = f"{m.get('drift_origin_where') or m['drift_origin']} at shape {lab}"
     ratios = [x["worst_ratio"] for _, x in metrics if x.get("worst_ratio") is not None]

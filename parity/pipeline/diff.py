@@ -38,7 +38,7 @@ def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict, k: float = 4.
     outputs = [d for d in cd.layers if store.is_output(d.name)]
     head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
     plain = next((d for d in outputs if d.name.startswith(store.PLAIN)), None)
-    verdict = status["status"] if status["status"] != "OK" else ("PASS" if summary["passed"] else "FAIL")
+    verdict = status["status"] if status["status"] != "OK" else cell_verdict(summary)
     m = {
         "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
         "verdict_mode": cd.mode, "passed": summary["passed"],
@@ -52,12 +52,28 @@ def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict, k: float = 4.
         m["worst_ratio"] = worst_ratio(cd.mode, k, excesses, summary.get("worst_tol_ratio"))
     if cd.mode != "oracle" and status["status"] == "OK":
         m["verdict_mode_reason"] = cd.mode_reason
+    if summary.get("precision") is not None:
+        m["precision"] = summary["precision"]
+    if summary.get("baseline"):
+        m["baseline"] = summary["baseline"]
     origin = summary.get("drift_origin")
     if origin:
         m["drift_origin_where"] = where(origin, layers_json)
         cause = summary.get("drift_origin_cause") or {}
         m["drift_origin_cause"] = {"label": cause.get("label"), "summary": cause.get("summary")}
     return m
+
+
+def cell_verdict(summary: dict) -> str:
+    """FAIL when a layer fails; else BASELINE (the oracle's baseline judged against itself),
+    NOT_EXERCISED (no layer shows the rounding of the cell's precision), or PASS (parity.status)."""
+    if not summary["passed"]:
+        return "FAIL"
+    if summary.get("baseline"):
+        return "BASELINE"
+    if (summary.get("precision") or {}).get("exercised") is False:
+        return "NOT_EXERCISED"
+    return "PASS"
 
 
 def where(name: str, layers_json: dict) -> str:
@@ -93,7 +109,7 @@ def plot_csv(cd: diffcell.CellDiff) -> str:
 
 def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
     per = "".join(f" [{lab}: {x['verdict']}]" for lab, x in (m.get("shapes") or {}).items())  # models.<m>.shapes
-    if m["verdict"] not in ("PASS", "FAIL"):
+    if m["status"] != "OK":
         return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "") + per
     worst = (f"worst={m['worst_layer']} (excess {m['worst_excess']:.3g})" if cd.mode == "oracle" and m.get("worst_excess")
              is not None else f"worst={m['worst_layer']} (tol_ratio {m['worst_tol_ratio']:.3g})")
@@ -101,7 +117,9 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
     cause = (m.get("drift_origin_cause") or {}).get("summary")
     return (f"{m['verdict']}{per} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
             f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
-            + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else ""))
+            + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else "")
+            + (f"; {(m.get('precision') or {}).get('evidence')}" if m.get("precision") else "")
+            + (f"; {m['baseline']}" if m.get("baseline") else ""))
 
 
 def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path, reference: Path,
