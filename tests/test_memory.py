@@ -139,7 +139,8 @@ def test_every_heavy_stage_records_its_peak_rss_apart_from_the_values(repo):
     assert json.loads((art / f"timing/{CELL}.json").read_text())["latency"] is False  # capture's keys kept
     md = (art / "report/report.md").read_text()
     table = md[md.index("## Memory: peak RSS per stage"):md.index("## Environment")]
-    for stage in ("export@tiny_mlp", "reference@tiny_mlp", "baseline@tiny_mlp-fp32", f"capture@{CELL}"):
+    assert json.loads((art / f"timing/diff/{CELL}.json").read_text())["peak_rss_kib"] > 10_000  # light: no estimate
+    for stage in ("export@tiny_mlp", "reference@tiny_mlp", "baseline@tiny_mlp-fp32", f"capture@{CELL}", f"diff@{CELL}"):
         row = next(x for x in table.splitlines() if x.startswith(f"| {stage} |"))
         assert " MiB |" in row, row
     assert "<section id='memory'>" in (art / "report/report.html").read_text()

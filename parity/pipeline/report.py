@@ -85,6 +85,7 @@ def stage_peaks(p: dict, art: Path, cells: list[dict]) -> list[dict]:
     rows = [entry(f"{s}@{m}", t / s / f"{m}.json") for m in models for s in ("export", "reference")]
     rows += [entry(f"baseline@{m}-{d}", t / "baseline" / f"{m}-{d}.json") for m, d in pairs]
     rows += [{"stage": f"capture@{c['key']}", "timing": c["timing"] or None} for c in cells]
+    rows += [entry(f"diff@{c['key']}", t / "diff" / f"{c['key']}.json") for c in cells]
     return rows
 
 
