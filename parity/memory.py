@@ -5,8 +5,8 @@ Estimate: peak RSS ~= a * W + b * SA + base, with W the model's fp32 weight byte
 every layer's fp32 output over all samples (`inputs.samples` x the per-sample sum). The per-stage
 coefficients are the one table COEFFICIENTS below (fitted from measured peaks; change them there).
 Each stage entry (stages/*.py) sizes its cell the cheapest way it can before it builds anything:
-  torch models (export, reference, baseline): the model built on torch's `meta` device (no weight
-  bytes allocated) and run once on meta inputs through the layer recorder (every leaf's output shape);
+  torch models (export, reference, baseline): parity.pipeline.memsize (the model built on torch's `meta`
+  device, no weight bytes allocated, and run once on meta inputs through the layer recorder);
   from artifacts (capture, baseline): the ONNX graph's initialisers (external data never loaded) and
   the reference's fp32.parquet value bytes (Parquet metadata, no values read).
 When the estimate exceeds what is available (MemAvailable, and a cgroup v2 limit when one is set) the
@@ -21,7 +21,8 @@ Knobs (environment):
 Measured: record() writes the stage's peak RSS (ru_maxrss of the process and of its waited-for
 children, KiB) with the estimate beside it into the stage's timing file, apart from the values (a
 non-deterministic measurement must never re-run a diff); the report shows it per stage per cell.
-Light: stdlib only at import (torch, onnx and pyarrow are imported inside the sizing functions).
+Light: stdlib only at import (onnx and pyarrow inside the functions that read those files); no
+project module beyond parity.io, so the light diff stage can record its peak too.
 """
 
 from __future__ import annotations
@@ -119,74 +120,12 @@ def guard(stage: str, cell: str, model: str, w: int | None, sa: int | None, samp
 
 # ---- sizing: W and SA without allocating them ----
 
-def guard_model(stage: str, cell: str, p: dict, model: str, sa: int | None = None) -> dict | None:
-    """guard() for a stage that builds the model itself: W (and SA, unless given, when the stage's
-    coefficient uses it) from torch_sizes()."""
-    samples = int((p.get("inputs") or {}).get("samples", 1))
-    w, meta_sa = torch_sizes(p, model, samples, activations=sa is None and COEFFICIENTS[stage][1] != 0)
-    return guard(stage, cell, model, w, sa if sa is not None else meta_sa, samples)
-
-
 def guard_graph(stage: str, cell: str, p: dict, model: str, graph: Path, values: Path | None) -> dict | None:
     """guard() for a stage that runs the exported graph: W from `graph`'s initialisers, SA from the
     reference's fp32 values (`values`, a store file)."""
     samples = int((p.get("inputs") or {}).get("samples", 1))
     return guard(stage, cell, model, onnx_weight_bytes(graph), parquet_value_bytes(values) if values else None,
                  samples)
-
-
-def torch_sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[int | None, int | None]:
-    """(W, SA) of a torch model from a build on the meta device and one meta forward through the layer
-    recorder per input shape, x `samples`; (None, None) when the model cannot be sized that way. An
-    ONNX-file model: W is the file's size, SA unknown."""
-    m = p["models"][model]
-    if m["arch"]["source"] == "onnx":
-        return _onnx_file_bytes(Path(str(m["arch"]["path"]))), None
-    import torch
-
-    from parity import inputspec
-    from parity.models import construct
-
-    try:
-        with torch.device("meta"):
-            net = construct(m["arch"])
-        w = sum(t.numel() * 4 for t in [*net.parameters(), *net.buffers()] if t.is_floating_point())
-        if not activations:
-            return w, None
-        per = [_meta_outputs(net, inputspec.specs_for(m, lab)) for lab in inputspec.labels(m)]
-    except Exception:  # noqa: BLE001 - a model meta cannot run is sized by what the stage records
-        return None, None
-    return w, sum(per) * samples
-
-
-def _meta_outputs(net, specs: list[dict]) -> int:
-    """fp32 bytes of the model's and every leaf call's floating outputs for one sample, on meta
-    tensors. Data-dependent Python branches (`if mask.all():`, in transformers' mask helpers) read
-    1 / True from a meta tensor while this runs; the override is removed afterwards."""
-    import warnings
-
-    import torch
-
-    from parity.models.layers import LayerRecorder
-
-    lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
-        lib.impl("_local_scalar_dense", lambda t: True if t.dtype == torch.bool else 1, "Meta")
-    try:
-        rec = LayerRecorder(net).eval()
-        xs = [torch.empty(s["shape"], dtype=getattr(torch, s["dtype"]), device="meta") for s in specs]
-        with torch.no_grad():
-            outs = rec(*xs)
-        for h in rec._handles:
-            h.remove()
-        return sum(o.numel() * 4 for o in outs if o.is_floating_point())
-    finally:
-        lib._destroy()
-
-
-def _onnx_file_bytes(path: Path) -> int | None:
-    return path.stat().st_size if path.is_file() else None
 
 
 def onnx_weight_bytes(path: Path) -> int | None:

@@ -29,10 +29,11 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
     from parity import memory
+    from parity.pipeline import memsize
 
     key = f"{a.model}-{a.dtype}"
     # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
-    sized = memory.guard_model("baseline", key, p, a.model, memory.parquet_value_bytes(
+    sized = memsize.guard("baseline", key, p, a.model, memory.parquet_value_bytes(
         Path(a.reference).with_name("fp32.parquet")) if a.reference else None)
     if sized is None:
         return 1

@@ -25,8 +25,9 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
     from parity import memory
+    from parity.pipeline import memsize
 
-    sized = memory.guard_model("export", a.model, p, a.model)
+    sized = memsize.guard("export", a.model, p, a.model)
     if sized is None:
         return 1
     from parity.pipeline.export import ExportError, export_model

@@ -24,8 +24,9 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
     from parity import memory
+    from parity.pipeline import memsize
 
-    sized = memory.guard_model("reference", a.model, p, a.model)
+    sized = memsize.guard("reference", a.model, p, a.model)
     if sized is None:
         return 1
     code = _run(p, a)

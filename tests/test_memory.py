@@ -88,6 +88,7 @@ def test_meta_sizing_matches_what_a_real_run_holds():
     import torch
 
     from parity.models import build
+    from parity.pipeline import memsize
     from parity.models.layers import LayerRecorder
 
     gpt2 = {"arch": {"source": "hf", "name": "gpt2",
@@ -96,7 +97,7 @@ def test_meta_sizing_matches_what_a_real_run_holds():
     mlp = {"arch": {"source": "parity", "name": "mlp", "kwargs": {"in_features": 16, "hidden": 32, "out_features": 8}},
            "input": [{"name": "input", "shape": [4, 16], "dtype": "float32"}]}
     for name, m in (("mlp", mlp), ("gpt2", gpt2)):
-        w, sa = memory.torch_sizes({"models": {name: m}}, name, samples=3)
+        w, sa = memsize.sizes({"models": {name: m}}, name, samples=3)
         net = build(m["arch"], 0)
         assert w == sum(t.numel() * 4 for t in [*net.parameters(), *net.buffers()] if t.is_floating_point())
         x = torch.zeros(m["input"][0]["shape"], dtype=getattr(torch, m["input"][0]["dtype"]))
