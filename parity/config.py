@@ -41,6 +41,8 @@ TOP_KEYS = {
     "reduce_dtypes": "dtypes that get reduce@model-dtype-provider stages (resolved from `analysis.reduce`, `dtypes`)",
     "fuzz": "fuzz campaigns: fuzz@suite-dtype-provider stages (parity/analysis/fuzz.py)",
     "train_step": "training step fp32 vs AMP: train_step@model-dtype stages (parity/analysis/train_step.py)",
+    "generate": "generation drift: greedy decoding with a KV cache, generate@model-dtype-provider stages "
+                "(parity/pipeline/generate.py)",
 }
 SECTION_KEYS = {
     "export": {"exporter", "opset"},
@@ -48,16 +50,20 @@ SECTION_KEYS = {
     "reference": {"fp64"},
     "capture": {"latency", "warmup", "repeats", "threads"},
     "diff": {"max_mismatch", "verdict"},
-    "report": {"coverage_dep", "plan_dep", "reduce_dep", "fuzz_dep", "train_dep"},
+    "report": {"coverage_dep", "plan_dep", "reduce_dep", "fuzz_dep", "train_dep", "generate_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
     "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
              "timeout_s", "workers"},
     "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
+    "generate": {"models", "dtypes", "providers", "steps", "prompt_len"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
 ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
+# `arch.head` of an hf model: base (AutoModel, the default) or causal_lm (AutoModelForCausalLM: lm_head,
+# logits out); the keys of parity/models/hf.py's HEADS
+HF_HEADS = ("base", "causal_lm")
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set(),
@@ -71,6 +77,7 @@ DTYPE_MODES = {
     "autocast": ("float16", "bfloat16"),  # fp32 model under torch.autocast(dtype=`torch:`) (AMP)
     "int8_dynamic": ("float32",),      # int8 weights, activations quantized per call (ORT)
     "int8_static": ("float32",),       # int8 weights and calibrated activations (ORT QDQ, TensorRT)
+    "int4_weight": ("float32",),       # 4-bit block-quantized MatMul weights, float32 activations (ORT)
     "fp8": ("float32",),               # TensorRT FP8 builder flag
 }
 VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcell)
@@ -105,6 +112,9 @@ RUNNER_OPTIONS = {
         **_ORT_OPTIONS, "per_channel": bool, "weight_type": _QTYPES,
         "reduce_range": (lambda v: isinstance(v, bool) or v == "auto", "auto, true or false"),
         "activation_type": _QTYPES, "calibrate_method": ("MinMax", "Entropy", "Percentile")},
+    "parity.backends.ort_int4:OrtInt4Runner": {  # parity.backends.ort_int4 (defaults there)
+        **_ORT_OPTIONS, "block_size": (16, 32, 64, 128, 256), "accuracy_level": (0, 1, 2, 3, 4),
+        "is_symmetric": bool, "gemm_to_matmul": bool},
     "parity.backends.torch_cpu:TorchCpuRunner": {"device": ("cpu",)},
     "parity.backends.torch_cuda:TorchCudaRunner": {"device": _TORCH_DEVICE},
     "parity.backends.torch_compile:TorchCompileRunner": {
@@ -220,6 +230,7 @@ def validate(p: dict) -> dict:
     _providers(p)
     _analysis(p)
     _fuzz_train(p)
+    _generate(p)
     _derived(p)
     for name, m in p["models"].items():
         _model(f"models.{name}", m)
@@ -308,7 +319,7 @@ def _model(where: str, m: dict) -> None:
         _onnx_arch(f"{where}.arch", arch)
         arch = {**arch, "name": ""}
     else:
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate"}, required=("source", "name"))
+        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate", "head"}, required=("source", "name"))
     if "calibrate" in arch:
         c = arch["calibrate"]
         _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
@@ -321,6 +332,11 @@ def _model(where: str, m: dict) -> None:
                           f"Valid: {_choices(parity_zoo())}")
     if arch["source"] == "import":
         check_import_model(f"{where}.arch.name", arch["name"])
+    if "head" in arch:
+        if arch["source"] != "hf":
+            raise ConfigError(f"{where}.arch.head: only an hf model has a head (source is '{arch['source']}')")
+        if arch["head"] not in HF_HEADS:
+            raise ConfigError(f"{where}.arch.head: unknown head '{arch['head']}'. Valid: {_choices(HF_HEADS)}")
     if not isinstance(m["input"], list) or not m["input"]:
         raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
     for i, spec in enumerate(m["input"]):
@@ -495,13 +511,37 @@ def _fuzz_train(p: dict) -> None:
         _num("train_step.limit", t["limit"], lo=0)
 
 
+def _generate(p: dict) -> None:
+    """generate (when generate.models names one): models among the selected ones and built from a
+    Hugging Face config (arch.source: hf), dtypes and providers among the selected ones, steps and
+    prompt_len positive integers."""
+    g = p.get("generate") or {}
+    if not isinstance(g, dict):
+        raise ConfigError(f"generate: expected a mapping, got {g!r}")
+    for key, group in (("models", "models"), ("dtypes", "dtypes"), ("providers", "providers")):
+        names = g.get(key) or []
+        if not isinstance(names, list):
+            raise ConfigError(f"generate.{key}: expected a list of `{group}` options, got {names!r}")
+        for name in names if g.get("models") else []:  # dtypes/providers matter only when generating
+            if name not in p[group]:
+                raise ConfigError(f"generate.{key}: '{name}' is not selected in `{group}`. Selected: "
+                                  f"{_choices(p[group])}")
+    for m in g.get("models") or []:
+        src = ((p["models"][m] or {}).get("arch") or {}).get("source")
+        if src != "hf":
+            raise ConfigError(f"generate.models: '{m}' is not a Hugging Face causal LM (models.{m}.arch.source: "
+                              f"{src}). Valid: models with arch.source: hf")
+    _num("generate.steps", g.get("steps", 32), lo=1, hi=4096, integer=True)
+    _num("generate.prompt_len", g.get("prompt_len", 8), lo=1, hi=4096, integer=True)
+
+
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
-PLAN_MODES = ("cast", "autocast", "int8_dynamic", "int8_static")
+PLAN_MODES = ("cast", "autocast", "int8_dynamic", "int8_static", "int4_weight")
 
 
 def plan_dtypes(p: dict) -> list[str]:
     """Selected dtypes that get a plan@model-dtype-provider stage: with `analysis.plan: true`, the
-    reduced-precision ones (cast to float16/bfloat16, autocast, int8); else none, and dvc.yaml's plan
+    reduced-precision ones (cast to float16/bfloat16, autocast, int8, int4); else none, and dvc.yaml's plan
     matrix is empty (no plan stage exists)."""
     if (p.get("analysis") or {}).get("plan") is not True:
         return []

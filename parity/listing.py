@@ -33,7 +33,8 @@ def _describe(group: str, name: str, body: dict, root: Path) -> dict:
     if group == "models":
         arch = body.get("arch") or {}
         shapes = body.get("shapes") if isinstance(body.get("shapes"), dict) else {}
-        return {"source": arch.get("source"), "arch": arch.get("name"),  # models.<m>.shapes: one per label
+        name = f"{arch.get('name')} ({arch['head']})" if arch.get("head") else arch.get("name")  # hf arch.head
+        return {"source": arch.get("source"), "arch": name,  # models.<m>.shapes: one per label
                 "input": "; ".join(f"{lab}: " + " ".join(f"{n}{list(d)}" for n, d in e.items())
                                    for lab, e in shapes.items() if isinstance(e, dict)) or _shape(body.get("input"))}
     if group == "dtypes":

@@ -35,4 +35,6 @@ PLAN = f"{ARTIFACTS}/plan"
 REDUCE = f"{ARTIFACTS}/reduce"  # reduce@cell folders (analysis.reduce)
 FUZZ = f"{ARTIFACTS}/fuzz"              # fuzz@suite-dtype-provider: FUZZ/<suite>/<dtype>-<provider>/
 TRAIN_STEP = f"{ARTIFACTS}/train_step"  # train_step@model-dtype: TRAIN_STEP/<model>/<dtype>.json
+GENERATE = f"{ARTIFACTS}/generate"      # generate@model-dtype-provider: GENERATE/<cell>/
+GENERATE_EXPORT = f"{ARTIFACTS}/generate_export"  # generate_export@model: GENERATE_EXPORT/<model>/decoder.onnx
 REPORT = f"{ARTIFACTS}/report"

@@ -224,6 +224,16 @@ def _run_first(combo: list[str], cwd: str, prog: Progress) -> str:
     return m.group(1) if m else "?"
 
 
+def log_tail(name: str, cwd: str, lines: int = 15) -> list[str]:
+    """The last lines of a finished experiment's log (`dvc queue logs NAME`): why it failed, printed
+    where the user looks; [] if DVC no longer has it."""
+    try:
+        out = _dvc(["queue", "logs", name], cwd)
+    except RuntimeError:
+        return []
+    return [ln.rstrip() for ln in out.splitlines() if ln.strip()][-lines:]
+
+
 def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progress, poll: float,
            first: dict[str, dict]) -> dict[str, str]:
     """Poll the queue until every experiment is done; print cell verdicts and experiment results as
@@ -249,6 +259,9 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
                 ended[n] = mine[n]
                 what = _counts(experiment_row(rows[n])) if n in rows else "FAILED (`dvc queue logs " + n + "`)"
                 prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {what}", advance=1)
+                if n not in rows:
+                    for ln in log_tail(n, q.cwd):
+                        prog.line(f"parity sweep:   {n} | {ln}")
         running = [n for n in names if mine[n] == "Running"]
         status = (f"parity sweep: {len(ended)}/{len(names)} done, {len(running)} running, "
                   f"{sum(mine[n] == 'Queued' for n in names)} queued, {time.monotonic() - t0:.0f}s")

@@ -36,7 +36,6 @@ def main(argv=None) -> int:
 
 
 def _run(p: dict, a) -> int:
-    from parity import store
     from parity.pipeline.inputs import load
 
     feeds = load(a.inputs)
@@ -45,21 +44,14 @@ def _run(p: dict, a) -> int:
         from parity.pipeline import onnx_reference
 
         return onnx_reference.reference(p, a.model, feeds, out)
-    rows = reference.run(p, a.model, feeds, "float32")
-    tiny = reference.tiny_outputs(rows)
-    if tiny:
-        print(f"reference@{a.model}: model output max |value| {tiny} <= {reference.MIN_OUTPUT_ABS:g}: a diff "
+    try:
+        print(reference.write(p, a.model, feeds, out, bool(p.get("reference", {}).get("fp64"))))
+    except reference.TinyOutput as e:
+        print(f"reference@{a.model}: model output max |value| {e} <= {reference.MIN_OUTPUT_ABS:g}: a diff "
               f"against it proves nothing (any actual within atol of zero passes). Initialise the "
               f"model's head, set models.{a.model}.arch.calibrate for BatchNorm nets, or change its "
               f"inputs.", file=sys.stderr)
         return 1
-    store.write(out / "fp32.parquet", rows, {"model": a.model, "dtype": "float32"})
-    msg = f"reference@{a.model}: {len(rows)} tensors ({len(feeds)} samples) fp32"
-    if p.get("reference", {}).get("fp64"):
-        store.write(out / "fp64.parquet", reference.run(p, a.model, feeds, "float64", inputs=True),
-                    {"model": a.model, "dtype": "float64"})
-        msg += " + fp64 golden"
-    print(msg + f" -> {out}")
     return 0
 
 

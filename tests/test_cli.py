@@ -95,6 +95,26 @@ def test_sweep_over_two_model_lists_runs_two_experiments(tmp_path):
     assert all(e["name"] in q for e in exps) and "Queued" not in q and "Running" not in q
 
 
+def test_a_failed_experiment_is_named_with_the_tail_of_its_log(tmp_path):
+    """One experiment of a sweep fails in DVC's queue (its model's input does not fit the model): the
+    sweep exits 1, the other experiment's result stands, and the failed one is named with the last
+    lines of its `dvc queue logs` on stderr, so the user sees why without another command."""
+    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    (r.path / "conf/models/tiny_bad.yaml").write_text(
+        TINY_MLP.replace("tiny_mlp:", "tiny_bad:").replace("shape: [4, 16]", "shape: [4, 15]"))
+    r.commit("a model whose input does not fit it")
+    p = r.run([f"{BIN}/parity", "sweep", "models=[tiny_mlp],[tiny_bad]", "--json"], check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    exps = json.loads(p.stdout)["experiments"]
+    assert [e["status"] for e in exps] == ["Success", "Failed"], exps
+    assert exps[0]["cells"] == {"tiny_mlp-fp32-ort_cpu": "PASS"}
+    bad = exps[1]["name"]
+    assert f"{bad} (models=[tiny_bad]) done: FAILED" in p.stderr, p.stderr
+    tail = [ln for ln in p.stderr.splitlines() if ln.startswith(f"parity sweep:   {bad} | ")]
+    assert tail and "mat1 and mat2 shapes cannot be multiplied" in "\n".join(tail), p.stderr
+    assert f"experiments that did not finish: {bad}" in p.stderr
+
+
 @pytest.mark.parametrize("overrides, n", [(["seed=range(1,4)"], 3), (["dtypes=fp32,fp16", "models=[a],[b,c]"], 4)])
 def test_sweep_expansion_is_dvcs(overrides, n):
     from dvc.utils.hydra import get_hydra_sweeps

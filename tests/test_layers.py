@@ -73,3 +73,46 @@ def test_exported_graph_exposes_the_same_pre_relu_values(resnet18, x, tmp_path):
     for name in ("bn1", "layer1.0.bn1", "layer2.1.bn2"):
         assert (got[name] < 0).any()
         np.testing.assert_allclose(got[name], ref[name].numpy(), rtol=1e-4, atol=1e-4)
+
+
+class _Attn(torch.nn.Module):
+    """nn.MultiheadAttention reads its child out_proj's weight without calling out_proj."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(32)
+        self.mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x):
+        y = self.ln(x)
+        return self.mha(y, y, y, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("arch", [
+    {"source": "parity", "name": "transformer_block", "kwargs": {}},
+    {"source": "hf", "name": "gpt2", "kwargs": {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 100, "n_positions": 64}},
+    "mha",
+])
+def test_the_fp64_reference_run_leaf_by_leaf_gives_the_whole_model_double_values(arch, tmp_path):
+    """The fp64 golden run converts one leaf at a time (a 1.1B model has no room for an fp64 copy):
+    its values, leaf outputs and recorded inputs, are the bytes a whole-model .double() gives, and the
+    model is float32 again afterwards."""
+    from parity import store
+    from parity.pipeline import reference
+
+    tokens = arch != "mha" and arch["source"] == "hf"
+    x = (np.arange(12, dtype=np.int64).reshape(1, 12) if tokens
+         else np.random.default_rng(0).standard_normal((2, 8, 256 if arch != "mha" else 32)).astype(np.float32))
+    p = {"seed": 0, "models": {"m": {"arch": arch, "input": [{"name": "x"}]}}}
+
+    def make():
+        torch.manual_seed(0)
+        return _Attn().eval() if arch == "mha" else build(arch, 0)
+
+    net = make()
+    with store.writer(tmp_path / "leaf.parquet") as w:
+        reference.stream(p, "m", net, [{"x": x}], "float64", w, inputs=True)
+    assert all(t.dtype == torch.float32 for t in net.parameters())
+    with store.writer(tmp_path / "whole.parquet") as w:
+        reference.stream(p, "m", make().double(), [{"x": x}], "float64", w, inputs=True)
+    assert (tmp_path / "leaf.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()

@@ -25,7 +25,7 @@ from parity.backends.torch_cpu import TorchCpuRunner
 from parity.export import export_layers, layer_regions, prune_outputs, strip_paths
 from parity.models import build, onnx_cut
 from parity.models.layers import LayerRecorder
-from conftest import make_repo
+from conftest import BIN, make_repo
 
 NOISE = 1e-5  # fp32 own error vs fp64: measured 1e-7 .. 7e-7 on these models and resnet18
 
@@ -318,3 +318,86 @@ def test_cut_graph_on_a_hand_built_graph_feeds_leaves_and_between_ops_from_the_r
     np.testing.assert_array_equal(got["r#1"], np.full((2, 3), 2))         # r#1 on pre:r#1, not on -r
     np.testing.assert_array_equal(got["between:r"], ref["a"] + x)         # the Add on the reference a
     np.testing.assert_array_equal(got["between:r#1"], -ref["r"])          # the Neg on the reference r
+
+
+def _folded_reshape_graph(first_op: str) -> onnx.ModelProto:
+    """a = relu(x) (2, 3, 4); leaf `p` reads `a` through `first_op`: a Reshape to [6, 4] (then MatMul)
+    or a MatMul directly. Its reference input is (2, 12): in torch a reshape to (2, 12) sat between
+    `a` and `p`, and the exporter folded it into p's own Reshape."""
+    f = lambda n, s: helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s)  # noqa: E731
+    w = numpy_helper.from_array(np.arange(20, dtype=np.float32).reshape(4, 5) / 10, "w")
+    shape = numpy_helper.from_array(np.array([6, 4], np.int64), "shape")
+    if first_op == "Reshape":
+        p = [_node("Reshape", ["a", "shape"], ["flat"], "p"), _node("MatMul", ["flat", "w"], ["p"], "p")]
+        out = [6, 5]
+    else:
+        p = [_node("MatMul", ["a", "w"], ["p"], "p")]
+        out = [2, 3, 5]
+    nodes = [_node("Relu", ["x"], ["a"], "a"), *p, _node("Identity", ["p"], ["output"])]
+    g = helper.make_graph(nodes, "g", [f("x", [2, 3, 4])], [f("output", out), f("a", [2, 3, 4]), f("p", out)],
+                          initializer=[w, shape])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def test_a_reshape_folded_into_the_leaf_feeds_the_reference_input_through_it():
+    """GPT-2's attn.c_proj (transformers' Conv1D, `x.view(-1, nx)` first): the attention output
+    (b, s, h, d) is reshaped to (b, s, h*d) between the leaves, and the exporter folds that into
+    c_proj's Reshape, so the only tensor entering c_proj has the wrong rank for `pre:<call>`."""
+    m = _folded_reshape_graph("Reshape")
+    lv = onnx_cut.analyse(m, {"a": (2, 3, 4), "p": (2, 12)})
+    assert lv.inputs == {"a": "x", "p": "a"} and lv.reshaped == {"p": (2, 12)} and not lv.skipped
+    cut = onnx_cut.cut(m, lv)
+    onnx.checker.check_model(cut, full_check=True)
+    import onnxruntime as ort
+
+    s = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    x, ref_a, pre_p = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 4), (2, 3, 4), (2, 12)))
+    feed = {"x": x, "ref:a": ref_a, "pre:a": ref_a, "pre:p": pre_p, "ref:p": np.zeros((6, 5), np.float32)}
+    got = dict(zip([o.name for o in s.get_outputs()], s.run(None, {i.name: feed[i.name] for i in s.get_inputs()})))
+    w = numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == "w"))
+    np.testing.assert_allclose(got["p"], pre_p.reshape(6, 4) @ w, rtol=1e-6)   # p on its reference input
+    np.testing.assert_array_equal(got["between:p"], ref_a.reshape(2, 12))     # in the reference input's shape
+
+
+def test_a_leaf_input_of_another_shape_read_by_other_ops_is_skipped_and_named():
+    m = _folded_reshape_graph("MatMul")
+    lv = onnx_cut.analyse(m, {"a": (2, 3, 4), "p": (2, 12)})
+    assert lv.inputs == {"a": "x"} and not lv.reshaped
+    assert "[2, 3, 4]" in lv.skipped["p"] and "[2, 12]" in lv.skipped["p"]
+
+
+TINY_GPT2 = """\
+tiny_gpt2:
+  arch:
+    source: hf
+    name: gpt2
+    kwargs: {vocab_size: 1000, n_embd: 64, n_layer: 2, n_head: 4, n_positions: 64}
+  input:
+    - {name: input_ids, shape: [1, 16], dtype: int64, init: tokens}
+  tolerances: []
+"""
+
+
+def test_gpt2_own_error_on_ort_cpu_is_measured(tmp_path):
+    """A tiny GPT-2 (gpt2_small's pattern: Conv1D `attn.c_proj` after a folded reshape) through the
+    pipeline: the ort_cpu cell has own.parquet, and c_proj's own value is at fp32 rounding."""
+    repo = make_repo(tmp_path / "repo", models=("tiny_gpt2",), dtypes=("fp32",), providers=("ort_cpu",),
+                     compose=False)
+    (repo.path / "conf/models/tiny_gpt2.yaml").write_text(TINY_GPT2)
+    repo.edit("conf/config.yaml", "samples: 2 ", "samples: 1 ")
+    repo.run([f"{BIN}/parity", "compose"])
+    repo.commit("tiny_gpt2")
+    repo.repro("capture@tiny_gpt2-fp32-ort_cpu")
+    art = repo.path / "artifacts"
+    cap = art / "capture/tiny_gpt2-fp32-ort_cpu"
+    status = json.loads((cap / "status.json").read_text())
+    assert status["own"]["measured"] is True, status["own"]
+    assert not [s for s in status["own"]["skipped"] if "c_proj" in s], status["own"]["skipped"]
+    own = store.read_dict(cap / "own.parquet")
+    ref = store.read_dict(art / "reference/tiny_gpt2/fp64.parquet")
+    for k in {k for k, _ in own}:
+        for n in ("h.1.attn.c_proj", "between:h.1.attn.c_proj"):
+            assert rel_l2(own[(k, n)].array, ref[(k, store.own_reference_name(n))].array) < NOISE, (k, n)
+        errs = {n: rel_l2(t.array, ref[(k, store.own_reference_name(n))].array) for (j, n), t in own.items() if j == k}
+        assert max(errs.values()) < NOISE, {n: e for n, e in errs.items() if e >= NOISE}

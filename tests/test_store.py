@@ -130,3 +130,35 @@ def test_zero_copy_write_gives_the_same_bytes_as_a_copying_write(tmp_path):
     back = store.read_dict(tmp_path / "new.parquet")
     for t in ts:
         np.testing.assert_array_equal(back[(t.sample, t.name)].array.reshape(np.shape(t.array)), t.array)
+
+
+def test_a_streamed_file_reads_back_the_same_tensors_and_holds_row_groups_of_the_budget(tmp_path):
+    """Large files are written as they are made (store.writer): row groups of about the buffer size,
+    read back tensor for tensor as the whole-table write gives them; a file that fits in the buffer
+    keeps the whole-table write's bytes."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(1)
+    rows = [store.Tensor(k, f"l{i}", i, rng.standard_normal((8, 16)).astype(np.float32 if i % 2 else np.float64))
+            for k in range(3) for i in range(5)]
+    store.write(tmp_path / "whole.parquet", rows)
+    with store.writer(tmp_path / "fits.parquet") as w:
+        w.extend(rows)
+    assert (tmp_path / "fits.parquet").read_bytes() == (tmp_path / "whole.parquet").read_bytes()
+    with store.writer(tmp_path / "streamed.parquet", budget=2000) as w:
+        for t in rows:
+            w.add(t)
+    assert pq.ParquetFile(tmp_path / "streamed.parquet").num_row_groups > 3
+    got = list(store.read(tmp_path / "streamed.parquet"))
+    assert [(t.sample, t.name, t.order) for t in got] == [(t.sample, t.name, t.order) for t in rows]
+    assert all(np.array_equal(a.array, b.array) and a.array.dtype == b.array.dtype for a, b in zip(got, rows))
+
+
+def test_a_streamed_write_that_fails_midway_publishes_nothing(tmp_path):
+    path = tmp_path / "x.parquet"
+    with pytest.raises(RuntimeError):
+        with store.writer(path, budget=100) as w:
+            for i in range(10):
+                w.add(store.Tensor(0, f"l{i}", i, np.ones(64, np.float32)))
+            raise RuntimeError("killed")
+    assert not path.exists() and not [p for p in tmp_path.iterdir()]

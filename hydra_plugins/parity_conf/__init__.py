@@ -161,7 +161,15 @@ def _train_dep(*, _root_) -> str:
     return paths.TRAIN_STEP if (_root_.get("train_step") or {}).get("models") else "conf/models"
 
 
-for _name, _fn in (("parity_fuzz_dep", _fuzz_dep), ("parity_train_dep", _train_dep)):
+def _generate_dep(*, _root_) -> str:
+    """The report's generation-drift input: artifacts/generate with generate.models, else conf/models."""
+    from parity import paths
+
+    return paths.GENERATE if (_root_.get("generate") or {}).get("models") else "conf/models"
+
+
+for _name, _fn in (("parity_fuzz_dep", _fuzz_dep), ("parity_train_dep", _train_dep),
+                   ("parity_generate_dep", _generate_dep)):
     if not OmegaConf.has_resolver(_name):
         OmegaConf.register_new_resolver(_name, _fn)
 if not OmegaConf.has_resolver("parity_plan_dep"):

@@ -77,6 +77,73 @@ def compute(layers: list[list[tuple[str, np.ndarray]]], own: list[list[tuple[str
     return doc
 
 
+class Acc:
+    """compute() one sample at a time: the same document from values handed over sample by sample
+    (parity.pipeline.sink), so the capture never holds every sample of values and reference at once.
+    `add` takes sample k's values and its fp64 reference, `add_own` its own values, `add_gold` a
+    reference sample beyond the values'; `doc()` then equals compute(layers, own, gold)."""
+
+    def __init__(self):
+        self.layers: dict[str, dict] = {}
+        self.own: dict[str, dict] | None = {}
+        self.own_order: list[list[str]] = []
+        self.ref_sq: dict = {}
+        self.gold_names: list[set] = []
+
+    def add(self, k: int, named: list, gold: dict) -> None:
+        if k != len(self.gold_names):
+            raise ValueError(f"sums: sample {k} after {len(self.gold_names)} samples")
+        self.gold_names.append(set(gold))
+        self._rows(self.layers, k, named, gold, store.reference_name)
+
+    def add_gold(self, k: int, gold: dict) -> None:
+        self.add(k, [], gold)
+
+    def add_own(self, k: int, named: list, gold: dict) -> None:
+        if self.own is not None:
+            self._rows(self.own, k, named, gold, store.own_reference_name)
+            self.own_order.append([n for n, _ in named])
+
+    def drop_own(self) -> None:
+        self.own = None
+
+    def _rows(self, table: dict, k: int, named: list, gold: dict, gold_name) -> None:
+        for name, val in dict(named).items():
+            gname = gold_name(name)
+            entry = table.setdefault(name, {"gold": gname, "rows": {}})
+            ref = gold.get(gname)
+            if ref is None or _shape(np.asarray(val)) != _shape(ref):
+                continue
+            if (k, gname) not in self.ref_sq:
+                self.ref_sq[k, gname] = sum_sq(ref)
+            err, bad = sq_error(val, ref)
+            entry["rows"][k] = [err, bad, int(np.size(ref))]
+
+    def _table(self, table: dict, used: set) -> dict:
+        out = {}
+        for name, entry in table.items():
+            rows = []
+            for k, names in enumerate(self.gold_names):
+                if entry["gold"] not in names:
+                    break
+                row = entry["rows"].get(k)
+                rows.append(row)
+                if row is not None:
+                    used.add((k, entry["gold"]))
+            out[name] = {"gold": entry["gold"], "samples": rows}
+        return out
+
+    def doc(self) -> dict:
+        used: set = set()
+        doc = {"version": VERSION, "layers": self._table(self.layers, used),
+               "own": self._table(self.own, used) if self.own is not None else None,
+               "own_order": self.own_order if self.own is not None else None}
+        names = sorted({g for _, g in used})
+        doc["ref_sq"] = {g: [self.ref_sq.get((k, g)) if (k, g) in used else None
+                             for k in range(len(self.gold_names))] for g in names}
+        return doc
+
+
 def write(out_dir: Path, layers, own, gold: list[dict] | None) -> None:
     """oracle_sums.json in `out_dir`, or none (removed) without an fp64 reference."""
     path = Path(out_dir) / FILE

@@ -200,6 +200,12 @@ class Runner:
     # model.onnx: ORT runners), or None (this backend cannot run a mixed model).
     plan_items: str | None = None
 
+    @classmethod
+    def plan_units(cls, units: dict[str, list[str]], model_dir: Path, provider_cfg: dict) -> dict[str, list[str]]:
+        """The plan's candidates ({leaf: items}) narrowed to what this backend's precision changes
+        (ort_int4: a leaf's weight MatMuls only); the others stay as they are."""
+        return units
+
     def mixed(self, reduced: bool, flip: Collection[str] = ()) -> None:
         """Prepare the plain model (what infer_plain runs) with every item at the cell's precision
         (reduced=True) or at float32 (reduced=False), except the items in `flip`, which take the other
@@ -222,7 +228,9 @@ def _cause(e: CompileError) -> str:
 
 
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
-                warmup: int, repeats: int) -> CaptureResult:
+                warmup: int, repeats: int, sink: "CaptureSink | None" = None) -> CaptureResult:
+    """Run one cell. The values go to `sink` sample by sample (parity.pipeline.sink streams them to
+    Parquet); without one they are kept in the result (CaptureResult.samples / .own)."""
     if (job.model_cfg.get("arch") or {}).get("source") == "onnx" and not (cls.onnx_based or cls.engine_build):
         return CaptureResult("UNSUPPORTED", f"models.{job.model} is an ONNX file (arch.source: onnx) and "
                                             f"provider {job.provider} runs torch models only")
@@ -248,35 +256,90 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
         return CaptureResult("COMPILE_FAIL", _cause(e))
     except Exception as e:
         return CaptureResult("EXPORT_FAIL", _reason(e))
+    keep = KeepSink() if sink is None else None
+    sink = sink or keep
     try:
+        res = _samples(runner, job, feeds, sink)
+        if res.status == "OK":
+            try:
+                res.latency_ms, res.warmup = _latency(runner, feeds[0], warmup, repeats), warmup
+            except Exception as e:
+                res = CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
+        if res.status == "OK":
+            _own(runner, job, feeds, res, sink)
+        if keep is not None:
+            res.samples = keep.kept
+            res.own = keep.kept_own if res.status == "OK" and not res.own_reason else None
+        return res
+    finally:
+        runner.deactivate()
+
+
+class CaptureSink:
+    """Where run_capture hands each sample's values as soon as they are made, so a stage holds one
+    sample at a time (parity.pipeline.sink writes them to Parquet as they come). `gold` is that
+    sample's fp64 reference ({name: array}) when the job has one, else None."""
+
+    wants_gold = False  # read the fp64 reference sample by sample for `sample()` too (oracle sums)
+
+    def sample(self, k: int, named: list[tuple[str, np.ndarray]], gold: dict | None) -> None:
+        """Sample k's values: model outputs first, then layers in execution order, then `plain:`."""
+
+    def own(self, k: int, named: list[tuple[str, np.ndarray]], gold: dict) -> None:
+        """Sample k's own values (`<leaf>`, `between:<leaf>`) in execution order."""
+
+    def extra_gold(self, k: int, gold: dict) -> None:
+        """A sample of the fp64 reference beyond the inputs' samples (its names only matter)."""
+
+
+class KeepSink(CaptureSink):
+    """Values kept in memory (CaptureResult.samples / .own): callers that need them all at once."""
+
+    def __init__(self):
+        self.kept: list[list[tuple[str, np.ndarray]]] = []
+        self.kept_own: list[list[tuple[str, np.ndarray]]] = []
+
+    def sample(self, k, named, gold):
+        self.kept.append(named)
+
+    def own(self, k, named, gold):
+        self.kept_own.append(named)
+
+
+def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink) -> CaptureResult:
+    """The per-layer run and the plain graph, sample by sample, each handed to `sink` at once. A
+    failure is the result (its samples are not kept: a failed cell writes no values)."""
+    gold = gold_samples(job.reference) if sink.wants_gold and _has_reference(job) else None
+    for k, f in enumerate(feeds):
         try:
-            samples = [[(n, np.asarray(v)) for n, v in runner.infer(f)] for f in feeds]
+            named = [(n, np.asarray(v)) for n, v in runner.infer(f)]
         except CompileError as e:
             return CaptureResult("COMPILE_FAIL", _cause(e))
         except Exception as e:
             return CaptureResult("INFER_FAIL", _reason(e))
         try:
-            for named, f in zip(samples, feeds):
-                named += [(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)]
+            named += [(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)]
         except CompileError as e:
-            return CaptureResult("COMPILE_FAIL", "plain-graph compile failed: " + _cause(e), samples)
+            return CaptureResult("COMPILE_FAIL", "plain-graph compile failed: " + _cause(e))
         except Exception as e:
-            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e), samples)
-        lat = []
-        try:
-            for _ in range(warmup):
-                runner.infer_plain(feeds[0])
-            for _ in range(repeats):
-                t0 = time.perf_counter_ns()
-                runner.infer_plain(feeds[0])
-                lat.append((time.perf_counter_ns() - t0) / 1e6)
-        except Exception as e:
-            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e), samples)
-        res = CaptureResult("OK", "", samples, lat, warmup)
-        _own(runner, job, feeds, res)
-        return res
-    finally:
-        runner.deactivate()
+            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
+        sink.sample(k, named, next(gold, (None, None))[1] if gold is not None else None)
+        del named
+    if gold is not None:
+        for k, g in gold:
+            sink.extra_gold(k, g)
+    return CaptureResult("OK", "")
+
+
+def _latency(runner: Runner, feed: dict, warmup: int, repeats: int) -> list[float]:
+    for _ in range(warmup):
+        runner.infer_plain(feed)
+    lat = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        runner.infer_plain(feed)
+        lat.append((time.perf_counter_ns() - t0) / 1e6)
+    return lat
 
 
 def interleave(own: list, between: dict) -> list:
@@ -291,15 +354,40 @@ def interleave(own: list, between: dict) -> list:
 
 def reference_values(path: Path) -> list[dict[str, np.ndarray]]:
     """fp64.parquet -> per sample {name: array} (leaf outputs and `pre:` inputs)."""
-    by: dict[int, dict[str, np.ndarray]] = {}
+    return [g for _, g in gold_samples(path)]
+
+
+def gold_samples(path: Path):
+    """fp64.parquet one sample at a time: (k, {name: array}) in sample order (the file holds each
+    sample's rows together), so a reader holds one sample of the reference at once."""
+    cur, by = None, {}
     for t in store.read(path):
-        by.setdefault(t.sample, {})[t.name] = t.array
-    return [by[k] for k in sorted(by)]
+        if t.sample != cur and by:
+            yield cur, by
+            by = {}
+        cur = t.sample
+        by[t.name] = t.array
+    if by:
+        yield cur, by
 
 
-def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], res: CaptureResult) -> None:
-    """Fill res.own (or res.own_reason): the runner's own values per sample, when measurable."""
-    if job.reference is None or not Path(job.reference).exists():
+def _has_reference(job: CaptureJob) -> bool:
+    return job.reference is not None and Path(job.reference).exists()
+
+
+def reference_samples(path: Path) -> int:
+    """How many samples fp64.parquet holds (its `sample` column alone is read)."""
+    import pyarrow.parquet as pq
+
+    col = pq.read_table(path, columns=["sample"]).column("sample").to_pylist()
+    return len(set(col))
+
+
+def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], res: CaptureResult,
+         sink: CaptureSink) -> None:
+    """The runner's own values, sample by sample into `sink` (or res.own_reason: why not measured;
+    a failure at any sample means not measured, and the sink drops what it had)."""
+    if not _has_reference(job):
         res.own_reason = (f"no fp64 reference ({job.reference}): set reference.fp64: true"
                           if job.reference is not None else "no reference given")
         return
@@ -307,18 +395,19 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
         res.own_reason = runner.own_unsupported
         return
     try:
-        refs = res.reference = reference_values(Path(job.reference))
-        if len(refs) != len(feeds):
-            res.own_reason = f"{job.reference} has {len(refs)} samples, the inputs {len(feeds)}"
+        n = reference_samples(Path(job.reference))
+        if n != len(feeds):
+            res.own_reason = f"{job.reference} has {n} samples, the inputs {len(feeds)}"
             return
-        own = [runner.infer_own(f, r) for f, r in zip(feeds, refs)]
+        for (k, gold), f in zip(gold_samples(Path(job.reference)), feeds):
+            own = runner.infer_own(f, gold)
+            if own is None:
+                res.own_reason = runner.own_unsupported or "not measured"
+                return
+            sink.own(k, [(n, np.asarray(v)) for n, v in own], gold)
     except Exception as e:
         res.own_reason = "own-error run failed: " + _reason(e)
         return
-    if any(o is None for o in own):
-        res.own_reason = runner.own_unsupported or "not measured"
-        return
-    res.own = [[(n, np.asarray(v)) for n, v in o] for o in own]
     res.own_skipped = runner.own_skipped()
 
 

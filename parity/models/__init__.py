@@ -53,7 +53,7 @@ def construct(arch: dict):
     elif source == "hf":
         from parity.models import hf
 
-        model = hf.build(name, kwargs)
+        model = hf.build(name, kwargs, arch.get("head", "base"))
     elif source == "import":
         import importlib
 

@@ -74,6 +74,12 @@ class LayerRecorder(nn.Module):
             self._pre_handles = [m.register_forward_pre_hook(self._pre_hook(n))
                                  for n, m in leaf_modules(self.model)]
 
+    def remove_hooks(self) -> None:
+        """Detach this recorder from the model (another recorder may wrap the same model next)."""
+        for h in self._handles + (self._pre_handles or []):
+            h.remove()
+        self._handles, self._pre_handles = [], None
+
     @staticmethod
     def call_name(name: str, k: int) -> str:
         """The k-th call (from 0) of leaf module `name`: `name`, `name#1`, ..."""

@@ -7,7 +7,13 @@ LayerRecorder's attribute). From that:
 - a leaf call's nodes: walk back from the node making its output through nodes in the leaf module's
   scope (so `relu` and `relu#1`, one module called twice, get their own node sets);
 - its input: the non-initializer, non-constant tensor entering that node set from outside (when
-  several, the one with the reference input's shape, else the first);
+  several, the one with the reference input's shape, else the first). When that tensor's shape is
+  not the reference input's, the exporter folded a reshape between the leaves into the leaf's own
+  first Reshape (GPT-2's attention output (b, s, h, d) is `reshape`d to (b, s, h*d) outside
+  transformers' Conv1D `c_proj`, whose `view(-1, nx)` then reads the 4-d tensor): if the leaf reads
+  it only as the data of Reshapes to a constant shape, with as many elements, feeding the reference
+  input there computes the same (a Reshape reads the elements in order, whatever their shape), and
+  the call is noted in `Leaves.reshaped`; otherwise the leaf is skipped, with both shapes named;
 - the ops between leaves: the nodes in no leaf's node set.
 
 The cut graph (`cut`) replaces, for its consumers, every leaf output by a graph input `ref:<call>` and
@@ -27,7 +33,8 @@ import ast
 from dataclasses import dataclass, field
 
 import onnx
-from onnx import helper
+import numpy as np
+from onnx import helper, numpy_helper
 
 SCOPES = "pkg.torch.onnx.name_scopes"
 PREFIX = "model."  # LayerRecorder keeps the wrapped model as `self.model`
@@ -64,6 +71,8 @@ class Leaves:
     nodes: dict[str, set[int]]            # call (no `:i`) -> its node set
     inputs: dict[str, str] = field(default_factory=dict)    # call -> its input tensor
     skipped: dict[str, str] = field(default_factory=dict)   # call -> why its input is not cut
+    # call -> its reference input's shape, where the input tensor has another (a folded reshape)
+    reshaped: dict[str, tuple] = field(default_factory=dict)
 
 
 class _Graph:
@@ -80,6 +89,16 @@ class _Graph:
             return None
         dims = ty.tensor_type.shape.dim
         return tuple(d.dim_value if d.HasField("dim_value") else None for d in dims)
+
+    def const(self, t: str):
+        """The value of initializer or Constant output `t` (numpy), None when it is neither."""
+        if t in self.inits:
+            return numpy_helper.to_array(next(i for i in self.g.initializer if i.name == t))
+        if t in self.consts:
+            node = self.g.node[self.producer[t]]
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            return numpy_helper.to_array(value) if value is not None else None
+        return None
 
     def is_float(self, t: str) -> bool:
         ty = self.types.get(t)
@@ -153,12 +172,40 @@ def _find_input(graph, g: _Graph, lv: Leaves, c: str, shape) -> None:
     if not cands:
         lv.skipped[c] = "no floating tensor enters its nodes from outside"
         return
-    lv.inputs[c] = cands[0]
+    t, have = cands[0], g.shape(cands[0])
+    if shape is not None and have is not None and not _fits(have, tuple(shape)):
+        if not _read_by_reshapes(graph, g, nodes, t, have, tuple(shape)):
+            lv.skipped[c] = (f"its input in the graph ({t}, shape {list(have)}) has not the reference "
+                             f"input's shape {list(shape)}, and is not only reshaped")
+            return
+        lv.reshaped[c] = tuple(shape)
+    lv.inputs[c] = t
 
 
-def _vi(name: str, like: onnx.TypeProto | None) -> onnx.ValueInfoProto:
-    v = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
-    if like is not None and like.tensor_type.HasField("shape"):
+def _fits(have: tuple, want: tuple) -> bool:
+    """Shape `have` (None: a dynamic dim) can hold a tensor of shape `want`."""
+    return len(have) == len(want) and all(h is None or h == w for h, w in zip(have, want))
+
+
+def _read_by_reshapes(graph, g: _Graph, nodes: set[int], t: str, have: tuple, want: tuple) -> bool:
+    """Every node of `nodes` reading `t` reads it as the data of a Reshape to a constant shape that
+    does not copy input dims (no 0 unless allowzero), and `have` holds as many elements as `want`
+    (when all its dims are known): those Reshapes give the same from a tensor of shape `want`."""
+    if None not in have and int(np.prod(have)) != int(np.prod(want)):
+        return False
+    readers = [(graph.node[i], j) for i in sorted(nodes) for j, x in enumerate(graph.node[i].input) if x == t]
+    for node, j in readers:
+        target = g.const(node.input[1]) if node.op_type == "Reshape" and j == 0 else None
+        allowzero = next((a.i for a in node.attribute if a.name == "allowzero"), 0)
+        if target is None or (not allowzero and (np.asarray(target) == 0).any()):
+            return False
+    return bool(readers)
+
+
+def _vi(name: str, like: onnx.TypeProto | None, rank: int | None = None) -> onnx.ValueInfoProto:
+    """A float32 graph input/output: `like`'s shape, or (`rank`) that many dims of unknown size."""
+    v = helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None if rank is None else [None] * rank)
+    if rank is None and like is not None and like.tensor_type.HasField("shape"):
         v.type.tensor_type.shape.CopyFrom(like.tensor_type.shape)
     return v
 
@@ -210,14 +257,29 @@ def cut(m: onnx.ModelProto, lv: Leaves) -> onnx.ModelProto:
     extra_out = [(BETWEEN + c, lv.inputs[c]) for c in lv.calls if c in lv.inputs]
     extra_out += [(BETWEEN + o, o) for o in lv.outputs]
     for name, t in extra_out:
-        graph.node.append(helper.make_node("Identity", [ref(t)], [name], name=f"own_{name}"))
+        graph.node.extend(_between_nodes(name, ref(t), lv))
     outs = {o.name: o for o in m.graph.output}
+
+    def rank(c: str) -> int | None:  # a reshaped leaf's input and between value: the reference's rank
+        return len(lv.reshaped[c]) if c in lv.reshaped else None
+
     del graph.output[:]
     graph.output.extend([outs[c] for c in lv.calls])
-    graph.output.extend(_vi(name, g.types.get(t)) for name, t in extra_out)
+    graph.output.extend(_vi(name, g.types.get(t), rank(name.removeprefix(BETWEEN))) for name, t in extra_out)
     graph.input.extend(_vi(REF + c, outs[c].type) for c in lv.calls if c in used_ref)
-    graph.input.extend(_vi(PRE + c, g.types.get(lv.inputs[c])) for c in lv.calls if c in lv.inputs)
+    graph.input.extend(_vi(PRE + c, g.types.get(lv.inputs[c]), rank(c)) for c in lv.calls if c in lv.inputs)
     return out
+
+
+def _between_nodes(name: str, t: str, lv: Leaves) -> list[onnx.NodeProto]:
+    """The nodes giving graph output `name` (`between:<call>`) from tensor `t`: an Identity, or for a
+    reshaped leaf input (Leaves.reshaped) the folded reshape redone: `t` reshaped to the shape of the
+    reference input fed as `pre:<call>`, so the value compares with it element for element."""
+    c = name.removeprefix(BETWEEN)
+    if c not in lv.reshaped:
+        return [helper.make_node("Identity", [t], [name], name=f"own_{name}")]
+    return [helper.make_node("Shape", [PRE + c], [f"own_shape:{c}"], name=f"own_shape_{c}"),
+            helper.make_node("Reshape", [t, f"own_shape:{c}"], [name], name=f"own_{name}")]
 
 
 def regions(m: onnx.ModelProto) -> dict[str, dict]:

@@ -18,7 +18,6 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
     from parity.analysis.oracle import has_baseline
     from parity.analysis import sums
     from parity.backends.base import CaptureJob, run_capture, write_own
-    from parity.io import write_json
     from parity.pipeline.inputs import load
 
     dc = p["dtypes"][dtype]
@@ -37,16 +36,22 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
                 if not t.name.startswith(store.PLAIN)]
     else:
         from parity.backends.torch_cpu import TorchCpuRunner
+        from parity.pipeline.sink import StoreSink
 
         job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=dc,
                          provider=BASELINE_PROVIDER,
                          provider_cfg={"runner": BASELINE_RUNNER, "dtypes": [dtype], "options": {}},
                          model_dir=Path(model_dir), seed=p.get("seed", 0),
                          threads=p.get("capture", {}).get("threads", 0), reference=reference)
-        res = run_capture(TorchCpuRunner, job, load(inputs), 0, 0)
+        # streamed sample by sample (parity.pipeline.sink); the plain graph's outputs stay out of
+        # layers.parquet (they are in the oracle's sums, as before)
+        sink = StoreSink(out, {"baseline": key, "status": "OK"}, {"cell": key, "kind": "own"},
+                         reference is not None and Path(reference).exists(), plain=False)
+        res = run_capture(TorchCpuRunner, job, load(inputs), 0, 0, sink)
         res_status, reason = res.status, res.reason
-        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
-                if not t.name.startswith(store.PLAIN)]
+        own = sink.finish(res) if res_status == "OK" else (sink.finish(res), {"measured": False})[1]
+        n = sink.layers.count if res_status == "OK" else 0
+        return _done(out, key, BASELINE_PROVIDER, res_status, reason, own, n, t0)
     store.write(out / "layers.parquet", rows if res_status == "OK" else [], {"baseline": key, "status": res_status})
     own = write_own(out / "own.parquet", res, key) if res_status == "OK" else {"measured": False}
     if res is not None:
@@ -54,7 +59,13 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
     else:
         (out / sums.FILE).unlink(missing_ok=True)
     provider = "ort_cpu_noopt" if p["models"][model]["arch"]["source"] == "onnx" else BASELINE_PROVIDER
+    return _done(out, key, provider, res_status, reason, own, len(rows), t0)
+
+
+def _done(out: Path, key: str, provider: str, res_status: str, reason: str, own: dict, n: int, t0: float) -> str:
+    from parity.io import write_json
+
     write_json(out / "status.json", {"baseline": key, "provider": provider, "status": res_status,
                                      "reason": reason, "own": own})
-    return (f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {len(rows)} tensors, "
+    return (f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {n} tensors, "
             f"{time.perf_counter() - t0:.1f}s")

@@ -13,12 +13,13 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
                  reference: Path | None = None) -> list[str]:
     """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
     from parity import fingerprint, inputspec, store
+    from parity.analysis.oracle import has_baseline
     from parity.backends import CaptureJob, load_runner
-    from parity.analysis import sums
     from parity.backends.base import CaptureResult, latency_stats, write_own
     from parity.io import write_json
     from parity.pipeline.inputs import load
     from parity.pipeline.shapes import capture_by_shape
+    from parity.pipeline.sink import StoreSink
 
     cap = p.get("capture", {})
     timed = bool(cap.get("latency", False))  # capture.latency: opt-in
@@ -29,6 +30,9 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
                      reference=reference)
     key = config.cell_key(model, dtype, provider)
     t0 = time.perf_counter()
+    # the values stream to Parquet sample by sample (and the oracle's sums with them)
+    sink = StoreSink(out, {"cell": key, "status": "OK"}, {"cell": key, "kind": "own"},
+                     reference is not None and Path(reference).exists() and has_baseline(p["dtypes"][dtype]))
     unavailable = fingerprint.cluster_unavailable(provider)  # parity repro --cluster: no node offers it
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
@@ -42,17 +46,20 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
             res, by_shape = capture_by_shape(
                 cls, job, load(inputs), inputspec.sample_sets(m, p.get("inputs", {}).get("samples", 1)),
                 cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
-                lambda label: inputspec.describe(m, label))
+                lambda label: inputspec.describe(m, label), sink)
         settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
-    rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
-    store.write(out / "layers.parquet", rows if res.status == "OK" or by_shape else [],
-                {"cell": key, "status": res.status})
-    first = min((t.sample for t in rows), default=0)  # sample 0's shape may have failed (models.<m>.shapes)
-    n_layers = sum(1 for t in rows if t.sample == first and not store.is_output(t.name))
+    if res.samples:  # the shapes ran one by one after a failure: their values were kept in memory
+        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
+        store.write(out / "layers.parquet", rows, {"cell": key, "status": res.status})
+        first = min((t.sample for t in rows), default=0)  # sample 0's shape may have failed
+        n_layers = sum(1 for t in rows if t.sample == first and not store.is_output(t.name))
+        own = write_own(out / "own.parquet", res, key)
+        (out / "oracle_sums.json").unlink(missing_ok=True)
+    else:
+        own = sink.finish(res)
+        n_layers = sink.first_layers or 0 if res.status == "OK" else 0
     status = {"cell": key, "model": model, "dtype": dtype, "provider": provider,
-              "status": res.status, "reason": res.reason, "layers": n_layers,
-              "own": write_own(out / "own.parquet", res, key)}
-    sums.write_for(out, res, reference, p["dtypes"][dtype])
+              "status": res.status, "reason": res.reason, "layers": n_layers, "own": own}
     if by_shape:  # models.<m>.shapes: each shape's status (a failure at one shape names it)
         status["shapes"] = by_shape
     if settings:  # what the runner resolved on this machine (ort_int8: reduce_range)

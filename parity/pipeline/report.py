@@ -8,7 +8,7 @@ from pathlib import Path
 
 from parity import config, metrics
 from parity import report as render
-from parity.analysis import fuzz_report
+from parity.analysis import fuzz_report, generate_report
 from parity.io import read_json, write_json, write_text
 
 BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
@@ -106,11 +106,16 @@ def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     models = {m: model_entry(art, m) for m in dict.fromkeys(c["model"] for c in cells)}
     threads = (p.get("capture") or {}).get("threads")
     camps, steps = fuzz_report.load(p, art)  # fuzz campaigns and training steps, when selected
+    gens = generate_report.load(p, art)  # generation drift cells, when selected ({}: nothing added)
+    if gens:
+        summary["generate"] = {k: generate_report.entry(c) for k, c in gens.items()}
     peaks = stage_peaks(p, art, cells)
     md = render.markdown(title, summary, cells, env, coverage, models, threads, peaks)
-    write_text(out / "report.md", md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md)
+    md = md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md
+    write_text(out / "report.md", md + "\n".join(generate_report.markdown(gens)))
     page = render.html_page(title, summary, cells, env, coverage, models, threads, peaks)
-    write_text(out / "report.html", page.replace("</body>", fuzz_report.html_sections(camps, steps) + "</body>", 1))
+    write_text(out / "report.html", page.replace("</body>", fuzz_report.html_sections(camps, steps)
+                                                 + generate_report.html_sections(gens) + "</body>", 1))
     write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
     write_json(out / "latency.json", latency)
     return summary, cells

@@ -14,15 +14,19 @@ SPLIT = ("INFER_FAIL", "COMPILE_FAIL")  # failures that can depend on the input 
 
 
 def capture_by_shape(cls: type[Runner], job: CaptureJob, feeds: list, sets: list, warmup: int, repeats: int,
-                     describe) -> tuple[CaptureResult, dict | None]:
+                     describe, sink=None) -> tuple[CaptureResult, dict | None]:
     """(result, {label: {status, reason}} or None for a model without shapes). `sets`: (label, range)
-    per sample set (parity.inputspec.sample_sets); `describe(label)` names a shape in a reason. A
-    sample of a shape that failed is an empty list in result.samples (sample numbers stay global)."""
-    res = run_capture(cls, job, feeds, warmup, repeats)
+    per sample set (parity.inputspec.sample_sets); `describe(label)` names a shape in a reason. The
+    values go to `sink` (run_capture) unless the cell falls back to one run per shape: then the sink
+    is aborted and the values are in result.samples, where a sample of a shape that failed is an
+    empty list (sample numbers stay global)."""
+    res = run_capture(cls, job, feeds, warmup, repeats, sink)
     if sets[0][0] is None:
         return res, None
     if res.status not in SPLIT:
         return res, {lab: {"status": res.status, "reason": res.reason} for lab, _ in sets}
+    if sink is not None:
+        sink.abort()
     whole = res
     shapes, samples, latency, failed = {}, [], [], []
     for lab, idx in sets:

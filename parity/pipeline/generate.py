@@ -1,0 +1,321 @@
+"""Generation drift (generate_export@model, generate@model-dtype-provider). Heavy: torch (imported
+inside the functions); onnxruntime through the provider's runner.
+
+Greedy decoding of `generate.steps` tokens from a seeded prompt of `generate.prompt_len` tokens, with a
+KV cache on every side (parity.pipeline.decoder.DecoderStep: the same step on torch and, exported, on ONNX
+Runtime). Step 0 is the prompt's prefill (past 0); step t > 0 feeds one token with the cache of the
+steps before it. Three runs, one model in memory at a time:
+  reference  torch float64 with its cache: the oracle's golden logits and the greedy tokens
+  baseline   torch CPU eager at the cell's dtype: the oracle's yardstick (parity.analysis.oracle)
+  provider   ort_cpu: decoder.onnx (past/present key-value inputs and outputs) through the provider's
+             runner (its options, dtype conversion and fault); torch_cpu: the baseline itself
+Baseline and provider are teacher-forced on the reference's tokens, so every step compares logits of
+the same prefix even after a token diverged. Per step: the last position's logits against fp64
+(max_abs, rel_l2, RMSE), the oracle's excess (error / (k x baseline error)), pass, top-1 of each side,
+and the reference's top-1 margin (top-1 minus top-2 logit: a divergence at a small margin is a near tie).
+The first step whose logits fail the oracle is the first failing step; there the per-layer drift origin
+is found on the full prefix without cache (prompt + reference tokens up to that step): every leaf
+module's output on the provider (decoder_layers.onnx, or torch hooks) against fp64, judged by the same
+oracle; the first leaf in execution order over the limit is the origin.
+What is held: one step's logits per side plus per-step summary numbers; the golden logits go to a
+temporary file (steps x vocab float64) that the later runs read one row at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from parity.analysis import oracle
+
+# runners generate@ runs (conf/providers/<p>.yaml `runner:`): how each side is driven
+SIDES = {"parity.backends.torch_cpu:TorchCpuRunner": "torch", "parity.backends.ort_cpu:OrtCpuRunner": "ort"}
+PROMPT_SEED = 23  # numpy stream of the prompt: default_rng([seed, PROMPT_SEED])
+
+
+def build_lm(model_cfg: dict, seed: int):
+    """The model's causal LM (arch.source: hf), seeded weights, eval mode, fp32."""
+    import torch
+
+    from parity.pipeline import decoder
+
+    arch = model_cfg["arch"]
+    if arch.get("source") != "hf":
+        raise ValueError(f"arch.source: {arch.get('source')}: generation needs a Hugging Face causal LM (hf)")
+    torch.manual_seed(seed)
+    return decoder.build_causal_lm(arch["name"], dict(arch.get("kwargs") or {})).eval()
+
+
+def export_model(p: dict, model: str, out: Path) -> dict:
+    """decoder.onnx, decoder_layers.onnx and decoder.json under `out` (parity.pipeline.decoder.export)."""
+    from parity.io import write_json
+    from parity.pipeline import decoder
+
+    lm = build_lm(p["models"][model], int(p.get("seed", 0)))
+    info = decoder.export(lm, out, opset=int((p.get("export") or {}).get("opset", 18)))
+    write_json(out / "decoder.json", info, sort_keys=False)
+    return info
+
+
+def prompt(seed: int, vocab: int, n: int) -> list[int]:
+    return [int(x) for x in np.random.default_rng([seed, PROMPT_SEED]).integers(0, vocab, n)]
+
+
+def decode(step, prompt_ids: list[int], tokens: list[int], steps: int):
+    """Yield (t, last-position logits float64) for t in 0..steps-1, teacher-forced: step t > 0 feeds
+    tokens[t - 1] (the caller may append to `tokens` between steps: the reference's greedy choice).
+    `step(ids, past, past_len)` -> (logits [vocab], new past)."""
+    past, ids, n = None, list(prompt_ids), 0
+    for t in range(steps):
+        logits, past = step(ids, past, n)
+        n += len(ids)
+        yield t, logits
+        if t + 1 < steps:
+            ids = [tokens[t]]
+
+
+def torch_step(lm):
+    """A decode step on torch (DecoderStep, the model's own cache)."""
+    import torch
+
+    from parity.pipeline import decoder
+
+    step, empty = decoder.DecoderStep(lm), decoder.empty_past(lm)
+
+    def run(ids, past, n):
+        with torch.no_grad():
+            out = step(*decoder.feeds(ids, n), *(empty if past is None else past))
+        return out[0][0, -1].double().numpy(), list(out[1:])
+    return run
+
+
+def ort_feeds(ids: list[int], past, n: int, info: dict) -> dict:
+    """decoder.onnx's inputs for a step feeding `ids` after `n` cached tokens (past None: empty)."""
+    from parity.pipeline.decoder import past_names
+
+    s, names = len(ids), past_names(int(info["n_layers"]))
+    if past is None:
+        past = [np.zeros((1, info["kv_heads"], 0, info["head_dim"]), np.float32)] * len(names)
+    return {"input_ids": np.asarray(ids, np.int64).reshape(1, s), "attention_mask": np.ones((1, n + s), np.int64),
+            "position_ids": np.arange(n, n + s, dtype=np.int64).reshape(1, s), **dict(zip(names, past))}
+
+
+def ort_step(sess, info: dict):
+    """A decode step on an onnxruntime session of decoder.onnx (past/present as float32 numpy)."""
+    from parity.pipeline.decoder import LOGITS, present_names
+
+    outs = [LOGITS, *present_names(int(info["n_layers"]))]
+
+    def run(ids, past, n):
+        res = sess.run(outs, ort_feeds(ids, past, n, info))
+        return res[0][0, -1].astype(np.float64), res[1:]
+    return run
+
+
+def _top2(x: np.ndarray) -> tuple[int, float]:
+    """(argmax, top-1 minus top-2 value)."""
+    i = int(np.argmax(x))
+    rest = np.delete(x, i)
+    return i, float(x[i] - rest.max()) if rest.size else math.inf
+
+
+def reference(lm, prompt_ids: list[int], steps: int, gold: np.ndarray) -> tuple[list[int], list[float]]:
+    """The fp64 greedy run: fills `gold` (steps x vocab) row by row; (tokens, top-1 margins)."""
+    tokens, margins = [], []
+    for t, logits in decode(torch_step(lm), prompt_ids, tokens, steps):
+        gold[t] = logits
+        tok, margin = _top2(logits)
+        tokens.append(tok)
+        margins.append(margin)
+    return tokens, margins
+
+
+def compare_run(step, prompt_ids, tokens, gold: np.ndarray) -> list[dict]:
+    """A teacher-forced run against the golden logits: per step its Sq (oracle sums), top-1, max_abs."""
+    rows = []
+    for t, logits in decode(step, prompt_ids, tokens, len(tokens)):
+        g = gold[t]
+        sq = oracle.Sq().add(logits, g)
+        rows.append({"sq": sq, "top1": int(np.argmax(logits)),
+                     "max_abs": float(np.max(np.abs(logits - g))) if np.all(np.isfinite(logits)) else math.inf})
+    return rows
+
+
+def step_rows(prov: list[dict], base: list[dict], tokens, margins, dtype_cfg: dict) -> list[dict]:
+    """The per-step records of a cell (values only, JSON-safe)."""
+    u = oracle.unit_roundoff(dtype_cfg)
+    o = dtype_cfg.get("oracle") or {}
+    k, slack = float(o.get("k", oracle.DEFAULT_K)), float(o.get("slack", 0.0))
+    out = []
+    for t, (pv, bv) in enumerate(zip(prov, base)):
+        j = oracle.judge(pv["sq"], bv["sq"], u, k, slack)
+        rel = math.sqrt(pv["sq"].err / pv["sq"].ref) if pv["sq"].ref else 0.0
+        out.append({"step": t, "token_ref": tokens[t], "token": pv["top1"], "token_baseline": bv["top1"],
+                    "agree": pv["top1"] == tokens[t], "margin_ref": margins[t], "max_abs": pv["max_abs"],
+                    "rel_l2": rel, "err_rmse": j["err_rmse"], "floor_rmse": j["floor_rmse"],
+                    "excess": j["excess"], "limit": k, "passed": j["passed"]})
+    return out
+
+
+def _unsupported(p: dict, dtype: str, provider: str) -> str | None:
+    """Why generate@ does not run this provider/dtype, or None."""
+    pc, dc = p["providers"][provider], p["dtypes"][dtype]
+    if pc.get("runner") not in SIDES:
+        return (f"generation runs on the torch_cpu and ort_cpu runners ({', '.join(SIDES)}); "
+                f"providers.{provider}.runner is {pc.get('runner')}")
+    if dtype not in (pc.get("dtypes") or []):
+        return f"providers.{provider}.dtypes does not list {dtype}"
+    if dc.get("mode", "cast") != "cast" or dc.get("torch") not in ("float32", "float16", "bfloat16"):
+        return f"dtypes.{dtype}: generation compares cast dtypes (mode: cast) only"
+    return None
+
+
+def _ort_runner(p: dict, model: str, dtype: str, provider: str, export_dir: Path):
+    """(runner, None) for an ORT provider, or (None, (status, reason))."""
+    from parity.backends import CaptureJob
+    from parity.backends.ort_cpu import OrtCpuRunner  # the one ORT runner in SIDES
+
+    pc = p["providers"][provider]
+    job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=p["dtypes"][dtype],
+                     provider=provider, provider_cfg=pc, model_dir=export_dir, seed=int(p.get("seed", 0)),
+                     threads=int((p.get("capture") or {}).get("threads", 0)))
+    cls = OrtCpuRunner
+    why = cls.availability(job)
+    if why:
+        return None, ("UNAVAILABLE", why)
+    spec = (pc.get("options") or {}).get("fault")
+    if spec:
+        import onnx
+
+        from parity.backends import fault
+
+        m = onnx.load(str(export_dir / "decoder.onnx"), load_external_data=False)
+        spec = resolve_fault(m, spec)
+        try:
+            fault.check(m, spec, f"providers.{provider}.options.fault")
+        except ValueError as e:
+            return None, ("EXPORT_FAIL", str(e))
+        job.provider_cfg = {**pc, "options": {**pc["options"], "fault": spec}}
+    return cls(job), None
+
+
+def resolve_fault(m, spec: dict) -> dict:
+    """options.fault (parity.backends.fault) with `node` a module path as users name it
+    (`model.layers.1.mlp.down_proj`) replaced by the node that module's weight feeds in the decoder
+    graph (the first node in its name_scopes reading a floating initializer); decoder.onnx and
+    decoder_layers.onnx share node names (one is pruned from the other), so the same fault hits both.
+    A node or tensor name is kept as it is."""
+    from parity.backends import fault
+    from parity.models.onnx_cut import scopes
+
+    target = str(spec["node"])
+    if fault.find(m, target) is not None:
+        return spec
+    floats = {t.name for t in m.graph.initializer if t.data_type in (1, 10, 11)}  # FLOAT, FLOAT16, DOUBLE
+    for n in m.graph.node:
+        if any(i in floats for i in list(n.input)[1:]) and any(s.endswith("." + target) for s in scopes(n)):
+            return {**spec, "node": n.name}
+    return spec
+
+
+def session(runner, path: Path):
+    """An onnxruntime session on `path` as the provider runs it (dtype conversion, fault, session
+    options): the ORT runner's own session builder (OrtRunner._session), called here rather than
+    through a new public method so the capture stages' code (parity/backends) stays as it is."""
+    return runner._session(path)
+
+
+def leaf_values(lm, prefix: list[int]) -> dict:
+    """Every leaf module's output (float64 numpy, execution order) on `prefix`, no cache."""
+    import torch
+
+    from parity.pipeline import decoder
+
+    rec = decoder.record(lm)
+    with torch.no_grad():
+        out = rec(*decoder.feeds(prefix, 0), *decoder.empty_past(lm))
+    n = 1 + 2 * int(lm.config.num_hidden_layers)
+    return {name: t.double().numpy() for name, t in zip(decoder.layer_names(rec, n), out[n:])}
+
+
+def drift_origin(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict,
+                 prefix: list[int]) -> dict:
+    """Per-layer oracle on the full prefix (no cache): fp64, baseline and provider leaf outputs; the
+    first leaf over the limit in execution order is the origin."""
+    import torch
+
+    dc = p["dtypes"][dtype]
+    lm = build_lm(p["models"][model], int(p.get("seed", 0))).double()
+    gold = leaf_values(lm, prefix)
+    lm = lm.to(getattr(torch, dc["torch"]))
+    floors = {n: oracle.Sq().add(v, gold[n]) for n, v in leaf_values(lm, prefix).items() if n in gold}
+    del lm
+    if side == "torch":
+        sqs = floors
+    else:
+        names = [n for n in info["layers"] if n in gold]
+        sess = session(runner, export_dir / "decoder_layers.onnx")
+        values = sess.run(names, ort_feeds(prefix, None, 0, info))
+        sqs = {n: oracle.Sq().add(v, gold[n]) for n, v in zip(names, values)}
+    u = oracle.unit_roundoff(dc)
+    o = dc.get("oracle") or {}
+    k, slack = float(o.get("k", oracle.DEFAULT_K)), float(o.get("slack", 0.0))
+    rows = []
+    for n, sq in sqs.items():
+        j = oracle.judge(sq, floors[n], u, k, slack)
+        rows.append({"name": n, "err_rmse": j["err_rmse"], "floor_rmse": j["floor_rmse"], "excess": j["excess"],
+                     "rel_l2": math.sqrt(sq.err / sq.ref) if sq.ref else 0.0, "passed": j["passed"]})
+    origin = next((r["name"] for r in rows if not r["passed"]), None)
+    return {"prefix_len": len(prefix), "origin": origin, "layers": rows}
+
+
+def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -> dict:
+    """One generate@ cell: status, per-step records, first divergence / failure, drift origin."""
+    g = p.get("generate") or {}
+    steps, plen, seed = int(g.get("steps", 32)), int(g.get("prompt_len", 8)), int(p.get("seed", 0))
+    res = {"model": model, "dtype": dtype, "provider": provider, "steps": steps, "prompt_len": plen}
+    why = _unsupported(p, dtype, provider)
+    if why:
+        return {**res, "status": "UNSUPPORTED", "reason": why, "verdict": "UNSUPPORTED"}
+    side, runner = SIDES[p["providers"][provider]["runner"]], None
+    if side == "ort":
+        runner, bad = _ort_runner(p, model, dtype, provider, export_dir)
+        if bad:
+            return {**res, "status": bad[0], "reason": bad[1], "verdict": bad[0]}
+    import torch
+
+    threads = int((p.get("capture") or {}).get("threads", 0))
+    if threads:
+        torch.set_num_threads(threads)
+    from parity.io import read_json
+
+    info = read_json(export_dir / "decoder.json")
+    lm = build_lm(p["models"][model], seed)
+    ids = prompt(seed, int(lm.config.vocab_size), plen)
+    with tempfile.TemporaryDirectory() as tmp:
+        gold = np.lib.format.open_memmap(Path(tmp) / "gold.npy", mode="w+", dtype=np.float64,
+                                         shape=(steps, int(lm.config.vocab_size)))
+        tokens, margins = reference(lm.double(), ids, steps, gold)
+        lm = lm.to(getattr(torch, p["dtypes"][dtype]["torch"]))
+        base = compare_run(torch_step(lm), ids, tokens, gold)
+        del lm
+        try:
+            prov = base if side == "torch" else compare_run(
+                ort_step(session(runner, export_dir / "decoder.onnx"), info), ids, tokens, gold)
+        except Exception as e:  # a backend failure is a result
+            return {**res, "status": "INFER_FAIL", "reason": f"{type(e).__name__}: {e}", "verdict": "INFER_FAIL"}
+        finally:
+            del gold
+    rows = step_rows(prov, base, tokens, margins, p["dtypes"][dtype])
+    fail = next((r["step"] for r in rows if not r["passed"]), None)
+    div = next((r["step"] for r in rows if not r["agree"]), None)
+    res.update(status="OK", reason="", verdict="PASS" if fail is None else "FAIL", provider_is_baseline=side == "torch",
+               prompt=ids, tokens_ref=tokens, agreement=sum(r["agree"] for r in rows), first_divergence=div,
+               first_fail=fail, worst_excess=max(r["excess"] for r in rows), steps_detail=rows, origin=None)
+    if fail is not None:
+        res["origin"] = {"step": fail, **drift_origin(p, model, dtype, side, runner, export_dir, info,
+                                                       ids + tokens[:fail])}
+    return res

@@ -1,0 +1,79 @@
+"""Where the capture and baseline stages put a cell's values as the runner makes them: layers.parquet
+and own.parquet written sample by sample (parity.store.Writer: row groups of a bounded size) and the
+oracle's sums (oracle_sums.json) added up as they go, so a stage holds one sample of values and of
+the fp64 reference at a time, not every sample of both (issue 23: a 1B decoder's capture).
+
+The files are the ones the whole-result writes gave: layers.parquet holds every row of an OK cell
+(none otherwise), own.parquet exists only when every sample's own values were measured, and
+oracle_sums.json equals parity.analysis.sums.compute over the same values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from parity import store
+from parity.analysis import sums
+from parity.backends.base import CaptureResult, CaptureSink
+
+
+class StoreSink(CaptureSink):
+    """`out`/layers.parquet, own.parquet and oracle_sums.json of one capture (or baseline: `plain`
+    False keeps the plain graph's outputs out of layers.parquet, as the baseline always did)."""
+
+    def __init__(self, out: Path, layers_meta: dict, own_meta: dict, with_sums: bool, plain: bool = True):
+        self.out, self.own_meta, self.plain = Path(out), own_meta, plain
+        self.layers = store.Writer(self.out / "layers.parquet", layers_meta)
+        self.own_w: store.Writer | None = None
+        self.acc = sums.Acc() if with_sums else None
+        self.wants_gold = with_sums
+        self.first_layers = None  # layers of the first sample (the status line's count)
+
+    def sample(self, k, named, gold):
+        rows = store.rows_from(k, named)
+        if self.first_layers is None:
+            self.first_layers = sum(1 for t in rows if not store.is_output(t.name))
+        self.layers.extend(t for t in rows if self.plain or not t.name.startswith(store.PLAIN))
+        if self.acc is not None and gold is not None:
+            self.acc.add(k, named, gold)
+
+    def extra_gold(self, k, gold):
+        if self.acc is not None:
+            self.acc.add_gold(k, gold)
+
+    def own(self, k, named, gold):
+        if self.own_w is None:
+            self.own_w = store.Writer(self.out / "own.parquet", self.own_meta)
+        self.own_w.extend(store.Tensor(k, n, i, v) for i, (n, v) in enumerate(named))
+        if self.acc is not None:
+            self.acc.add_own(k, named, gold)
+
+    def finish(self, res: CaptureResult, keep_layers: bool = False) -> dict:
+        """Publish or drop each file by the result; the status entry of own error (as write_own)."""
+        ok = res.status == "OK"
+        if ok or keep_layers:
+            self.layers.publish()
+        else:  # a failed cell: an empty layers.parquet with its status, as before
+            self.layers.abort()
+            store.write(self.out / "layers.parquet", [], {**self.layers.metadata, "status": res.status})
+        measured = ok and self.own_w is not None and not res.own_reason
+        if measured:
+            self.own_w.publish()
+        else:
+            if self.own_w is not None:
+                self.own_w.abort()
+            (self.out / "own.parquet").unlink(missing_ok=True)
+        if self.acc is not None and ok:
+            if not measured:
+                self.acc.drop_own()
+            sums.write_json(self.out / sums.FILE, self.acc.doc())
+        else:
+            (self.out / sums.FILE).unlink(missing_ok=True)
+        if measured:
+            return {"measured": True, "skipped": res.own_skipped}
+        return {"measured": False, "reason": res.own_reason or res.reason or res.status}
+
+    def abort(self) -> None:
+        """Drop everything handed so far (the shapes fallback re-runs the cell shape by shape)."""
+        self.layers.abort()
+        if self.own_w is not None:
+            self.own_w.abort()

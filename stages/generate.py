@@ -1,0 +1,61 @@
+"""generate@model-dtype-provider: generation drift (parity.pipeline.generate). Greedy decoding of
+`generate.steps` tokens with a KV cache on the provider (ort_cpu: generate_export's decoder.onnx;
+torch_cpu: the model's cache) against torch fp64, teacher-forced on the fp64 tokens.
+
+Writes --out/steps.json (every step's logits error, oracle excess, top-1 of each side; the first
+diverging and first failing step; at the first failing step each leaf module's oracle numbers and the
+drift origin) and --out/metrics.json (the summary: verdict, agreement, first divergence, first
+failing step, drift origin); --timing (seconds, peak RSS: measured, kept apart from the values).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+
+from parity import config
+from parity.io import exit_now, write_json
+
+SUMMARY = ("model", "dtype", "provider", "status", "reason", "verdict", "steps", "agreement", "first_divergence",
+           "first_fail", "worst_excess")
+
+
+def summary(res: dict) -> dict:
+    out = {k: res[k] for k in SUMMARY if k in res}
+    o = res.get("origin") or {}
+    out["drift_origin"] = o.get("origin")
+    out["origin_step"] = o.get("step")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = config.stage_parser("stages.generate", __doc__, cell=True)
+    ap.add_argument("--export-dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", required=True)
+    a = ap.parse_args(argv)
+    p = config.load_or_die(a.params)
+    from parity.pipeline.generate import run_cell
+
+    t0 = time.perf_counter()
+    res = run_cell(p, a.model, a.dtype, a.provider, Path(a.export_dir))
+    s = summary(res)
+    out = Path(a.out)
+    write_json(out / "steps.json", res, sort_keys=False)
+    write_json(out / "metrics.json", s, sort_keys=False)
+    write_json(a.timing, {"seconds": round(time.perf_counter() - t0, 3),
+                          "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
+    key = config.cell_key(a.model, a.dtype, a.provider)
+    if res["status"] != "OK":
+        print(f"generate@{key}: {res['status']} ({res['reason']})")
+    else:
+        print(f"generate@{key}: {res['verdict']}, top-1 agreement {res['agreement']}/{res['steps']}, first "
+              f"divergence {s['first_divergence']}, first failing step {s['first_fail']}, worst excess "
+              f"{res['worst_excess']:.3g}, drift origin {s['drift_origin']}")
+    exit_now(0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
