@@ -13,6 +13,10 @@ from pathlib import Path
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 TMP_SUFFIX = ".tmp"
+# A testing knob: PARITY_TEST_PAUSE_PUBLISH=<file name> makes atomic_path wait (600 s) after that
+# file's content is written and before it is renamed into place, so a test can SIGKILL a stage
+# while its output is unpublished (tests/test_memory.py). Never set it outside tests.
+PAUSE_ENV = "PARITY_TEST_PAUSE_PUBLISH"
 
 
 @contextlib.contextmanager
@@ -29,6 +33,10 @@ def atomic_path(path: str | Path, allow_empty: bool = False):
     os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts get the usual mode (shared caches)
     try:
         yield Path(tmp)
+        if os.environ.get(PAUSE_ENV) == path.name:  # test-only: hold the written temp file unpublished
+            import time
+
+            time.sleep(600)
         if allow_empty or os.path.getsize(tmp) > 0:
             os.replace(tmp, path)
     finally:

@@ -262,6 +262,36 @@ def environment_rows(env: dict, threads=None) -> list[tuple[str, str]]:
     return rows
 
 
+def _bytes(n) -> str:
+    """1.23 GiB / 45.6 MiB / 789 KiB; '-' for none."""
+    if n is None:
+        return "-"
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= k:
+            return f"{n / k:.{2 if unit == 'GiB' else 1}f} {unit}"
+    return f"{n / 1024:.0f} KiB"
+
+
+def memory_rows(peaks: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Each stage run's peak RSS (its timing file, parity.memory) beside the estimate it was checked
+    against: W and SA as parity/memory.py's table uses them. '-': no timing file (an older run) or no
+    estimate (a model the meta device cannot size)."""
+    head = ["stage", "peak RSS", "estimate", "peak / estimate", "W (fp32 weights)", "SA (layer outputs)", "stage s"]
+    rows = []
+    for r in peaks:
+        t = r.get("timing") or {}
+        peak = t["peak_rss_kib"] * 1024 if t.get("peak_rss_kib") is not None else None
+        est = t.get("estimate_bytes")
+        rows.append([r["stage"], _bytes(peak), _bytes(est), f"{peak / est:.2f}" if peak and est else "-",
+                     _bytes(t.get("w_bytes")), _bytes(t.get("sa_bytes")), fmt(t.get("stage_s"))])
+    return head, rows
+
+
+MEMORY_NOTE = ("Peak RSS: ru_maxrss of each stage process (and its children), from its timing file. Estimate: "
+               "a x W + b x SA + base (parity/memory.py), checked before the stage allocates; "
+               "PARITY_MEMORY_CHECK=0 skips the check.")
+
+
 def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
     esc = lambda x: str(x).replace("|", "\\|")  # noqa: E731
     return (["| " + " | ".join(esc(x) for x in head) + " |", "|" + "---|" * len(head)]
@@ -291,7 +321,7 @@ def coverage_markdown(coverage: dict) -> list[str]:
 
 
 def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None,
-             models: dict | None = None, threads=None) -> str:
+             models: dict | None = None, threads=None, peaks: list[dict] | None = None) -> str:
     lines = [f"# {title}", "",
              f"{summary['cells']} cells: **{summary['passed']} pass**, **{summary['failed']} fail**, "
              f"{summary['not_run']} not run (unavailable/unsupported/failed to export or infer)"
@@ -328,6 +358,8 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
     if models:
         lines += ["## Models: op inventory", ""] + md_table(*model_rows(models)) + [""]
     lines += coverage_markdown(coverage or {})
+    if peaks:
+        lines += ["## Memory: peak RSS per stage", "", MEMORY_NOTE, ""] + md_table(*memory_rows(peaks)) + [""]
     lines += ["## Environment", ""]
     lines += [f"- **{name}**: {value}" for name, value in environment_rows(env, threads)]
     return "\n".join(lines) + "\n"
@@ -557,7 +589,7 @@ def cell_html(c: dict) -> str:
 
 
 def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage: dict | None = None,
-              models: dict | None = None, threads=None) -> str:
+              models: dict | None = None, threads=None, peaks: list[dict] | None = None) -> str:
     e = html.escape
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}</style></head><body>",
          f"<h1>{e(title)}</h1><p id='summary'>{summary['cells']} cells: <b>{summary['passed']} pass</b>, "
@@ -584,6 +616,9 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
 
             h.append(render_coverage_html(cov))
         h.append("</section>")
+    if peaks:
+        h.append("<section id='memory'><h2>Memory: peak RSS per stage</h2>" + html_table(*memory_rows(peaks), "memory")
+                 + f"<p><small>{e(MEMORY_NOTE)}</small></p></section>")
     h.append("<section id='environment'><h2>Environment</h2><table>")
     h += [f"<tr><th>{e(name)}</th><td>{e(value)}</td></tr>" for name, value in environment_rows(env, threads)]
     h.append("</table></section></body></html>\n")

@@ -10,6 +10,7 @@ torch CPU eager does not reproduce: int8, fp8, tf32; those cells are judged by t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from parity import config
@@ -23,12 +24,24 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--reference", help="fp64.parquet of the reference stage: each layer's own error")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    t0 = time.perf_counter()
+    from parity import memory
+    from parity.pipeline import memsize
+
+    key = f"{a.model}-{a.dtype}"
+    # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
+    sized = memsize.guard("baseline", key, p, a.model, memory.parquet_value_bytes(
+        Path(a.reference).with_name("fp32.parquet")) if a.reference else None)
+    if sized is None:
+        return 1
     from parity.pipeline.baseline import capture_baseline
 
     print(capture_baseline(p, a.model, a.dtype, Path(a.model_dir), Path(a.inputs), Path(a.out),
                            Path(a.reference) if a.reference else None))
+    memory.record(a.timing, "baseline", key, t0, sized)
     return 0
 
 

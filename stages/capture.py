@@ -16,6 +16,7 @@ failed stage.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from parity import config
@@ -32,6 +33,15 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    t0 = time.perf_counter()
+    from parity import memory
+
+    key = config.cell_key(a.model, a.dtype, a.provider)
+    # W: the exported graph's initialisers; SA: the reference's fp32 values (beside --reference)
+    sized = memory.guard_graph("capture", key, p, a.model, Path(a.model_dir) / "model.onnx",
+                               Path(a.reference).with_name("fp32.parquet") if a.reference else None)
+    if sized is None:
+        return 1
     # numpy, pyarrow and the backends after the arguments: `--help` and a bad argument stay quick
     from parity.pipeline.capture import capture_cell
 
@@ -40,6 +50,7 @@ def main(argv=None) -> int:
     for line in capture_cell(p, a.model, a.dtype, a.provider, Path(a.model_dir), Path(a.inputs), Path(a.out),
                              Path(a.timing), **opt):
         print(line)
+    memory.record(a.timing, "capture", key, t0, sized, merge=True)  # peak RSS beside the latency
     return 0
 
 

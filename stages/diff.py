@@ -12,6 +12,7 @@ causes they explain per failing layer) and layers.csv (DVC plot data).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from parity import config
@@ -27,13 +28,17 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="baseline@model-dtype output (the oracle's trusted backend)")
     ap.add_argument("--model-dir", help="export output: layers.json names the ops between leaves")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", help="peak RSS (parity.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    t0 = time.perf_counter()
+    from parity import memory
     from parity.pipeline.diff import diff_and_write
 
     print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
                          Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
                          Path(a.out)))
+    memory.record(a.timing, "diff", config.cell_key(a.model, a.dtype, a.provider), t0)
     return 0
 
 

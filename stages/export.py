@@ -11,6 +11,7 @@ whose outputs feed it and the op types between them, e.g. Softmax between qkv an
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 
@@ -20,8 +21,16 @@ def main(argv=None) -> int:
     ap = config.stage_parser("stages.export", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    t0 = time.perf_counter()
+    from parity import memory
+    from parity.pipeline import memsize
+
+    sized = memsize.guard("export", a.model, p, a.model)
+    if sized is None:
+        return 1
     from parity.pipeline.export import ExportError, export_model
 
     try:
@@ -30,6 +39,7 @@ def main(argv=None) -> int:
         print(f"export@{a.model}: {e}", file=sys.stderr)
         return 1
     print(f"export@{a.model}: {line}")
+    memory.record(a.timing, "export", a.model, t0, sized)
     return 0
 
 

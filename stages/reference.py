@@ -6,6 +6,7 @@ error; fp32.parquet has leaf outputs only, so the diff's layer names are unchang
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from parity.pipeline import reference
@@ -18,9 +19,23 @@ def main(argv=None) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    t0 = time.perf_counter()
+    from parity import memory
+    from parity.pipeline import memsize
 
+    sized = memsize.guard("reference", a.model, p, a.model)
+    if sized is None:
+        return 1
+    code = _run(p, a)
+    if code == 0:
+        memory.record(a.timing, "reference", a.model, t0, sized)
+    return code
+
+
+def _run(p: dict, a) -> int:
     from parity.pipeline.inputs import load
 
     feeds = load(a.inputs)

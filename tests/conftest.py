@@ -148,6 +148,10 @@ def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), provide
     repo.run("dvc init -q")
     repo.run("dvc config hydra.enabled true")
     repo.run("dvc config core.autostage true")
+    # the project's cache link type (.dvc/config: links, not copies; README "Disk")
+    cache_type = re.search(r"^\[cache\]\n(?:\s+.*\n)*?\s+type = \"?([\w,]+)", (ROOT / ".dvc/config").read_text(), re.M)
+    if cache_type:
+        repo.run(["dvc", "config", "cache.type", cache_type.group(1)])
     repo.set_defaults(models=models, dtypes=dtypes, providers=providers)
     repo.edit("conf/config.yaml", "repeats: 10", "repeats: 2")
     if compose:

@@ -20,6 +20,23 @@ def build(arch: dict, seed: int):
     import torch
 
     torch.manual_seed(seed)
+    model = construct(arch)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for m in model.modules():
+            w = getattr(m, "weight", None)
+            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d)) and w is not None \
+                    and not torch.count_nonzero(w):
+                w.normal_(0.0, 0.02, generator=gen)
+    calib = arch.get("calibrate")
+    if calib:
+        _calibrate_bn(model, calib["shape"], seed)
+    return model.eval()
+
+
+def construct(arch: dict):
+    """The model of `arch`, as its source builds it (no seeding, no re-initialisation, no calibration):
+    under `torch.device("meta")` it allocates nothing (parity.memory sizes a model that way)."""
     source, name, kwargs = arch["source"], arch["name"], dict(arch.get("kwargs") or {})
     if source == "parity":
         from parity.models import zoo
@@ -44,17 +61,7 @@ def build(arch: dict, seed: int):
         model = getattr(importlib.import_module(mod), attr)(**kwargs)
     else:
         raise ValueError(f"unknown model source '{source}'")
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for m in model.modules():
-            w = getattr(m, "weight", None)
-            if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv1d)) and w is not None \
-                    and not torch.count_nonzero(w):
-                w.normal_(0.0, 0.02, generator=gen)
-    calib = arch.get("calibrate")
-    if calib:
-        _calibrate_bn(model, calib["shape"], seed)
-    return model.eval()
+    return model
 
 
 def _calibrate_bn(model, shape, seed: int) -> None:

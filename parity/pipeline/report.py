@@ -73,6 +73,22 @@ def _latency(cells: list[dict]) -> dict:
                                     "latency_ratio": c["latency_ratio"]} for c in cells}}
 
 
+def stage_peaks(p: dict, art: Path, cells: list[dict]) -> list[dict]:
+    """Every heavy stage run of the configured cells with its timing file (peak RSS, estimate:
+    parity.memory), in pipeline order; `timing` None when the file is missing (an older run)."""
+    def entry(stage: str, path: Path) -> dict:
+        return {"stage": stage, "timing": read_json(path) if path.exists() else None}
+
+    t = art / "timing"
+    models = list(dict.fromkeys(c["model"] for c in cells))
+    pairs = list(dict.fromkeys((c["model"], c["dtype"]) for c in cells))
+    rows = [entry(f"{s}@{m}", t / s / f"{m}.json") for m in models for s in ("export", "reference")]
+    rows += [entry(f"baseline@{m}-{d}", t / "baseline" / f"{m}-{d}.json") for m, d in pairs]
+    rows += [{"stage": f"capture@{c['key']}", "timing": c["timing"] or None} for c in cells]
+    rows += [entry(f"diff@{c['key']}", t / "diff" / f"{c['key']}.json") for c in cells]
+    return rows
+
+
 def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     """report.md, report.html, summary.json and latency.json under `out`; (summary, cells)."""
     cells = [cell_entry(p, art, model, dtype, provider) for model, dtype, provider in config.cells(p)]
@@ -93,10 +109,11 @@ def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     gens = generate_report.load(p, art)  # generation drift cells, when selected ({}: nothing added)
     if gens:
         summary["generate"] = {k: generate_report.entry(c) for k, c in gens.items()}
-    md = render.markdown(title, summary, cells, env, coverage, models, threads)
+    peaks = stage_peaks(p, art, cells)
+    md = render.markdown(title, summary, cells, env, coverage, models, threads, peaks)
     md = md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md
     write_text(out / "report.md", md + "\n".join(generate_report.markdown(gens)))
-    page = render.html_page(title, summary, cells, env, coverage, models, threads)
+    page = render.html_page(title, summary, cells, env, coverage, models, threads, peaks)
     write_text(out / "report.html", page.replace("</body>", fuzz_report.html_sections(camps, steps)
                                                  + generate_report.html_sections(gens) + "</body>", 1))
     write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
