@@ -23,13 +23,13 @@ recorded before and after each comparison (helpers from benchmarks/bench.py). No
            comparator is not built, so `--backend auto` uses its Python comparator (byte-identical
            JSON by its own tests). Without --export-validator this comparison is skipped.
 
-The scratch repo is a `git clone` of this checkout's HEAD (commit what you want measured), composed
+The scratch repo is a `git clone` of this checkout at --rev (default HEAD: commit what you want measured), composed
 to the one cell (`parity compose -S 'models=[resnet18]' -S 'dtypes=[fp32]' -S 'providers=[ort_cpu]'`)
 and run once (`dvc repro`) before timing. Everything lives in one temp folder, removed at the end
 unless --keep. PATH starts with this interpreter's bin dir, so `python` in dvc.yaml is this venv's.
 
     python benchmarks/peers.py [--runs 5] [--only capture,cold] [--export-validator PATH]
-                               [--ev-venv PATH] [--json OUT] [--keep] [--repo PATH] [--tmp DIR]
+                               [--ev-venv PATH] [--json OUT] [--keep] [--rev REV] [--repo PATH] [--tmp DIR]
 """
 
 from __future__ import annotations
@@ -113,12 +113,13 @@ def check_ran(out: str, expected: list[str], cmd: str) -> None:
         sys.exit(f"peers: `{cmd}` did not run {', '.join(missing)} (ran: {ran(out)}):\n{out[-2000:]}")
 
 
-def scratch_repo(repo: Path) -> Path:
-    """A clone of this checkout's HEAD (unless `repo` is one already) composed to the one cell, with
-    every stage run once."""
+def scratch_repo(repo: Path, rev: str) -> Path:
+    """A clone of this checkout at `rev` (unless `repo` is one already) composed to the one cell,
+    with every stage run once."""
     if not (repo / ".git").exists():
-        print(f"peers: cloning {HERE} (HEAD {head(HERE)}) into {repo}")
-        timed(["git", "clone", "-q", str(HERE), str(repo)], repo.parent, what="git clone")
+        print(f"peers: cloning {HERE} into {repo} at {rev}")
+        timed(["git", "clone", "-q", "--no-checkout", str(HERE), str(repo)], repo.parent, what="git clone")
+        timed(["git", "checkout", "-q", rev], repo, what=f"git checkout {rev} (a commit of {HERE})")
     else:
         print(f"peers: reusing {repo} (HEAD {head(repo)})")
     timed([str(Path(sys.executable).parent / "parity"), "compose", *COMPOSE], repo, what="parity compose")
@@ -243,6 +244,7 @@ def main() -> int:
                     "PATH/.venv; created and installed once if it cannot import export_validator)")
     ap.add_argument("--json", type=Path, help="also write every figure here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (repo, outputs) and print it")
+    ap.add_argument("--rev", default="HEAD", help="the commit of this checkout measured (default: %(default)s)")
     ap.add_argument("--repo", type=Path, help="reuse this scratch clone (cloned here if missing; never removed) "
                     "instead of a fresh one in the scratch folder")
     ap.add_argument("--tmp", type=Path, help="where the scratch folder is made (default: the system temp dir)")
@@ -265,7 +267,7 @@ def main() -> int:
           f"; {a.runs} pairs after 1 warm-up pair, interleaved; scratch {work}")
     try:
         bench.ENV["TMPDIR"] = str(work)
-        repo = scratch_repo(a.repo.resolve() if a.repo else work / "repo")
+        repo = scratch_repo(a.repo.resolve() if a.repo else work / "repo", a.rev)
         out["commit"] = head(repo)
         if "capture" in only:
             out["capture"] = bench_capture(repo, a.runs)
