@@ -121,15 +121,18 @@ def scratch_repo(repo: Path, rev: str) -> Path:
         timed(["git", "clone", "-q", "--no-checkout", str(HERE), str(repo)], repo.parent, what="git clone")
         timed(["git", "checkout", "-q", rev], repo, what=f"git checkout {rev} (a commit of {HERE})")
     else:
-        print(f"peers: reusing {repo} (HEAD {head(repo)})")
+        print(f"peers: reusing {repo} (HEAD {head(repo, dirty_note=False)})")
     timed([str(Path(sys.executable).parent / "parity"), "compose", *COMPOSE], repo, what="parity compose")
     t, _ = timed(["dvc", "repro"], repo, what="first dvc repro of the scratch repo")
     print(f"peers: composed to {CELL}; first `dvc repro` took {t:.1f} s")
     return repo
 
 
-def head(path: Path) -> str:
+def head(path: Path, dirty_note: bool = True) -> str:
+    """The commit checked out at `path` (a note if tracked files differ from it)."""
     r = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if not dirty_note:
+        return r.stdout.strip()
     dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True).stdout.strip()
     return r.stdout.strip() + (" (uncommitted changes not measured)" if dirty else "")
@@ -163,9 +166,9 @@ def bench_capture(repo: Path, runs: int) -> dict:
         return {b_key: t}
 
     res = bench.paired(runs, {"a": side_a, "b": side_b}, b_key)
-    res["commands"] = {"A": " ".join(a_cmd), "B": " ".join(b_cmd)}
     bench.table(f"1. {CELL} capture + diff through DVC vs Polygraphy's two-runner per-tensor run of the same "
                 "model.onnx (s, whole processes; ratio = A / B per pair)", res, "s", "ratio")
+    res["commands"] = {"A": " ".join(a_cmd), "B": " ".join(b_cmd)}
     print(f"  goal (issue 23): <= 1.5x; measured {res[a_key]['ratio']['median']:.2f}x")
     return res
 
@@ -225,10 +228,10 @@ def bench_cold(repo: Path, runs: int, checkout: Path, venv: Path, work: Path) ->
         return {b_key: t}
 
     res = bench.paired(runs, {"a": side_a, "b": side_b}, b_key)
-    res["commands"] = {"A": " ".join(a_cmd), "B": b_cmd, "stages_forced": expected}
-    res["export_validator"] = {"commit": head(checkout), "last_output": last.get("out", [])}
     bench.table(f"2. cold {CELL} ({len(expected)} stages forced) vs export-validator's pipeline on random "
                 "weights (s, whole processes; ratio = A / B per pair)", res, "s", "ratio")
+    res["commands"] = {"A": " ".join(a_cmd), "B": b_cmd, "stages_forced": expected}
+    res["export_validator"] = {"commit": head(checkout), "last_output": last.get("out", [])}
     print(f"  export-validator said: {' | '.join(l for l in last.get('out', []) if 'compared via' in l)}")
     print(f"  goal (issue 23): <= 2x; measured {res[a_key]['ratio']['median']:.2f}x")
     return res
@@ -268,7 +271,7 @@ def main() -> int:
     try:
         bench.ENV["TMPDIR"] = str(work)
         repo = scratch_repo(a.repo.resolve() if a.repo else work / "repo", a.rev)
-        out["commit"] = head(repo)
+        out["commit"] = head(repo, dirty_note=False)  # the scratch clone: params.yaml composed
         if "capture" in only:
             out["capture"] = bench_capture(repo, a.runs)
         if "cold" in only:
