@@ -176,7 +176,7 @@ def bench_capture(repo: Path, runs: int) -> dict:
 def ev_venv(checkout: Path, venv: Path) -> Path:
     """export-validator installed in a venv of its own (created once, reused), same torch versions."""
     py = venv / "bin" / "python"
-    if py.exists() and subprocess.run([str(py), "-c", "import export_validator, torchvision"],
+    if py.exists() and subprocess.run([str(py), "-c", "import export_validator, torch"],
                                       capture_output=True).returncode == 0:
         return py
     from importlib.metadata import version
@@ -199,7 +199,7 @@ def bench_cold(repo: Path, runs: int, checkout: Path, venv: Path, work: Path) ->
     env = {k: v for k, v in os.environ.items() if k not in ("EXPORT_VALIDATOR_BINARY", "PYTHONPATH")}
     env.update(TORCH_HOME=str(home), HF_HUB_OFFLINE="1")
     _, weights = timed([str(py), "-c", WEIGHTS, str(home), str(SEED)], work, env, "writing the random weights")
-    print(f"peers: export-validator {head(checkout)} in {venv}; random weights (seed {SEED}) at {weights.strip()}")
+    print(f"peers: export-validator {head(checkout, dirty_note=False)} in {venv}; random weights (seed {SEED}) at {weights.strip()}")
     onnx, lmap, rep = out_dir / f"{MODEL}.onnx", out_dir / f"{MODEL}_layer_map.json", out_dir / f"{MODEL}_fp32"
     shim = work / "ev_cli.py"
     shim.write_text(EV_CLI)
@@ -231,7 +231,7 @@ def bench_cold(repo: Path, runs: int, checkout: Path, venv: Path, work: Path) ->
     bench.table(f"2. cold {CELL} ({len(expected)} stages forced) vs export-validator's pipeline on random "
                 "weights (s, whole processes; ratio = A / B per pair)", res, "s", "ratio")
     res["commands"] = {"A": " ".join(a_cmd), "B": b_cmd, "stages_forced": expected}
-    res["export_validator"] = {"commit": head(checkout), "last_output": last.get("out", [])}
+    res["export_validator"] = {"commit": head(checkout, dirty_note=False), "last_output": last.get("out", [])}
     print(f"  export-validator said: {' | '.join(l for l in last.get('out', []) if 'compared via' in l)}")
     print(f"  goal (issue 23): <= 2x; measured {res[a_key]['ratio']['median']:.2f}x")
     return res
