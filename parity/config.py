@@ -74,6 +74,7 @@ DTYPE_MODES = {
     "autocast": ("float16", "bfloat16"),  # fp32 model under torch.autocast(dtype=`torch:`) (AMP)
     "int8_dynamic": ("float32",),      # int8 weights, activations quantized per call (ORT)
     "int8_static": ("float32",),       # int8 weights and calibrated activations (ORT QDQ, TensorRT)
+    "int4_weight": ("float32",),       # 4-bit block-quantized MatMul weights, float32 activations (ORT)
     "fp8": ("float32",),               # TensorRT FP8 builder flag
 }
 VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcell)
@@ -108,6 +109,9 @@ RUNNER_OPTIONS = {
         **_ORT_OPTIONS, "per_channel": bool, "weight_type": _QTYPES,
         "reduce_range": (lambda v: isinstance(v, bool) or v == "auto", "auto, true or false"),
         "activation_type": _QTYPES, "calibrate_method": ("MinMax", "Entropy", "Percentile")},
+    "parity.backends.ort_int4:OrtInt4Runner": {  # parity.backends.ort_int4 (defaults there)
+        **_ORT_OPTIONS, "block_size": (16, 32, 64, 128, 256), "accuracy_level": (0, 1, 2, 3, 4),
+        "is_symmetric": bool, "gemm_to_matmul": bool},
     "parity.backends.torch_cpu:TorchCpuRunner": {"device": ("cpu",)},
     "parity.backends.torch_cuda:TorchCudaRunner": {"device": _TORCH_DEVICE},
     "parity.backends.torch_compile:TorchCompileRunner": {
@@ -504,12 +508,12 @@ def _fuzz_train(p: dict) -> None:
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
-PLAN_MODES = ("cast", "autocast", "int8_dynamic", "int8_static")
+PLAN_MODES = ("cast", "autocast", "int8_dynamic", "int8_static", "int4_weight")
 
 
 def plan_dtypes(p: dict) -> list[str]:
     """Selected dtypes that get a plan@model-dtype-provider stage: with `analysis.plan: true`, the
-    reduced-precision ones (cast to float16/bfloat16, autocast, int8); else none, and dvc.yaml's plan
+    reduced-precision ones (cast to float16/bfloat16, autocast, int8, int4); else none, and dvc.yaml's plan
     matrix is empty (no plan stage exists)."""
     if (p.get("analysis") or {}).get("plan") is not True:
         return []

@@ -93,16 +93,19 @@ def buffer_bytes() -> int:
 
 class Writer:
     """Rows appended in file order, written as they arrive: buffered up to `budget` bytes of values
-    (store.buffer_bytes), then flushed as a row group. Use through `store.writer(path, metadata)`:
-    the file is published (renamed into place) only when the block ends without raising."""
+    (store.buffer_bytes), then flushed as a row group, onto a temp file beside `path`. publish()
+    renames it into place; abort() removes it (an interrupted process leaves at most the hidden
+    temp file, never a partial `path`: parity.io.atomic_path). `store.writer(path)` does either."""
 
-    def __init__(self, tmp: Path, metadata: dict[str, str] | None, budget: int | None = None):
-        self.tmp, self.metadata = tmp, metadata
+    def __init__(self, path: str | Path, metadata: dict[str, str] | None = None, budget: int | None = None):
+        self.path, self.metadata = Path(path), metadata
         self.budget = buffer_bytes() if budget is None else budget
         self.rows: list[tuple[Tensor, np.ndarray, np.dtype]] = []
         self.held = 0
         self.count = 0
         self._pq: pq.ParquetWriter | None = None
+        self._atomic = atomic_path(self.path)
+        self.tmp = self._atomic.__enter__()
 
     def add(self, t: Tensor) -> None:
         a = np.asarray(t.array)
@@ -126,28 +129,40 @@ class Writer:
             self._pq = pq.ParquetWriter(self.tmp, table.schema, **WRITE_OPTIONS)
         self._pq.write_table(table)
 
-    def close(self) -> None:
+    def publish(self) -> int:
+        """Write what is buffered and rename the file into place; the number of rows."""
         if self._pq is None:  # everything fit: one table, as store.write always wrote it
             pq.write_table(_table(self.rows, self.metadata), self.tmp, **WRITE_OPTIONS)
-            self.rows, self.held = [], 0
-            return
-        self.flush()
-        self._pq.close()
+        else:
+            self.flush()
+            self._pq.close()
+        self.rows, self.held = [], 0
+        self._atomic.__exit__(None, None, None)
+        return self.count
+
+    def abort(self) -> None:
+        """Drop everything: the temp file is removed, `path` is left as it was."""
+        if self._pq is not None:
+            self._pq.close()
+        self.rows, self.held = [], 0
+        err = _Aborted()
+        self._atomic.__exit__(_Aborted, err, None)
+
+
+class _Aborted(Exception):
+    pass
 
 
 @contextlib.contextmanager
 def writer(path: str | Path, metadata: dict[str, str] | None = None, budget: int | None = None):
-    """A Writer onto a temp file beside `path`, renamed onto `path` when the block ends without
-    raising (parity.io.atomic_path): an interrupted or failed stage publishes nothing."""
-    with atomic_path(path) as tmp:
-        w = Writer(tmp, metadata, budget)
-        try:
-            yield w
-        except BaseException:
-            if w._pq is not None:  # release the file; atomic_path removes it
-                w._pq.close()
-            raise
-        w.close()
+    """A Writer published when the block ends without raising, aborted when it raises."""
+    w = Writer(path, metadata, budget)
+    try:
+        yield w
+    except BaseException:
+        w.abort()
+        raise
+    w.publish()
 
 
 def write(path: str | Path, tensors: Iterable[Tensor], metadata: dict[str, str] | None = None) -> int:

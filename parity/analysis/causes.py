@@ -74,11 +74,12 @@ FORMATS = {
     "bf16": (2.0 ** -8, 3.3895313892515355e38),
     "fp8_e4m3": (2.0 ** -4, 448.0),
     "int8": (2.0 ** -8, FP32_MAX),  # graph I/O stays fp32; u relative to the quantized range
+    "int4": (2.0 ** -4, FP32_MAX),  # weight-only (int4_weight): u relative to each weight block's range
 }
 ALIASES = {
     "float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32", "float16": "fp16",
     "half": "fp16", "bfloat16": "bf16", "amp_fp16": "fp16", "amp_bf16": "bf16",
-    "int8_static": "int8", "int8_dynamic": "int8",
+    "int8_static": "int8", "int8_dynamic": "int8", "int4_weight": "int4",
 }
 PERM_NAMES = {
     (0, 1, 3, 2): "H<->W", (0, 2, 3, 1): "NCHW->NHWC", (0, 3, 1, 2): "NHWC->NCHW",

@@ -217,7 +217,8 @@ def own_records(own: dict, base_own: dict, gold: dict, u: float, lim: tuple, ref
 def cause_dtype(dtype_cfg: dict) -> str:
     """The number format parity.analysis.causes reasons about for a conf dtype."""
     mode = dtype_cfg.get("mode", "cast")
-    return {"int8_dynamic": "int8", "int8_static": "int8", "fp8": "fp8_e4m3", "tf32": "tf32"}.get(
+    return {"int8_dynamic": "int8", "int8_static": "int8", "int4_weight": "int4", "fp8": "fp8_e4m3",
+            "tf32": "tf32"}.get(
         mode, dtype_cfg.get("torch", "float32"))
 
 

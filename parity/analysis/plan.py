@@ -289,7 +289,11 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     warmup, repeats = int(cap.get("warmup", 0)), int(cap.get("repeats", 1))
     max_keep = int((p.get("analysis") or {}).get("max_keep", 16))
     all_units = units_for(cls.plan_items, Path(c.model_dir))
-    units = {k: v for k, v in all_units.items() if v}
+    scoped = {k: v for k, v in all_units.items() if v}
+    units = cls.plan_units(scoped, Path(c.model_dir), p["providers"][c.provider])
+    if scoped and not units:
+        raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no leaf module holds a node "
+                         f"{cls.__name__} runs at reduced precision ({cls.__name__}.plan_units)")
     if not units:
         raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no node carries {SCOPES} metadata "
                          f"naming a leaf module (export.exporter=legacy does not keep it; use dynamo)")
@@ -315,7 +319,7 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     if keep:
         mixed, lat["mixed"], ev.seconds["confirm"] = _confirm(cls, job, units, keep, feeds, refs, t, warmup, repeats)
     plan = {**head, "status": "OK", "items": cls.plan_items, "candidates": len(units),
-            "not_candidates": [k for k, v in all_units.items() if not v], "outcome": outcome,
+            "not_candidates": [k for k in all_units if k not in units], "outcome": outcome,
             "keep": keep, "keep_items": {k: units[k] for k in keep},
             "passes": bool(mixed["passes"]) if outcome != "fp32_fails" else False,
             "outputs": {"fp32": fp32, "full": full, "mixed": mixed}, "sensitivity": sens, "search": steps,
@@ -361,6 +365,11 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
     if plan.get("items") == "onnx_nodes" and mode.startswith("int8"):
         how = ("onnxruntime.quantization quantize_static / quantize_dynamic on model.onnx with the cell's "
                f"settings (providers.{plan['provider']}.options) and nodes_to_exclude=nodes_to_exclude")
+        doc["nodes_to_exclude"] = nodes
+    elif plan.get("items") == "onnx_nodes" and mode == "int4_weight":
+        how = ("onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer on model.onnx with the cell's "
+               f"settings (providers.{plan['provider']}.options; parity.backends.ort_int4.quantize) and "
+               "nodes_to_exclude=nodes_to_exclude")
         doc["nodes_to_exclude"] = nodes
     elif plan.get("items") == "onnx_nodes":
         how = ("parity.backends.ort_cpu.mixed_fp16(onnx.load('model.onnx'), node_block_list): onnxruntime's "

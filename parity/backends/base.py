@@ -200,6 +200,12 @@ class Runner:
     # model.onnx: ORT runners), or None (this backend cannot run a mixed model).
     plan_items: str | None = None
 
+    @classmethod
+    def plan_units(cls, units: dict[str, list[str]], model_dir: Path, provider_cfg: dict) -> dict[str, list[str]]:
+        """The plan's candidates ({leaf: items}) narrowed to what this backend's precision changes
+        (ort_int4: a leaf's weight MatMuls only); the others stay as they are."""
+        return units
+
     def mixed(self, reduced: bool, flip: Collection[str] = ()) -> None:
         """Prepare the plain model (what infer_plain runs) with every item at the cell's precision
         (reduced=True) or at float32 (reduced=False), except the items in `flip`, which take the other
