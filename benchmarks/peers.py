@@ -190,9 +190,6 @@ def ev_venv(checkout: Path, venv: Path) -> Path:
 
 
 def bench_cold(repo: Path, runs: int, checkout: Path, venv: Path, work: Path) -> dict:
-    if not (checkout / "src" / "export_validator" / "cli.py").is_file():
-        sys.exit(f"peers: --export-validator {checkout} is not an export-validator checkout "
-                 "(no src/export_validator/cli.py)")
     py = ev_venv(checkout, venv)
     home, out_dir = work / "torch-home", work / "ev-out"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -262,6 +259,9 @@ def main() -> int:
         only.remove("cold")
     if a.repo and a.repo.resolve() == HERE:
         sys.exit("peers: --repo must be a scratch clone, not this checkout (the benchmark forces stages there)")
+    if "cold" in only and not (a.export_validator / "src" / "export_validator" / "cli.py").is_file():
+        sys.exit(f"peers: --export-validator {a.export_validator} is not an export-validator checkout "
+                 "(no src/export_validator/cli.py)")
     if a.json:
         a.json = a.json.resolve()  # before anything changes directory
     work = Path(tempfile.mkdtemp(prefix="parity-peers-", dir=a.tmp))
