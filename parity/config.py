@@ -493,7 +493,7 @@ def check_import_model(where: str, name, declared=None) -> None:
     except imports.NotAllowed as e:
         raise ConfigError(str(e)) from None
     mod, _, attr = str(name).partition(":")
-    if not mod or not attr or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", attr):
+    if not mod or not attr or not attr.isidentifier():
         raise ConfigError(f"{where}: expected 'package.module:callable', got {name!r}")
     top = mod.split(".")[0]
     if top in sys.stdlib_module_names or top in sys.builtin_module_names or top in ("parity", "stages"):
@@ -592,9 +592,25 @@ def load(path: str | Path = PARAMS_FILE) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: not found (compose it from conf/ with `parity compose` or `dvc exp run`)")
-    with open(path) as f:
-        p = yaml.safe_load(f) or {}
+    try:
+        p = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_error(e, path)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not isinstance(p, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got a {type(p).__name__}")
     return validate(p)
+
+
+def yaml_error(e, file) -> str:
+    """`FILE:LINE:COL: YAML error: problem (context)` on one line, as compose says it (a tag such as
+    !!python/object is an error: parity reads YAML with the safe loader)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else str(file)
+    what = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    ctx = getattr(e, "context", None)
+    return f"{where}: YAML error: {what}" + (f" ({ctx})" if ctx else "")
 
 
 def cells(p: dict) -> list[tuple[str, str, str]]:

@@ -42,6 +42,8 @@ def build(arch: dict, seed: int):
 
         mod, _, attr = name.partition(":")
         model = getattr(importlib.import_module(mod), attr)(**kwargs)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"'{name}' returned a {type(model).__name__}, not a torch.nn.Module")
     else:
         raise ValueError(f"unknown model source '{source}'")
     gen = torch.Generator().manual_seed(seed + 1)
