@@ -171,6 +171,8 @@ def _json_flag(c: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from parity.ui import at_least
+
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"parity {_version()}")
@@ -231,7 +233,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
     c.add_argument("override", nargs="+",
                    help="Hydra overrides in DVC's sweep grammar, e.g. 'dtypes=fp32,fp16' 'models=[mlp],[resnet18]'")
-    c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")
+    c.add_argument("-j", "--jobs", type=at_least(1), default=1, help="queue workers (default 1)")
     _json_flag(c)
     c.set_defaults(fn=_sweep)
     c = sub.add_parser("completion", help="print a shell completion script: eval \"$(parity completion bash)\"")

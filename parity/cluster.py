@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from parity import parallel
+from parity.ui import at_least
 from parity.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
 
 RES = "provider:"
@@ -139,7 +140,7 @@ def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
     where.add_argument("--resources", action="store_true",
                        help="only print this node's resources as JSON (for `ray start --resources`)")
     ap.add_argument("--workdir", help="where this node's checkouts live (default ~/.cache/parity/cluster/<node>)")
-    ap.add_argument("--num-cpus", type=int, help="cells this node runs at once (default: Ray's CPU count)")
+    ap.add_argument("--num-cpus", type=at_least(1), help="cells this node runs at once (default: Ray's CPU count)")
     ap.add_argument("--root", default=".", help="the project checkout whose conf/providers to probe (default .)")
     ap.set_defaults(fn=worker_main)
 

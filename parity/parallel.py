@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from parity import paths
+from parity.ui import at_least
 
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
@@ -529,7 +530,7 @@ def _stale(root: Path, stages: list[str]) -> set[str] | None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The `parity repro` options (for parity/cli.py to reuse)."""
-    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("-j", "--jobs", type=at_least(1), default=os.cpu_count() or 1,
                     help="cells run at once (default: number of CPUs)")
     ap.add_argument("--provider", action="append", default=[], metavar="P", help="only cells of provider P (repeatable)")
     ap.add_argument("--model", action="append", default=[], metavar="M", help="only cells of model M (repeatable)")
