@@ -205,6 +205,9 @@ def parser() -> argparse.ArgumentParser:
     parallel.add_arguments(c)
     c.add_argument("--cluster", metavar="ADDRESS", help="run the cells on a Ray cluster (`auto`: the local "
                    "instance); needs parity[cluster] and a DVC remote every node reaches (docs/cluster.md)")
+    from parity.cluster import add_timeout_argument
+
+    add_timeout_argument(c)
     c.set_defaults(fn=_repro)
     c = sub.add_parser("worker", help="join a Ray cluster advertising this node's providers (parity[cluster])")
     from parity.cluster import add_worker_arguments
