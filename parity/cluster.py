@@ -402,7 +402,11 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
             os.environ[CLUSTER_UNAVAILABLE_ENV] = json.dumps(unavailable, sort_keys=True)
         else:
             os.environ.pop(CLUSTER_UNAVAILABLE_ENV, None)
-        return _drive(pl, root, commit, bundle, unavailable, report, out)
+        with parallel.repo_lock(root):
+            return _drive(pl, root, commit, bundle, unavailable, report, out)
+    except parallel.Locked as e:
+        print(f"parity: repro --cluster: {e}", file=out, flush=True)
+        return parallel.Result(2)
     finally:
         if old is None:
             os.environ.pop(CLUSTER_UNAVAILABLE_ENV, None)
