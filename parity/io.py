@@ -76,9 +76,42 @@ def write_json(path: str | Path, obj, sort_keys: bool = True) -> None:
     write_text(path, dumps(obj, sort_keys=sort_keys))
 
 
+class Corrupt(ValueError):
+    """An artifact that does not parse (a bad checkout, a corrupt DVC cache object, a hand edit)."""
+
+
+def corrupt(path: str | Path, err: Exception) -> Corrupt:
+    """The one-line error for a corrupt artifact: the file, the parser's message, how to recover."""
+    why = " ".join(str(err).split()) or type(err).__name__
+    stage = _stage_writing(str(path))
+    rerun = f"`dvc repro -f -s {stage}`" if stage else "`dvc repro -f -s <the stage that writes it>`"
+    return Corrupt(f"corrupt: {path}: {why}; restore it with `dvc checkout {path}`, or if the cache copy is "
+                   f"corrupt too (`dvc checkout` gives the same bytes), remove it and re-run its stage: {rerun}")
+
+
+def _stage_writing(path: str) -> str | None:
+    """The dvc.lock stage that has `path` (or a folder holding it) as an output, or None."""
+    import yaml
+
+    try:
+        lock = yaml.safe_load(Path("dvc.lock").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    p = Path(path).as_posix()
+    for name, st in (lock.get("stages") or {}).items():
+        for o in (st or {}).get("outs") or []:
+            out = str(o.get("path", "")) if isinstance(o, dict) else ""
+            if out and (p == out or p.startswith(out.rstrip("/") + "/")):
+                return name
+    return None
+
+
 def read_json(path: str | Path):
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise corrupt(path, e) from None
 
 
 def exit_now(code: int) -> None:
