@@ -12,6 +12,7 @@ causes they explain per failing layer) and layers.csv (DVC plot data).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from parity import config
@@ -29,11 +30,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    from parity.io import Corrupt
     from parity.pipeline.diff import diff_and_write
 
-    print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
-                         Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
-                         Path(a.out)))
+    try:
+        print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
+                             Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
+                             Path(a.out)))
+    except Corrupt as e:  # a capture/reference Parquet that does not parse: named, with how to recover it
+        print(f"diff@{a.model}-{a.dtype}-{a.provider}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
