@@ -83,6 +83,10 @@ class Corrupt(ValueError):
 def corrupt(path: str | Path, err: Exception) -> Corrupt:
     """The one-line error for a corrupt artifact: the file, the parser's message, how to recover."""
     why = " ".join(str(err).split()) or type(err).__name__
+    try:  # as the user types it: relative to the repository root (stages and the CLI run there)
+        path = Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
     stage = _stage_writing(str(path))
     rerun = f"`dvc repro -f -s {stage}`" if stage else "`dvc repro -f -s <the stage that writes it>`"
     return Corrupt(f"corrupt: {path}: {why}; restore it with `dvc checkout {path}`, or if the cache copy is "
