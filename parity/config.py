@@ -147,7 +147,7 @@ def _num(where: str, v, lo=None, hi=None, integer=False) -> None:
     ok = isinstance(v, numbers.Integral) if integer else isinstance(v, numbers.Real)
     if not ok or isinstance(v, bool):
         raise ConfigError(f"{where}: expected {'an integer' if integer else 'a number'}, got {v!r}")
-    if not math.isfinite(v):
+    if isinstance(v, float) and not math.isfinite(v):
         raise ConfigError(f"{where}: expected a finite number, got {v!r}")
     if lo is not None and v < lo or hi is not None and v > hi:
         rng = f"[{lo}, {hi}]" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
@@ -375,7 +375,8 @@ def _input_budget(where: str, m: dict, inputs: dict) -> None:
     if got > cap * 2**30:
         one = ", ".join(f"{s['name']} {s['shape']} {s.get('dtype', 'float32')}"
                         for s in inputspec.specs_for(m, inputspec.export_label(m)))
-        raise ConfigError(f"{where}: its inputs would take {got / 2**30:.1f} GiB ({n} samples of {one}"
+        gib = f"{got / 2**30:.1f}" if got < 2**1000 else f"~2^{got.bit_length() - 30}"
+        raise ConfigError(f"{where}: its inputs would take {gib} GiB ({n} samples of {one}"
                           f"{f' + {c} calibration' if c else ''}), over the {cap:g} GiB cap: lower "
                           f"inputs.samples or {where}.input shapes (or set PARITY_MAX_INPUT_GIB)")
 
