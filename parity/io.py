@@ -94,19 +94,22 @@ def corrupt(path: str | Path, err: Exception) -> Corrupt:
 
 
 def _stage_writing(path: str) -> str | None:
-    """The dvc.lock stage that has `path` (or a folder holding it) as an output, or None."""
+    """The stage that has `path` (or a folder holding it) as an output: from dvc.lock, else a stage of
+    dvc.yaml whose outs name it literally (no ${} template); None when neither says."""
     import yaml
 
-    try:
-        lock = yaml.safe_load(Path("dvc.lock").read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        return None
     p = Path(path).as_posix()
-    for name, st in (lock.get("stages") or {}).items():
-        for o in (st or {}).get("outs") or []:
-            out = str(o.get("path", "")) if isinstance(o, dict) else ""
-            if out and (p == out or p.startswith(out.rstrip("/") + "/")):
-                return name
+    for f in ("dvc.lock", "dvc.yaml"):
+        try:
+            doc = yaml.safe_load(Path(f).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        for name, st in (doc.get("stages") or {}).items():
+            st = st if isinstance(st, dict) else {}
+            for o in [*(st.get("outs") or []), *(st.get("metrics") or []), *(st.get("plots") or [])]:
+                out = str(o.get("path", "") if f == "dvc.lock" else next(iter(o))) if isinstance(o, dict) else str(o)
+                if out and "${" not in out and (p == out or p.startswith(out.rstrip("/") + "/")):
+                    return name
     return None
 
 
