@@ -171,6 +171,8 @@ def _json_flag(c: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from parity.ui import at_least
+
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"parity {_version()}")
@@ -203,6 +205,9 @@ def parser() -> argparse.ArgumentParser:
     parallel.add_arguments(c)
     c.add_argument("--cluster", metavar="ADDRESS", help="run the cells on a Ray cluster (`auto`: the local "
                    "instance); needs parity[cluster] and a DVC remote every node reaches (docs/cluster.md)")
+    from parity.cluster import add_timeout_argument
+
+    add_timeout_argument(c)
     c.set_defaults(fn=_repro)
     c = sub.add_parser("worker", help="join a Ray cluster advertising this node's providers (parity[cluster])")
     from parity.cluster import add_worker_arguments
@@ -231,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("sweep", help="queue one DVC experiment per combination and tabulate them")
     c.add_argument("override", nargs="+",
                    help="Hydra overrides in DVC's sweep grammar, e.g. 'dtypes=fp32,fp16' 'models=[mlp],[resnet18]'")
-    c.add_argument("-j", "--jobs", type=int, default=1, help="queue workers (default 1)")
+    c.add_argument("-j", "--jobs", type=at_least(1), default=1, help="queue workers (default 1)")
     _json_flag(c)
     c.set_defaults(fn=_sweep)
     c = sub.add_parser("completion", help="print a shell completion script: eval \"$(parity completion bash)\"")

@@ -50,6 +50,7 @@ from typing import Sequence, TextIO
 
 from parity import parallel
 from parity.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
+from parity.ui import at_least
 
 RES = "provider:"
 GPU_RES = "gpu:"
@@ -114,6 +115,11 @@ def node_resources(root: Path | str = ".") -> tuple[dict[str, float], dict[str, 
 
 def worker_main(args: argparse.Namespace) -> int:
     """`parity worker`: print this node's resources, or `ray start` with them (joining --address)."""
+    why = reachable(args.address, args.connect_timeout) if args.address else None
+    if why:
+        print(f"parity worker: no Ray head answers at {args.address!r}: {why}; start one with `parity worker "
+              "--head` there (--connect-timeout S to wait longer)", file=sys.stderr)
+        return 2
     res, missing = node_resources(args.root)
     if args.resources:
         print(json.dumps(res, sort_keys=True))
@@ -132,6 +138,11 @@ def worker_main(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def add_timeout_argument(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, metavar="S",
+                    help="seconds to wait for the Ray head to answer (default %(default)s)")
+
+
 def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--address", help="the Ray head to join, e.g. 10.0.0.1:6379")
@@ -139,8 +150,9 @@ def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
     where.add_argument("--resources", action="store_true",
                        help="only print this node's resources as JSON (for `ray start --resources`)")
     ap.add_argument("--workdir", help="where this node's checkouts live (default ~/.cache/parity/cluster/<node>)")
-    ap.add_argument("--num-cpus", type=int, help="cells this node runs at once (default: Ray's CPU count)")
+    ap.add_argument("--num-cpus", type=at_least(1), help="cells this node runs at once (default: Ray's CPU count)")
     ap.add_argument("--root", default=".", help="the project checkout whose conf/providers to probe (default .)")
+    add_timeout_argument(ap)
     ap.set_defaults(fn=worker_main)
 
 
@@ -304,13 +316,33 @@ def _bundle(root: Path) -> tuple[str, bytes]:
         return commit, Path(f"{d}/b.bundle").read_bytes()
 
 
-def connect(address: str, root: Path) -> None:
+CONNECT_TIMEOUT_S = 5.0  # how long `repro --cluster` / `worker --address` wait for the head to answer
+
+
+def reachable(address: str, timeout: float) -> str | None:
+    """None if a TCP connection to the Ray head `address` (host:port, ray://host:port; port 6379 when
+    none is given) opens within `timeout` seconds, else why not: Ray itself retries for minutes."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    host, port = (host, port) if sep and port.isdigit() else (hostport, "6379")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or type(e).__name__} (waited at most {timeout:g}s)"
+
+
+def connect(address: str, root: Path, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """ray.init: `auto` joins the local instance (`ray start`) or starts one that advertises this
-    machine's providers; anything else is a Ray address."""
+    machine's providers; anything else is a Ray address, which must answer within `timeout` s."""
     import ray
 
     quiet = dict(log_to_driver=False, logging_level="WARNING", configure_logging=True)
     if address != "auto":
+        why = reachable(address, timeout)
+        if why:
+            raise ClusterError(f"no Ray head answers: {why}; start one (`parity worker --head`) or pass its "
+                               "address (--connect-timeout S to wait longer)")
         ray.init(address=address, **quiet)
         return
     try:
@@ -337,7 +369,8 @@ def _provider(cell: str) -> str:
 
 
 def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] = (), dtypes: Sequence[str] = (),
-          root: Path | str = ".", report: bool | None = None, progress: TextIO | None = None) -> parallel.Result:
+          root: Path | str = ".", report: bool | None = None, progress: TextIO | None = None,
+          connect_timeout: float = CONNECT_TIMEOUT_S) -> parallel.Result:
     """`parity repro --cluster ADDRESS`: see the module docstring. Returns parallel.Result (returncode
     0 / 1 a cell or stage failed / 2 bad selection or setup / 130 Ctrl-C)."""
     out = progress if progress is not None else sys.stderr
@@ -357,9 +390,9 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
     import ray
 
     try:
-        connect(address, root)
+        connect(address, root, connect_timeout)
     except Exception as e:  # noqa: BLE001 (Ray raises several kinds: all mean no cluster)
-        print(f"parity: repro --cluster: cannot reach Ray at {address!r}: {e}", file=out)
+        print(f"parity: repro --cluster: cannot reach Ray at {address!r}: {' '.join(str(e).split())}", file=out)
         return parallel.Result(2)
     old = os.environ.get(CLUSTER_UNAVAILABLE_ENV)
     try:
@@ -369,7 +402,11 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
             os.environ[CLUSTER_UNAVAILABLE_ENV] = json.dumps(unavailable, sort_keys=True)
         else:
             os.environ.pop(CLUSTER_UNAVAILABLE_ENV, None)
-        return _drive(pl, root, commit, bundle, unavailable, report, out)
+        with parallel.repo_lock(root):
+            return _drive(pl, root, commit, bundle, unavailable, report, out)
+    except parallel.Locked as e:
+        print(f"parity: repro --cluster: {e}", file=out, flush=True)
+        return parallel.Result(2)
     finally:
         if old is None:
             os.environ.pop(CLUSTER_UNAVAILABLE_ENV, None)
@@ -563,4 +600,4 @@ def _finish(res: parallel.Result, t0: float, out: TextIO) -> parallel.Result:
 
 def run_from_args(args: argparse.Namespace) -> int:
     return repro(args.cluster, providers=args.provider, models=args.model, dtypes=args.dtype,
-                 report=args.report).returncode
+                 report=args.report, connect_timeout=args.connect_timeout).returncode

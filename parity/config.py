@@ -8,7 +8,9 @@ fails before any stage runs. Errors name the bad key and list the valid choices.
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
+import os
 import re
 from pathlib import Path
 
@@ -60,6 +62,7 @@ SECTION_KEYS = {
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
+MAX_INPUT_GIB = 4  # a model's input arrays (inputs.samples x shapes): more is refused at compose
 ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
 # `arch.head` of an hf model: base (AutoModel, the default) or causal_lm (AutoModelForCausalLM: lm_head,
 # logits out); the keys of parity/models/hf.py's HEADS
@@ -147,6 +150,8 @@ def _num(where: str, v, lo=None, hi=None, integer=False) -> None:
     ok = isinstance(v, numbers.Integral) if integer else isinstance(v, numbers.Real)
     if not ok or isinstance(v, bool):
         raise ConfigError(f"{where}: expected {'an integer' if integer else 'a number'}, got {v!r}")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"{where}: expected a finite number, got {v!r}")
     if lo is not None and v < lo or hi is not None and v > hi:
         rng = f"[{lo}, {hi}]" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
         raise ConfigError(f"{where}: {v!r} is out of range (valid: {rng})")
@@ -234,6 +239,7 @@ def validate(p: dict) -> dict:
     _derived(p)
     for name, m in p["models"].items():
         _model(f"models.{name}", m)
+        _input_budget(f"models.{name}", m, p.get("inputs", {}))
     if p.get("suites"):
         _suites(p)
     return p
@@ -319,7 +325,8 @@ def _model(where: str, m: dict) -> None:
         _onnx_arch(f"{where}.arch", arch)
         arch = {**arch, "name": ""}
     else:
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate", "head"}, required=("source", "name"))
+        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate", "head", "import"},
+                    required=("source", "name"))
     if "calibrate" in arch:
         c = arch["calibrate"]
         _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
@@ -331,7 +338,10 @@ def _model(where: str, m: dict) -> None:
         raise ConfigError(f"{where}.arch.name: unknown parity model '{arch['name']}'. "
                           f"Valid: {_choices(parity_zoo())}")
     if arch["source"] == "import":
-        check_import_model(f"{where}.arch.name", arch["name"])
+        check_import_model(f"{where}.arch.name", arch["name"], arch.get("import"))
+    elif "import" in arch:
+        raise ConfigError(f"{where}.arch.import: only for arch.source: import (it declares the package "
+                          f"of a model of your own), not source {arch['source']}")
     if "head" in arch:
         if arch["source"] != "hf":
             raise ConfigError(f"{where}.arch.head: only an hf model has a head (source is '{arch['source']}')")
@@ -354,6 +364,25 @@ def _model(where: str, m: dict) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _tolerance_rules(where, m.get("tolerances"))
+
+
+def _input_budget(where: str, m: dict, inputs: dict) -> None:
+    """The model's input arrays must fit in memory with room to spare: refused above
+    PARITY_MAX_INPUT_GIB (default 4) before any stage runs (and before DVC removes outputs)."""
+    try:
+        cap = float(os.environ.get("PARITY_MAX_INPUT_GIB") or MAX_INPUT_GIB)
+    except ValueError:
+        raise ConfigError(f"PARITY_MAX_INPUT_GIB: expected a number of GiB, got "
+                          f"{os.environ['PARITY_MAX_INPUT_GIB']!r}") from None
+    n, c = inputs.get("samples", 1), inputs.get("calibration", 0)
+    got = inputspec.nbytes(m, n, c)
+    if got > cap * 2**30:
+        one = ", ".join(f"{s['name']} {s['shape']} {s.get('dtype', 'float32')}"
+                        for s in inputspec.specs_for(m, inputspec.export_label(m)))
+        gib = f"{got / 2**30:.1f}" if got < 2**1000 else f"~2^{got.bit_length() - 30}"
+        raise ConfigError(f"{where}: its inputs would take {gib} GiB ({n} samples of {one}"
+                          f"{f' + {c} calibration' if c else ''}), over the {cap:g} GiB cap: lower "
+                          f"inputs.samples or {where}.input shapes (or set PARITY_MAX_INPUT_GIB)")
 
 
 def _tolerance_rules(where: str, rules) -> None:
@@ -453,16 +482,38 @@ def _onnx_arch(where: str, arch: dict) -> None:
                           f"{Path.cwd()}); track it with git or `dvc add`")
 
 
-def check_import_model(where: str, name) -> None:
-    """An `arch.source: import` model names 'package.module:callable' whose module is a source file
-    under the repo root or sys.path. Located without importing anything (validation never runs user
-    code); its files are what the env stage hashes into the model's code dependency (parity.codedeps)."""
+def check_import_model(where: str, name, declared=None) -> None:
+    """An `arch.source: import` model names 'package.module:callable' (code that builds an nn.Module)
+    whose module is a source file under the repo root, or under a package the model declares with
+    `arch.import: <package>` (an installed one); never the standard library, builtins or parity's own
+    modules. Located without importing anything (validation never runs user code); its files are what
+    the env stage hashes into the model's code dependency (parity.codedeps)."""
+    import sys
+
+    from parity import imports
+
+    base = where.rpartition(".")[0]
+    try:
+        pkgs = imports.declared(declared, f"{base}.import")
+    except imports.NotAllowed as e:
+        raise ConfigError(str(e)) from None
     mod, _, attr = str(name).partition(":")
-    if not mod or not attr:
+    if not mod or not attr or not attr.isidentifier():
         raise ConfigError(f"{where}: expected 'package.module:callable', got {name!r}")
-    if codedeps.find_module(mod, codedeps.search_roots()) is None:
+    top = mod.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top in ("parity", "stages"):
+        what = "parity's own code (use arch.source: parity)" if top in ("parity", "stages") else \
+            "the Python standard library"
+        raise ConfigError(f"{where}: '{mod}' is {what}, not a model: arch.source: import names a callable "
+                          f"that returns an nn.Module, in a module of this repository or a declared package")
+    roots = codedeps.search_roots()
+    found = codedeps.find_module(mod, roots)
+    if found is None:
         raise ConfigError(f"{where}: cannot find module '{mod}': no {codedeps.searched(mod)} in the repo root "
                           f"({Path.cwd()}) or on sys.path")
+    if found[0] != roots[0] and not any(mod == d or mod.startswith(d + ".") for d in pkgs):
+        raise ConfigError(f"{where}: '{mod}' ({found[1]}) is not in this repository: a model of an installed "
+                          f"package is code to run: declare it with `import: {top}` in {base}")
 
 
 def _analysis(p: dict) -> None:
@@ -570,9 +621,25 @@ def load(path: str | Path = PARAMS_FILE) -> dict:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: not found (compose it from conf/ with `parity compose` or `dvc exp run`)")
-    with open(path) as f:
-        p = yaml.safe_load(f) or {}
+    try:
+        p = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_error(e, path)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not isinstance(p, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys, got a {type(p).__name__}")
     return validate(p)
+
+
+def yaml_error(e, file) -> str:
+    """`FILE:LINE:COL: YAML error: problem (context)` on one line, as compose says it (a tag such as
+    !!python/object is an error: parity reads YAML with the safe loader)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else str(file)
+    what = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    ctx = getattr(e, "context", None)
+    return f"{where}: YAML error: {what}" + (f" ({ctx})" if ctx else "")
 
 
 def cells(p: dict) -> list[tuple[str, str, str]]:

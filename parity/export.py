@@ -174,12 +174,21 @@ def input_error(model, example) -> str | None:
     line of its error (a shape the model cannot take is a config error, not an export failure)."""
     import torch
 
+    from parity.models.layers import flatten
+
     try:
         with torch.no_grad():
-            model(*example)
+            out = model(*example)
     except Exception as e:  # any error of the model's own forward on these inputs
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if out is None:
+        return NO_OUTPUT + "None"
+    if not flatten(out):
+        return NO_OUTPUT + f"no tensor (a {type(out).__name__})"
     return None
+
+
+NO_OUTPUT = "forward returned "  # input_error's message for a forward with nothing to compare
 
 
 def export_checked(model, example, input_names, out: Path, exporter: str, opset: int, dynamic=None):

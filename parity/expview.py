@@ -31,6 +31,7 @@ import sys
 from datetime import datetime
 
 from parity import metrics as layout
+from parity.ui import at_least
 
 GROUPS = ("models", "dtypes", "providers", "suites")  # conf/<group>/ multi-select: {option: {...}}
 # computed at compose time from the groups and other params (hydra_plugins): never a choice of its own
@@ -40,7 +41,7 @@ MISSING = "-"
 
 
 def add_arguments(ap) -> None:
-    ap.add_argument("-n", "--num", type=int, default=1, help="commits back from --rev whose experiments to show")
+    ap.add_argument("-n", "--num", type=at_least(1), default=1, help="commits back from --rev whose experiments to show")
     ap.add_argument("--rev", help="show experiments derived from this commit (default HEAD)")
     ap.add_argument("-A", "--all-commits", action="store_true", help="experiments of every commit")
     ap.add_argument("--all-params", action="store_true", help="every param, not only those that differ")

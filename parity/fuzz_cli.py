@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from parity import config, io
+from parity.ui import at_least
 from parity.analysis import fuzz, fuzz_campaign as fc
 from parity.suites import spec
 
@@ -60,18 +61,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("suite", help="suite name (conf/suites/<name>.yaml) or a suite file")
     ap.add_argument("--dtype", required=True)
     ap.add_argument("--provider", required=True)
-    ap.add_argument("--cases", type=int, help="cases in the campaign (fuzz.cases)")
+    ap.add_argument("--cases", type=at_least(1), help="cases in the campaign (fuzz.cases)")
     ap.add_argument("--seed", type=int, help="campaign seed (fuzz.seed)")
     ap.add_argument("--op", action="append", help="fuzz only suite cases matching this fnmatch pattern (repeatable)")
     ap.add_argument("--nonfinite", action="store_true", help="also draw NaN/Inf inputs")
     ap.add_argument("--no-empty", action="store_true", help="never draw size-0 dims")
-    ap.add_argument("--max-numel", type=int, help="largest tensor a case may have (elements)")
-    ap.add_argument("--workers", type=int)
+    ap.add_argument("--max-numel", type=at_least(1), help="largest tensor a case may have (elements)")
+    ap.add_argument("--workers", type=at_least(1))
     ap.add_argument("--timeout", type=float, help="per-case limit in seconds")
     ap.add_argument("--out", help="campaign directory (default parity-fuzz/<suite>-<dtype>-<provider>)")
-    ap.add_argument("--list", type=int, default=20, help="failures to print (all are in failures.parquet)")
+    ap.add_argument("--list", type=at_least(0), default=20, help="failures to print (all are in failures.parquet)")
     ap.add_argument("--reproduce", metavar="ID|SEED", help="replay one case and print its mismatch")
-    ap.add_argument("--repeat", type=int, default=2, help="--reproduce: runs, each in a fresh worker")
+    ap.add_argument("--repeat", type=at_least(1), default=2, help="--reproduce: runs, each in a fresh worker")
     ap.add_argument("--minimise", "--minimize", dest="minimise", metavar="ID|SEED",
                     help="shrink a failing case and write it as a suite YAML file")
     ap.add_argument("--yaml", help="--minimise: where to write the suite file (default <out>/<name>.yaml)")

@@ -19,9 +19,11 @@ exit code, so CI can gate on it.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from parity import metrics, status
 
@@ -130,6 +132,8 @@ def _rev_metrics(rev: str, files: dict, root: str, remote: str | None) -> dict:
     cells, missing = {}, []
     for cell, d in sorted(files.items()):
         path = cell if "/" in cell else metrics.cell_path(cell)
+        if "error" in d and _corrupt(d["error"]):
+            raise MetricsUnavailable(_corrupt_message(rev, path, d["error"]))
         if "error" in d:
             missing.append((path, cell.rsplit("/", 2)[-2] if "/" in cell else cell))
         else:
@@ -151,6 +155,27 @@ def _rev_metrics(rev: str, files: dict, root: str, remote: str | None) -> dict:
         raise MetricsUnavailable(f"no cell metrics at {rev} (artifacts/diff/*/metrics.json): it declares "
                                  f"no diff stage")
     return cells
+
+
+def _corrupt(err) -> bool:
+    """A metrics file DVC found but could not parse (not a missing one)."""
+    from dvc.utils.serialize import ParseError
+
+    return isinstance(err, ParseError)
+
+
+def _corrupt_message(rev: str, path: str, err) -> str:
+    from parity.io import corrupt
+
+    if rev != WORKSPACE:
+        return (f"corrupt: {path} at {rev}: {_first_line(err.__cause__ or err)}; the cached copy does not "
+                f"parse: remove it from the cache and re-fetch it (`dvc fetch -r <remote> --all-commits`), "
+                f"or re-run that revision's pipeline")
+    try:  # the parser's own words (DVC's error says only "structure is corrupted")
+        json.loads(Path(path).read_text())
+    except (ValueError, OSError) as e:
+        return str(corrupt(path, e))
+    return str(corrupt(path, err))
 
 
 def _dvc_repo(cwd: str):
@@ -179,6 +204,10 @@ def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[
         with _dvc_repo(cwd) as repo:
             shown = repo.metrics.show(revs=[rev_a, rev_b], hide_workspace=rev_b != WORKSPACE)
             root, remote = repo.root_dir, repo.config["core"].get("remote")
+            for rev in (rev_a, rev_b):  # a summary.json that does not parse: said first, whatever else
+                for path, d in (_shown(shown, rev).get("data") or {}).items():
+                    if "error" in d and _corrupt(d["error"]):
+                        raise MetricsUnavailable(_corrupt_message(rev, path, d["error"]))
             for rev in (rev_a, rev_b):
                 files, named = _cells_of(rev, _shown(shown, rev))
                 if named:

@@ -43,6 +43,9 @@ def load_file(spec: dict, arch: dict, n: int):
         raise
     except Exception as e:  # numpy/pyarrow's own message says what is wrong with the file
         raise InputError(f"{where}: cannot read it: {type(e).__name__}: {e}") from e
+    if a.dtype.kind not in "biuf":  # strings, objects, complex, dates: not an input tensor
+        raise InputError(f"{where}: array of dtype {a.dtype} ({_KINDS.get(a.dtype.kind, 'not numbers')}); "
+                         f"expected numbers for a {spec.get('dtype', 'float32')} input")
     shape = tuple(spec["shape"])
     if a.shape == shape:
         a = a[None]
@@ -53,6 +56,10 @@ def load_file(spec: dict, arch: dict, n: int):
         raise InputError(f"{where}: holds {a.shape[0]} samples, inputs.samples asks for {n}")
     dt = np.dtype(spec.get("dtype", "float32"))
     a = a[:n]
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+        raise InputError(f"{where}: {bad} non-finite values (NaN/Inf) in the {n} samples used; parity compares "
+                         "finite inputs: replace them in the file")
     if dt.kind in "iu":
         if a.dtype.kind == "f" and not np.array_equal(a, np.round(a)):
             raise InputError(f"{where}: non-integer values for an {dt} input")
@@ -62,6 +69,10 @@ def load_file(spec: dict, arch: dict, n: int):
             raise InputError(f"{where}: values span [{lo}, {hi}], outside [0, {bound}) "
                              f"({'the vocabulary: arch.kwargs.vocab_size' if spec.get('high') is None else 'high'})")
     return np.ascontiguousarray(a.astype(dt))
+
+
+_KINDS = {"U": "strings", "S": "bytes", "O": "Python objects", "c": "complex numbers", "M": "dates",
+          "m": "time deltas", "V": "records"}
 
 
 def _read_array(path: Path, key: str):

@@ -83,6 +83,23 @@ def export_label(m: dict) -> str | None:
     return max(labels(m), key=lambda lab: (numel(lab), -labels(m).index(lab)))
 
 
+ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2}
+
+
+def nbytes(m: dict, samples: int, calibration: int = 0) -> int:
+    """The bytes of the model's input arrays: `samples` per sample set plus `calibration` samples at
+    the export label's shapes (what the inputs stage holds in memory and writes)."""
+    def one(lab) -> int:
+        total = 0
+        for s in specs_for(m, lab):
+            n = ITEMSIZE.get(s.get("dtype", "float32"), 8)
+            for d in s["shape"]:
+                n *= d
+            total += n
+        return total
+    return samples * sum(one(lab) for lab in labels(m)) + calibration * one(export_label(m))
+
+
 def vocab_bound(spec: dict, arch: dict) -> int | None:
     """The exclusive upper bound on an integer input's values: `high`, else the vocabulary for token
     ids (`init: tokens`, or `input_ids` of a Hugging Face model)."""

@@ -84,9 +84,49 @@ def write_json(path: str | Path, obj, sort_keys: bool = True) -> None:
     write_text(path, dumps(obj, sort_keys=sort_keys))
 
 
+class Corrupt(ValueError):
+    """An artifact that does not parse (a bad checkout, a corrupt DVC cache object, a hand edit)."""
+
+
+def corrupt(path: str | Path, err: Exception) -> Corrupt:
+    """The one-line error for a corrupt artifact: the file, the parser's message, how to recover."""
+    why = " ".join(str(err).split()) or type(err).__name__
+    try:  # as the user types it: relative to the repository root (stages and the CLI run there)
+        path = Path(path).resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
+    stage = _stage_writing(str(path))
+    rerun = f"`dvc repro -f -s {stage}`" if stage else "`dvc repro -f -s <the stage that writes it>`"
+    return Corrupt(f"corrupt: {path}: {why}; restore it with `dvc checkout {path}`, or if the cache copy is "
+                   f"corrupt too (`dvc checkout` gives the same bytes), remove it and re-run its stage: {rerun}")
+
+
+def _stage_writing(path: str) -> str | None:
+    """The stage that has `path` (or a folder holding it) as an output: from dvc.lock, else a stage of
+    dvc.yaml whose outs name it literally (no ${} template); None when neither says."""
+    import yaml
+
+    p = Path(path).as_posix()
+    for f in ("dvc.lock", "dvc.yaml"):
+        try:
+            doc = yaml.safe_load(Path(f).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        for name, st in (doc.get("stages") or {}).items():
+            st = st if isinstance(st, dict) else {}
+            for o in [*(st.get("outs") or []), *(st.get("metrics") or []), *(st.get("plots") or [])]:
+                out = str(o.get("path", "") if f == "dvc.lock" else next(iter(o))) if isinstance(o, dict) else str(o)
+                if out and "${" not in out and (p == out or p.startswith(out.rstrip("/") + "/")):
+                    return name
+    return None
+
+
 def read_json(path: str | Path):
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise corrupt(path, e) from None
 
 
 def exit_now(code: int) -> None:

@@ -34,6 +34,7 @@ gone and exits 128+signal (130, 143).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from parity import paths
+from parity.ui import at_least
 
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
@@ -330,7 +332,11 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
     if threading.current_thread() is threading.main_thread():
         old = {sig: signal.signal(sig, kids.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        res = _repro(jobs, providers, models, dtypes, Path(root), report, out)
+        with repo_lock(Path(root)):
+            res = _repro(jobs, providers, models, dtypes, Path(root), report, out)
+    except Locked as e:
+        print(f"parity: repro: {e}", file=out, flush=True)
+        res = Result(2)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
@@ -341,6 +347,43 @@ def repro(jobs: int = 1, *, providers: Sequence[str] = (), models: Sequence[str]
         print(f"parity: stopped by {name}: no dvc process left running "
               f"({len(res.failed)} cell(s) or phase(s) not completed)", file=out, flush=True)
     return res
+
+
+LOCK_FILE = ".dvc/tmp/parity-repro.lock"  # held (flock) by a running `parity repro`; freed when it exits
+
+
+class Locked(RuntimeError):
+    """Another `parity repro` holds the repository."""
+
+
+@contextlib.contextmanager
+def repo_lock(root: Path):
+    """Hold the repository for one `parity repro` (an exclusive flock on LOCK_FILE; the kernel frees
+    it when the process dies, so a killed run never leaves it stale). Locked at once if held."""
+    import fcntl
+
+    path = Path(root) / LOCK_FILE
+    if not path.parent.parent.is_dir():  # not a DVC repository: plan() says so
+        yield
+        return
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            who = f.read().strip() or "another process"
+            raise Locked(f"the repository is locked by another run ({who}, {LOCK_FILE}): wait for it to "
+                         "finish, or stop it; no cell was run") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"parity repro pid {os.getpid()}")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _stopped() -> bool:
@@ -529,7 +572,7 @@ def _stale(root: Path, stages: list[str]) -> set[str] | None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The `parity repro` options (for parity/cli.py to reuse)."""
-    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+    ap.add_argument("-j", "--jobs", type=at_least(1), default=os.cpu_count() or 1,
                     help="cells run at once (default: number of CPUs)")
     ap.add_argument("--provider", action="append", default=[], metavar="P", help="only cells of provider P (repeatable)")
     ap.add_argument("--model", action="append", default=[], metavar="M", help="only cells of model M (repeatable)")

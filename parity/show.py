@@ -17,7 +17,7 @@ import sys
 from typing import TextIO
 
 from parity import results
-from parity.io import read_json
+from parity.io import Corrupt, read_json
 from parity.ui import dump_json, num, table
 
 SHOWN = 10  # accepted out-of-tolerance layers shown without --all
@@ -127,7 +127,10 @@ def render(v: dict, out: TextIO = sys.stdout) -> None:
 
 def show(cell: str, root: str = ".", as_json: bool = False, all_layers: bool = False,
          out: TextIO = sys.stdout) -> int:
-    v = collect(cell, root, all_layers)
+    try:
+        v = collect(cell, root, all_layers)
+    except Corrupt as e:  # metrics.json / layers.json / a Parquet file that does not parse
+        raise ShowError(str(e)) from None
     if as_json:
         dump_json(v, out)
     else:

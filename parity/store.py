@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from parity.io import atomic_path
+from parity.io import atomic_path, corrupt
 
 
 def _allocator() -> None:
@@ -181,9 +181,14 @@ def read(path: str | Path) -> Iterator[Tensor]:
     """Yield tensors in file order; each array is a read-only view of its row group's Arrow value
     buffer. Row groups are decoded one at a time (a streamed file holds several), so a reader that
     does not keep the arrays holds one row group's values at most."""
-    f = pq.ParquetFile(path, memory_map=True)
-    for g in range(f.num_row_groups):
-        yield from _tensors(f.read_row_group(g))
+    try:
+        f = pq.ParquetFile(path, memory_map=True)
+        for g in range(f.num_row_groups):
+            yield from _tensors(f.read_row_group(g))
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as e:  # not Parquet, truncated, bit flips
+        raise corrupt(path, e) from None
 
 
 def _tensors(table: pa.Table) -> Iterator[Tensor]:

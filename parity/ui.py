@@ -17,6 +17,23 @@ from typing import TextIO
 VERDICT_STYLE = {"PASS": "green", "FAIL": "bold red", "NOT_EXERCISED": "yellow", "BASELINE": "cyan"}
 
 
+def at_least(lo: int):
+    """An argparse `type=` for a count: an integer >= lo, else argparse's one-line usage error."""
+    def parse(text: str) -> int:
+        import argparse
+
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {lo}, got {v}")
+        return v
+
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
 def is_tty(stream: TextIO) -> bool:
     try:
         return stream.isatty() and os.environ.get("TERM") != "dumb"

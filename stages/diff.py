@@ -12,6 +12,7 @@ causes they explain per failing layer) and layers.csv (DVC plot data).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -33,11 +34,16 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
     from parity import memory
+    from parity.io import Corrupt
     from parity.pipeline.diff import diff_and_write
 
-    print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
-                         Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
-                         Path(a.out)))
+    try:
+        print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
+                             Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
+                             Path(a.out)))
+    except Corrupt as e:  # a capture/reference Parquet that does not parse: named, with how to recover it
+        print(f"diff@{a.model}-{a.dtype}-{a.provider}: {e}", file=sys.stderr)
+        return 1
     memory.record(a.timing, "diff", config.cell_key(a.model, a.dtype, a.provider), t0)
     return 0
 

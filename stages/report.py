@@ -21,7 +21,13 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     out = Path(a.out)
-    summary, cells = write_report(p, Path(a.artifacts), out)
+    from parity.io import Corrupt
+
+    try:
+        summary, cells = write_report(p, Path(a.artifacts), out)
+    except Corrupt as e:  # an input artifact that does not parse: named, with how to recover it
+        print(f"report: {e}", file=sys.stderr)
+        return 1
     print(f"report: {summary['cells']} cells, {summary['passed']} pass, {summary['failed']} fail, "
           f"{summary['not_run']} not run"
           + "".join(f", {summary[k]} {k.replace('_', ' ')}" for k in ("baseline", "not_exercised") if summary.get(k))

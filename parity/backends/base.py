@@ -313,9 +313,11 @@ def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink, wa
         try:
             plain.append([(PLAIN + n, np.asarray(v)) for n, v in runner.infer_plain(f)])
         except CompileError as e:
-            return CaptureResult("COMPILE_FAIL", "plain-graph compile failed: " + _cause(e))
+            return _per_layer_failure(runner, feeds) or CaptureResult(
+                "COMPILE_FAIL", "plain-graph compile failed: " + _cause(e))
         except Exception as e:
-            return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
+            return _per_layer_failure(runner, feeds) or CaptureResult(
+                "INFER_FAIL", "plain-graph run failed: " + _reason(e))
     try:
         lat = _latency(runner, feeds[0], warmup, repeats) if feeds else []
     except Exception as e:
@@ -334,6 +336,19 @@ def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink, wa
         for k, g in gold:
             sink.extra_gold(k, g)
     return CaptureResult("OK", "", latency_ms=lat, warmup=warmup)
+
+
+def _per_layer_failure(runner: Runner, feeds: list) -> CaptureResult | None:
+    """After the plain graph failed: the per-layer graph's own failure, if it fails too (it is the
+    one a cell reports first, as when the per-layer run came first), else None."""
+    for f in feeds:
+        try:
+            runner.infer(f)
+        except CompileError as e:
+            return CaptureResult("COMPILE_FAIL", _cause(e))
+        except Exception as e:
+            return CaptureResult("INFER_FAIL", _reason(e))
+    return None
 
 
 def _latency(runner: Runner, feed: dict, warmup: int, repeats: int) -> list[float]:

@@ -235,13 +235,19 @@ class OrtInt4Runner(OrtRunner):
         super().activate()
 
     def _convert(self, path):
-        import onnx
+        """(the graph quantized, serialised with its weights inline, None): the MatMulNBits quantizer
+        needs a whole model in memory, so the weights are read in (parity.models.onnx_weights.with_data;
+        the quantized graph is about a quarter of the float32 one)."""
+        from parity.models import onnx_weights
 
-        src = onnx.load(str(path)) if isinstance(path, (str, Path)) else path
+        base = Path(path).parent if isinstance(path, (str, Path)) else Path(self.job.model_dir)
+        src = onnx_weights.load_graph(path) if isinstance(path, (str, Path)) else path
+        if onnx_weights.has_external(src):
+            src = onnx_weights.with_data(src, base)
         if self._fault():
             from parity.backends import fault
 
-            src = fault.inject(src, self._fault())
+            src = fault.inject(src, self._fault(), base)
         want = [(o.name, o.type.tensor_type.elem_type) for o in src.graph.output]
         q, names = quantize(src, self._opts())
         if not names:
@@ -251,7 +257,7 @@ class OrtInt4Runner(OrtRunner):
         got = [(o.name, o.type.tensor_type.elem_type) for o in q.graph.output]
         if got != want:
             raise ValueError(f"quantizing {Path(str(path)).name} changed its outputs")
-        return q.SerializeToString()
+        return q.SerializeToString(), None
 
     # -- the plan (Runner.mixed through OrtRunner.mixed): items are node names of model.onnx --
     @classmethod
@@ -269,12 +275,15 @@ class OrtInt4Runner(OrtRunner):
         per runner (the first call), each mixed model assembled from those (assemble)."""
         import onnx
 
+        from parity.models import onnx_weights
+
         self._check_mode()
+        m = onnx_weights.with_data(m, self.job.model_dir)  # the kept nodes' float32 weights, inline
         if getattr(self, "_q_full", None) is None:
             full = onnx.ModelProto()
             full.CopyFrom(m)
             self._q_full, _ = quantize(full, self._opts())
-        return assemble(m, self._q_full, self._opts(), set(fp32_nodes))
+        return assemble(m, self._q_full, self._opts(), set(fp32_nodes)), None
 
     def deactivate(self) -> None:
         super().deactivate()

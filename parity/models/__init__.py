@@ -59,6 +59,8 @@ def construct(arch: dict):
 
         mod, _, attr = name.partition(":")
         model = getattr(importlib.import_module(mod), attr)(**kwargs)
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"'{name}' returned a {type(model).__name__}, not a torch.nn.Module")
     else:
         raise ValueError(f"unknown model source '{source}'")
     return model

@@ -65,7 +65,7 @@ def export_model(p: dict, model: str, out: Path) -> str:
 def _checked_example(p: dict, model: str, net):
     """The example the export traces (the largest shape with `models.<m>.shapes`), after checking
     that the model takes every shape's inputs (a shape it cannot take is a config error)."""
-    from parity.export import input_error
+    from parity.export import NO_OUTPUT, input_error
     from parity.models import example_inputs
     from parity.pipeline.inputs import samples
 
@@ -74,6 +74,8 @@ def _checked_example(p: dict, model: str, net):
     for label, first in zip(labels, firsts):
         example = example_inputs(m["input"], first)
         bad = input_error(net, example)
+        if bad and bad.startswith(NO_OUTPUT):
+            raise ExportError(f"models.{model}: {bad} (parity compares the tensors a model returns)")
         if bad:
             shapes = ", ".join(str(list(x.shape)) for x in example)
             raise ExportError(f"models.{model}.{'input' if label is None else 'shapes.' + label}: the model does "

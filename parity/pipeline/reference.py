@@ -60,6 +60,13 @@ def stream(p: dict, model_name: str, net, feeds: list, dtype: str, writer, input
     return peak
 
 
+def run(p: dict, model_name: str, feeds: list, dtype: str, inputs: bool = False) -> list:
+    """Store rows of one reference run, kept in memory (small models, tests): stream() into a list."""
+    rows: list = []
+    stream(p, model_name, build(p, model_name), feeds, dtype, rows, inputs)
+    return rows
+
+
 @contextlib.contextmanager
 def _at(net, tdt):
     """A callable running the recorder at `tdt`: float32 as built; float64 leaf by leaf (fp64_leaves)."""

@@ -26,6 +26,7 @@ Dropped with a note: `impl` labels, `device: cpu`, `out` (opdiff does not check 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -36,8 +37,15 @@ INT_FOLLOW = {"int64", "long"}
 OPDIFF_TEST_KEYS = {"id", "impl", "op", "in", "kwargs", "out", "device", "cast_input0_to_complex"}
 
 
+NAME = re.compile(r"[A-Za-z0-9_]+")  # as conf option names: a suite name is a file name and DVC stage name
+
+
 class Unconvertible(ValueError):
     """A node or case that has no parity equivalent (the message says why)."""
+
+    def __init__(self, msg: str, located: bool = False):
+        super().__init__(msg)
+        self.located = located  # the message starts with FILE:LINE:COL
 
 
 def load(path: Path, _stack=()) -> dict:
@@ -45,7 +53,19 @@ def load(path: Path, _stack=()) -> dict:
     path = path.resolve()
     if path in _stack:
         raise Unconvertible(f"include cycle: {' -> '.join(map(str, _stack + (path,)))}")
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as e:
+        raise Unconvertible(f"not an opdiff suite (not UTF-8 text: {e.reason})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise Unconvertible(f"{path}{where}: {getattr(e, 'problem', None) or e}", located=True) from None
+    if not isinstance(doc, dict) or not ({"tests", "include"} & set(doc)):
+        raise Unconvertible("not an opdiff suite (a YAML mapping with tests: and optional dims:, presets:, "
+                            f"include:); {_found(doc)}")
+    if not isinstance(doc.get("tests") or [], list):
+        raise Unconvertible(f"not an opdiff suite: tests: is a {type(doc['tests']).__name__}, not a list")
     inc = doc.get("include") or []
     merged = {"dims": {}, "presets": {}, "tests": []}
     for f in [inc] if isinstance(inc, str) else inc:
@@ -57,6 +77,12 @@ def load(path: Path, _stack=()) -> dict:
     merged["presets"].update(doc.get("presets") or {})
     merged["tests"] += doc.get("tests") or []
     return merged
+
+
+def _found(doc) -> str:
+    if isinstance(doc, dict):
+        return f"found the keys {sorted(map(str, doc))[:6]}"
+    return f"found a {type(doc).__name__}"
 
 
 class Converter:
@@ -272,6 +298,8 @@ def convert(path: Path, name: str) -> tuple[dict, list[tuple[str, str, str]]]:
     """({name: suite section}, report): report rows (opdiff id, 'converted' | 'note' | 'NOT CONVERTED',
     detail)."""
     doc = load(path)
+    if not doc["tests"]:
+        raise Unconvertible("not an opdiff suite: it (with its includes) has no tests")
     conv = Converter(doc)
     cases, report = [], []
     for i, t in enumerate(doc["tests"]):
@@ -307,23 +335,37 @@ def file_targets(section: dict) -> list[str]:
     return sorted(set(out))
 
 
+def _one_line(src: Path, e: Exception) -> str:
+    msg = " ".join(str(e).split())
+    return msg if getattr(e, "located", False) else f"{src}: {msg}"
+
+
 def main(argv=None, prog: str = "parity suite import-opdiff") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", help="an opdiff suite (YAML with dims/presets/tests)")
     ap.add_argument("--name", help="suite name (default: the file's stem, '-' -> '_')")
     ap.add_argument("--out", help="where to write (default: conf/suites/<name>.yaml)")
+    ap.add_argument("--force", action="store_true", help="overwrite an existing suite file")
     a = ap.parse_args(argv)
     src = Path(a.file)
     name = a.name or src.stem.replace("-", "_")
     if not src.is_file():
         print(f"{prog}: error: no such file {src}", file=sys.stderr)
         return 2
-    try:
-        doc, report = convert(src, name)
-    except (Unconvertible, yaml.YAMLError) as e:
-        print(f"{prog}: error: {src}: {e}", file=sys.stderr)
+    if not NAME.fullmatch(name):
+        print(f"{prog}: error: suite name {name!r} is not a plain name ([A-Za-z0-9_]; it becomes "
+              f"conf/suites/<name>.yaml and DVC stage names): pass --name", file=sys.stderr)
         return 2
     out = Path(a.out or f"conf/suites/{name}.yaml")
+    if out.exists() and not a.force:
+        print(f"{prog}: error: {out} exists (a suite named {name!r}); pass --name NEW or --force to overwrite it",
+              file=sys.stderr)
+        return 2
+    try:
+        doc, report = convert(src, name)
+    except Unconvertible as e:
+        print(f"{prog}: error: {_one_line(src, e)}", file=sys.stderr)
+        return 2
     from parity.io import write_text
 
     head = (f"# converted from the opdiff suite {src.name} by `parity suite import-opdiff`\n"

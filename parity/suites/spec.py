@@ -101,8 +101,13 @@ def load_section(name: str, root: Path | None = None) -> tuple[dict, str]:
     if not f.exists():
         avail = sorted(p.stem for p in f.parent.glob("*.yaml"))
         raise SuiteError(str(f), None, None, f"no such suite '{name}'. Available: {', '.join(avail)}")
-    with open(f) as fh:
-        doc = yaml.safe_load(fh) or {}
+    try:
+        doc = yaml.safe_load(f.read_text()) or {}
+    except yaml.YAMLError as e:  # a syntax error or a tag (the safe loader runs none): FILE:LINE:COL
+        mark = getattr(e, "problem_mark", None)
+        where = _rel(f) + (f":{mark.line + 1}:{mark.column + 1}" if mark else "")
+        what = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise SuiteError(where, None, None, f"YAML error: {what}") from None
     if not isinstance(doc, dict) or name not in doc:
         raise SuiteError(str(f), None, None, f"the file must hold one mapping keyed by its own name '{name}'")
     return doc[name], _rel(f)
@@ -347,6 +352,10 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
 
         def cerr(msg, key=None, cid=cid):
             raise SuiteError(file, cid, key, msg)
+
+        if "/" in cid or not cid.isprintable():
+            cerr("a case id may not contain '/' or control characters (results name tensors "
+                 "<case id>/<output>)", "id")
 
         c = {}
         for k, v in body.items():
