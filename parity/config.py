@@ -58,7 +58,7 @@ SECTION_KEYS = {
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
 ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
-INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
+INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32", "bool")  # bool: Where conditions, masks
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set(),
                "tokens": {"low", "high"}, "file": {"path", "key", "high"}}  # parity/inputspec.py

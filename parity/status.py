@@ -14,6 +14,8 @@ are those strings).
   INFER_FAIL        running it failed
   CRASH / TIMEOUT   a suite worker died / ran past its limit on the case (parity.suites.pool)
   SKIPPED           a suite case skipped on this (provider, dtype) by its `skip_on` rule, with the reason
+                    (or an ONNX model case the harness cannot run here: an opset the installed
+                    onnxruntime cannot read, values that are not numeric tensors)
   NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
   PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
 """

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import store
-from parity.backends.base import Runner, Unavailable, interleave
+from parity.backends.base import Runner, SessionError, Unavailable, interleave
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -183,10 +183,28 @@ class OrtRunner(Runner):
 
             fault.check(onnx.load(str(self.job.model_dir / "model.onnx")), self._fault(),
                         f"providers.{self.job.provider}.options.fault")
-        self.layers = self._session(self.job.model_dir / "layers.onnx")
-        self.plain = self._session(self.job.model_dir / "model.onnx")
+        self.layers = self._loaded(self.job.model_dir / "layers.onnx")
+        self.plain = self._loaded(self.job.model_dir / "model.onnx")
         self.names = [o.name for o in self.layers.get_outputs()]
         self.plain_names = [o.name for o in self.plain.get_outputs()]
+
+    def _loaded(self, path: Path):
+        """A session on `path` at the cell's dtype. The conversion raising is EXPORT_FAIL; onnxruntime
+        refusing the converted graph (e.g. a float16 LayerNormalization whose statistics outputs
+        stay float32 in the converter's types) is SessionError, INFER_FAIL naming the conversion."""
+        model = self._convert(path)
+        try:
+            return self._session(None, model)
+        except Unavailable:
+            raise
+        except Exception as e:
+            import re
+
+            dt = self._torch_dtype()
+            conv = (f" as converted to {dt} (onnxruntime.transformers.float16, float32 inputs/outputs)"
+                    if dt == "float16" else f" as prepared for {self.job.dtype}" if not isinstance(model, str) else "")
+            msg = re.sub(r"^\[ONNXRuntimeError\][^/]*/\S+ .*?\) ", "", (str(e).strip().splitlines() or [""])[0])
+            raise SessionError(f"onnxruntime cannot load {path.name}{conv}: {type(e).__name__}: {msg}") from e
 
     def infer(self, feeds):
         return list(zip(self.names, self.layers.run(None, feeds)))
