@@ -108,6 +108,8 @@ def _probe(stamps, ir_version: int) -> str | None:
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    if not any(o.domain in ("", "ai.onnx") for o in stamps):  # the probe's own Identity needs one
+        stamps = [*stamps, helper.make_opsetid("", 13)]
     probe = helper.make_model(g, opset_imports=stamps, ir_version=ir_version)
     so = ort.SessionOptions()
     so.log_severity_level = 3
@@ -126,7 +128,7 @@ def runtime_error(m, p: Path, where: str) -> str | None:
     the stamp at fault otherwise: the opset, or the IR version when no lower one loads."""
     import onnxruntime as ort
 
-    stamps = [o for o in m.opset_import if o.domain in ("", "ai.onnx")]
+    stamps = [o for o in m.opset_import if o.domain in ("", "ai.onnx") or o.domain.startswith("ai.onnx.")]
     msg = _probe(stamps, m.ir_version)
     if msg is None:
         return None
