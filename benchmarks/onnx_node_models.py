@@ -64,7 +64,7 @@ def first_error(text: str) -> str:
     """The stage's own one-line refusal (not DVC's 'failed to reproduce' wrapper)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     own = [ln for ln in lines if not ln.startswith(("ERROR: failed", "Running stage", ">", "Updating lock", "env:"))
-           and ("@" in ln.split(":")[0] or "error" in ln.lower())]
+           and ("@" in ln.split(":")[0] or "error" in ln.lower()) and " -> artifacts/" not in ln]
     return (own or lines or ["?"])[0][:240]
 
 
