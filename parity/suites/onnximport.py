@@ -142,7 +142,7 @@ def run(src: Path | None, name: str, only: list[str], force: bool, root: Path = 
 
     with atomic_path(target) as t:
         Path(t).write_text(f"# parity suite import-onnx: {len(names)} ONNX node tests (parity/suites/onnximport.py)\n"
-                           + yaml.safe_dump(doc, sort_keys=False, width=120))
+                           + yaml.safe_dump(doc, sort_keys=False, width=120, default_flow_style=None))
     return target, names
 
 
