@@ -14,7 +14,7 @@
   parity show CELL                         one cell: verdict, drift origin, failing layers with
                                             mismatch counts and worst elements
   parity list models|dtypes|providers|suites   the options of a conf/ group
-  parity suite list|validate|show|import-opdiff ...  expand a suite (conf/suites), show a case, convert opdiff
+  parity suite list|validate|show|import-opdiff|import-onnx ...  expand a suite, show a case, convert opdiff, import ONNX node tests
   parity fuzz SUITE --dtype D --provider P  seeded fuzz campaign; --reproduce ID, --minimise ID (fuzz_cli)
   parity completion bash|zsh               a shell completion script (shtab)
 

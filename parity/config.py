@@ -67,7 +67,7 @@ ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
 # `arch.head` of an hf model: base (AutoModel, the default) or causal_lm (AutoModelForCausalLM: lm_head,
 # logits out); the keys of parity/models/hf.py's HEADS
 HF_HEADS = ("base", "causal_lm")
-INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32")
+INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32", "bool")  # bool: Where conditions, masks
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set(),
                "tokens": {"low", "high"}, "file": {"path", "key", "high"}}  # parity/inputspec.py

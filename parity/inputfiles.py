@@ -60,12 +60,16 @@ def load_file(spec: dict, arch: dict, n: int):
         bad = int(a.size - np.count_nonzero(np.isfinite(a)))
         raise InputError(f"{where}: {bad} non-finite values (NaN/Inf) in the {n} samples used; parity compares "
                          "finite inputs: replace them in the file")
+    if dt.kind == "b" and a.dtype.kind != "b" and a.size and not np.isin(a, (0, 1)).all():
+        raise InputError(f"{where}: a bool input holds 0/1 or true/false values, the file has others "
+                         f"(span [{a.min()}, {a.max()}])")
     if dt.kind in "iu":
         if a.dtype.kind == "f" and not np.array_equal(a, np.round(a)):
             raise InputError(f"{where}: non-integer values for an {dt} input")
-        bound = vocab_bound(spec, arch)
-        lo, hi = int(a.min()), int(a.max())
-        if lo < 0 or (bound is not None and hi >= bound):
+        bound = vocab_bound(spec, arch)  # only token ids have a range: negative axes/indices are valid ONNX
+        ids = bound is not None or (arch.get("source") == "hf" and name == "input_ids")
+        lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+        if ids and (lo < 0 or (bound is not None and hi >= bound)):
             raise InputError(f"{where}: values span [{lo}, {hi}], outside [0, {bound}) "
                              f"({'the vocabulary: arch.kwargs.vocab_size' if spec.get('high') is None else 'high'})")
     return np.ascontiguousarray(a.astype(dt))

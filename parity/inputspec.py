@@ -143,8 +143,10 @@ def validate(where: str, m: dict) -> None:
     for i, spec in enumerate(m["input"]):
         w = f"{where}.input[{i}]"
         init = spec.get("init", "normal")
-        if init in ("tokens", "randint") and spec.get("dtype") not in ("int64", "int32"):
-            raise ValueError(f"{w}.dtype: init {init} gives integers: use int64 or int32, not {spec.get('dtype')!r}")
+        if init in ("tokens", "randint") and spec.get("dtype") not in ("int64", "int32", "bool" if init == "randint" else ""):
+            raise ValueError(f"{w}.dtype: init {init} gives integers: use int64 or int32{' (or bool: 0/1 draws)' if init == 'randint' else ''}, not {spec.get('dtype')!r}")
+        if spec.get("dtype") == "bool" and init not in ("randint", "zeros", "ones", "file"):
+            raise ValueError(f"{w}.init: a bool input takes init randint (0/1 draws), zeros, ones or file, not {init!r}")
         bound = vocab_bound(spec, arch)
         if init == "tokens" and bound is None:
             raise ValueError(f"{w}: init tokens needs `high` or {where}.arch.kwargs.vocab_size")

@@ -9,11 +9,15 @@ are those strings).
   INVALID           the case fails on the reference too (or cannot be built): not the provider's fault
   UNSUPPORTED       the provider does not declare this dtype (or precision mode)
   UNAVAILABLE       the backend cannot run on this machine (library or device missing)
-  EXPORT_FAIL       preparing the model/op for the backend failed (conversion, session, engine build)
+  EXPORT_FAIL       preparing the model/op for the backend failed (export, a converter that raises,
+                    engine build)
   COMPILE_FAIL      a compiler (torch.compile) raised on a model/op that runs eagerly
-  INFER_FAIL        running it failed
+  INFER_FAIL        running it failed, including the runtime refusing to load the graph prepared
+                    for it (an ORT session on an fp16 conversion), as a suite case's session error
   CRASH / TIMEOUT   a suite worker died / ran past its limit on the case (parity.suites.pool)
   SKIPPED           a suite case skipped on this (provider, dtype) by its `skip_on` rule, with the reason
+                    (or an ONNX model case the harness cannot run here: an opset the installed
+                    onnxruntime cannot read, values that are not numeric tensors)
   NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
   PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
   NOT_EXERCISED     a reduced-precision cell within its limit whose layers show no rounding of that

@@ -108,8 +108,7 @@ class Writer:
         self.tmp = self._atomic.__enter__()
 
     def add(self, t: Tensor) -> None:
-        a = np.asarray(t.array)
-        a = a.reshape(1) if a.ndim == 0 else a
+        a = np.asarray(t.array)  # a rank-0 tensor keeps shape [] (files written before stored it as [1])
         self.rows.append((t, a, a.dtype.newbyteorder("<")))
         self.held += a.nbytes
         self.count += 1

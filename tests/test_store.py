@@ -102,7 +102,7 @@ def _one_buffer_write(path, ts, metadata):
 
     cols = {k: [] for k in store.SCHEMA.names}
     for t in ts:
-        a = np.ascontiguousarray(t.array)
+        a = np.ascontiguousarray(t.array).reshape(np.shape(t.array))  # rank 0 stays rank 0 (issue 25)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
         for k, v in zip(store.SCHEMA.names, (t.sample, t.name, t.order, a.dtype.str.lstrip("<|="),

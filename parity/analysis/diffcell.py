@@ -45,7 +45,11 @@ def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | 
     if want != "oracle":
         return "tolerance", "diff.verdict: tolerance"
     if not (reference_dir / "fp64.parquet").exists():
-        return "tolerance", "no fp64 reference (reference.fp64: false)"
+        if not (p.get("reference") or {}).get("fp64"):
+            return "tolerance", "no fp64 reference (reference.fp64: false)"
+        f32 = reference_dir / "fp32.parquet"  # the reference stage records why it wrote no golden run
+        why = store.read_metadata(f32).get("no_fp64") if f32.exists() else None
+        return "tolerance", f"no fp64 reference: {why or 'reference.fp64 is true but the reference wrote none'}"
     if not oracle.has_baseline(p["dtypes"][dtype]):
         return "tolerance", f"dtypes.{dtype}.mode {p['dtypes'][dtype].get('mode')!r} has no trusted baseline"
     st = read_json(baseline_dir / "status.json") if baseline_dir and (baseline_dir / "status.json").exists() else {}

@@ -46,6 +46,12 @@ class CompileError(RuntimeError):
     run_capture records COMPILE_FAIL with the compiler's exception as the reason."""
 
 
+class SessionError(RuntimeError):
+    """Raised from activate() when the runtime refuses to load the graph prepared for it (an ORT
+    session on the fp16 conversion of a graph): INFER_FAIL with the runtime's reason, as a suite case
+    whose session fails; a converter or exporter that raises is EXPORT_FAIL."""
+
+
 class OpSkip(Exception):
     """Raised by Runner.run_op (or the suite around it) when a case ends with a status other than OK
     (EXPORT_FAIL, COMPILE_FAIL, INFER_FAIL, INVALID, UNAVAILABLE...) and a reason."""
@@ -254,6 +260,8 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
         return CaptureResult("UNAVAILABLE", str(e))
     except CompileError as e:
         return CaptureResult("COMPILE_FAIL", _cause(e))
+    except SessionError as e:
+        return CaptureResult("INFER_FAIL", str(e))
     except Exception as e:
         return CaptureResult("EXPORT_FAIL", _reason(e))
     keep = KeepSink() if sink is None else None

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from parity import store
-from parity.backends.base import Runner, Unavailable, interleave
+from parity.backends.base import Runner, SessionError, Unavailable, interleave
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -208,7 +208,7 @@ class OrtRunner(Runner):
                         f"providers.{self.job.provider}.options.fault")
         self.layers = self.plain = self.own = None
         self._opened, self._keep_open = set(), False
-        self._open("layers")  # the first session: an unavailable EP fails the activation
+        self._open("plain")  # the first session run_capture uses (plain graph first): an unavailable EP fails the activation
 
     def _open(self, kind: str) -> None:
         """Open the session `kind` (layers | plain) if it is closed. Each session holds its kernels'
@@ -220,7 +220,7 @@ class OrtRunner(Runner):
         if getattr(self, kind) is not None:
             return
         self._release_for(kind)
-        setattr(self, kind, self._session(self.job.model_dir / ("layers.onnx" if kind == "layers" else "model.onnx")))
+        setattr(self, kind, self._loaded(self.job.model_dir / ("layers.onnx" if kind == "layers" else "model.onnx")))
         if kind == "layers":
             self.names = [o.name for o in self.layers.get_outputs()]
         else:
@@ -238,6 +238,24 @@ class OrtRunner(Runner):
                       and not (o == "plain" and getattr(self, "_mixed", False))]
             for other in closed:
                 setattr(self, other, None)
+
+    def _loaded(self, path: Path):
+        """A session on `path` at the cell's dtype. The conversion raising is EXPORT_FAIL; onnxruntime
+        refusing the converted graph (e.g. a float16 LayerNormalization whose statistics outputs
+        stay float32 in the converter's types) is SessionError, INFER_FAIL naming the conversion."""
+        model, folder = self._convert(path)
+        try:
+            return self._session(None, model, folder)
+        except Unavailable:
+            raise
+        except Exception as e:
+            import re
+
+            dt = self._torch_dtype()
+            conv = (f" as converted to {dt} (onnxruntime.transformers.float16, float32 inputs/outputs)"
+                    if dt == "float16" else f" as prepared for {self.job.dtype}" if not isinstance(model, str) else "")
+            msg = re.sub(r"^\[ONNXRuntimeError\][^/]*/\S+ .*?\) ", "", (str(e).strip().splitlines() or [""])[0])
+            raise SessionError(f"onnxruntime cannot load {path.name}{conv}: {type(e).__name__}: {msg}") from e
 
     def infer(self, feeds):
         self._open("layers")

@@ -18,7 +18,8 @@ def export_file(model: str, model_cfg: dict, out: Path) -> str:
 
     where = f"models.{model}.arch.path"
     path = arch_path(model_cfg)
-    m = load_checked(path, where)
+    notes: list[str] = []
+    m = load_checked(path, where, notes)
     check_inputs(m, model_cfg["input"], path, f"models.{model}.input")
     layers, plain, names, renamed = write_graphs(m, path.parent, out)
     write_json(out / "layers.json", {
@@ -26,8 +27,9 @@ def export_file(model: str, model_cfg: dict, out: Path) -> str:
         "opset": next((o.version for o in m.opset_import if o.domain in ("", "ai.onnx")), None),
         "outputs": list(renamed), "output_tensors": renamed, "uncalled": [],
         "layers": [{"name": n, "module": op} for n, op in names], "regions": {},
+        **({"loaded_as": notes} if notes else {}),
     }, sort_keys=False)
     inv = op_inventory(plain)
     write_json(out / "ops.json", inv)
     return (f"ONNX file {path}, {len(names)} node outputs captured, {inv['nodes']} nodes / "
-            f"{inv['op_types']} op types -> {out}")
+            f"{inv['op_types']} op types" + "".join(f"; {n}" for n in notes) + f" -> {out}")

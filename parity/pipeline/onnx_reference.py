@@ -80,15 +80,17 @@ def reference(p: dict, model: str, feeds: list, out: Path) -> int:
     except OnnxSourceError as e:
         print(f"reference@{model}: {e}", file=sys.stderr)
         return 1
-    store.write(out / "fp32.parquet", rows, {"model": model, "dtype": "float32", "by": "onnxruntime-cpu-noopt"})
     msg = f"reference@{model}: {len(rows)} tensors ({len(feeds)} samples) fp32 (onnxruntime CPU, optimisation disabled)"
     (out / "fp64.parquet").unlink(missing_ok=True)
-    if p.get("reference", {}).get("fp64"):
-        gold, why = golden_rows(p, model, feeds)
-        if gold:
-            store.write(out / "fp64.parquet", gold, {"model": model, "dtype": "float64", "by": "onnx-reference-evaluator"})
-            msg += " + fp64 golden (ONNX reference evaluator)"
-        else:
-            msg += f"; no fp64 golden: the ONNX reference evaluator cannot run the float64 graph ({why})"
+    gold, why = golden_rows(p, model, feeds) if p.get("reference", {}).get("fp64") else ([], "")
+    md = {"model": model, "dtype": "float32", "by": "onnxruntime-cpu-noopt"}
+    if why:  # the diff's verdict_mode_reason reads it (parity.analysis.diffcell.verdict_mode)
+        md["no_fp64"] = f"the ONNX reference evaluator cannot run the float64 graph ({why})"
+    store.write(out / "fp32.parquet", rows, md)
+    if gold:
+        store.write(out / "fp64.parquet", gold, {"model": model, "dtype": "float64", "by": "onnx-reference-evaluator"})
+        msg += " + fp64 golden (ONNX reference evaluator)"
+    elif why:
+        msg += f"; no fp64 golden: {md['no_fp64']}"
     print(msg + f" -> {out}")
     return 0

@@ -46,10 +46,11 @@ def arch_path(model_cfg: dict) -> Path:
 
 # -- checks ---------------------------------------------------------------------------------------
 
-def load_checked(path: str | Path, where: str = "arch.path"):
+def load_checked(path: str | Path, where: str = "arch.path", notes: list | None = None):
     """The graph at `path` without its external data (parity.models.onnx_weights: initializers keep
     their references, relative to the file's folder), or OnnxSourceError naming file and problem.
-    The checker runs by path, so a file whose weights are over 2 GiB is checked too."""
+    The checker runs by path, so a file whose weights are over 2 GiB is checked too. What was changed
+    to load it (an IR version lowered: runtime_error) is appended to `notes`."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -70,7 +71,9 @@ def load_checked(path: str | Path, where: str = "arch.path"):
             "not an ONNX model (no ir_version or graph"
         raise OnnxSourceError(f"{where}: {p}: {what}; {len(data)} bytes)")
     del data
-    runtime_error(m, p, where)  # before the checker: its message for a too-new opset says less
+    note = runtime_error(m, p, where)  # before the checker: its message for a too-new opset says less
+    if note and notes is not None:
+        notes.append(note)
     _check_external(m, p, where)
     try:
         onnx.checker.check_model(str(p))
@@ -113,26 +116,56 @@ def write_graphs(m, src_dir: Path, out: Path):
     return res
 
 
-def runtime_error(m, p: Path, where: str) -> None:
-    """OnnxSourceError when the installed onnxruntime cannot load a model stamped with m's opsets and
-    IR version: a one-node probe model with the same stamps (cheap and exactly ORT's own rule)."""
+def _probe(stamps, ir_version: int) -> str | None:
+    """None when the installed onnxruntime loads a one-node model stamped with these opsets and IR
+    version (exactly ORT's own rule, at the cost of a tiny session), else ORT's first message line."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    stamps = [o for o in m.opset_import if o.domain in ("", "ai.onnx")]
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-    probe = helper.make_model(g, opset_imports=stamps, ir_version=m.ir_version)
+    if not any(o.domain in ("", "ai.onnx") for o in stamps):  # the probe's own Identity needs one
+        stamps = [*stamps, helper.make_opsetid("", 13)]
+    probe = helper.make_model(g, opset_imports=stamps, ir_version=ir_version)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     try:
         ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime's Fail/InvalidGraph/NotImplemented: the message says which
-        opset = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in stamps)
-        msg = ORT_PREFIX.sub("", str(e).strip().splitlines()[0])  # drop the C++ file and signature
-        raise OnnxSourceError(f"{where}: {p}: opset {opset} (IR version {m.ir_version}) is outside what "
-                              f"the installed onnxruntime {ort.__version__} supports: {msg}") from None
+        return ORT_PREFIX.sub("", str(e).strip().splitlines()[0])  # drop the C++ file and signature
+    return None
+
+
+def runtime_error(m, p: Path, where: str) -> str | None:
+    """Check that the installed onnxruntime can load a model stamped with m's opsets and IR version.
+    A file stamped with an IR version newer than onnxruntime reads (onnx 1.23's make_model writes IR
+    14; onnxruntime 1.31 reads <= 13) whose opsets it supports is lowered in place to the newest IR
+    version it reads, and the returned note says so; None when nothing changed. OnnxSourceError names
+    the stamp at fault otherwise: the opset, or the IR version when no lower one loads."""
+    import onnxruntime as ort
+
+    stamps = [o for o in m.opset_import if o.domain in ("", "ai.onnx") or o.domain.startswith("ai.onnx.")]
+    msg = _probe(stamps, m.ir_version)
+    if msg is None:
+        return None
+    opset = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in stamps)
+    lower = next((ir for ir in range(m.ir_version - 1, 2, -1) if _probe(stamps, ir) is None), None)
+    if lower is not None:
+        note = (f"IR version {m.ir_version} lowered to {lower}: onnxruntime {ort.__version__} reads IR <= {lower} "
+                f"and supports opset {opset}")
+        m.ir_version = lower
+        return note
+    from onnx import helper
+
+    base = [helper.make_opsetid("", 13)]  # an opset every onnxruntime we run reads: isolates the IR version
+    newest = next((ir for ir in range(m.ir_version, 2, -1) if _probe(base, ir) is None), None)
+    if newest is not None and newest < m.ir_version:  # both stamps too new: name both
+        raise OnnxSourceError(f"{where}: {p}: IR version {m.ir_version} is newer than the installed onnxruntime "
+                              f"{ort.__version__} reads (<= {newest}), and opset {opset} is outside what it "
+                              f"supports: {_probe(stamps, newest)}")
+    raise OnnxSourceError(f"{where}: {p}: opset {opset} (IR version {m.ir_version}) is outside what the "
+                          f"installed onnxruntime {ort.__version__} supports: {msg}")
 
 
 def check_inputs(m, specs: list[dict], p: Path, where: str) -> None:

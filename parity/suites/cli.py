@@ -1,7 +1,8 @@
 """`parity suite list|validate SUITE...`: expand suites and print case ids, or the exact error
 (file, case id, key), without running anything. `parity suite show SUITE CASE` prints one case (its
 expanded spec and its results in every cell); `parity suite import-opdiff FILE.yaml` converts an
-opdiff suite (parity.suites.opdiff).
+opdiff suite (parity.suites.opdiff); `parity suite import-onnx` imports ONNX's backend node tests
+(parity.suites.onnximport).
 
     python -m parity.suites.cli list critical
     python -m parity.suites.cli validate critical --file my_suite.yaml
@@ -50,6 +51,8 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
     from parity.suites import execute
 
     for c in cases:
+        if c["kind"] == "onnx":
+            continue  # a model file, checked at expansion; nothing to resolve
         if c["kind"] == "opinfo":
             oi = c["opinfo"]
             if (oi["name"], oi["variant"]) not in execute.opinfo_db():
@@ -84,6 +87,10 @@ def main(argv=None, prog: str = "python -m parity.suites.cli") -> int:
         from parity.suites import opdiff
 
         return opdiff.main(argv[1:], prog=f"{prog} import-opdiff")
+    if argv[:1] == ["import-onnx"]:  # ONNX's backend node tests as a suite (parity.suites.onnximport)
+        from parity.suites import onnximport
+
+        return onnximport.main(argv[1:], prog=f"{prog} import-onnx")
     if argv[:1] == ["show"]:
         from parity.suites import show
 

@@ -237,6 +237,10 @@ def _zero_output(case: dict, ref) -> str | None:
 def _run_sample(case: dict, cell: dict, sample: int) -> dict:
     seed = int(cell.get("seed", 0))
     try:
+        if case["kind"] == "onnx":  # a whole ONNX model with its expected outputs (parity.suites.onnxcase)
+            from parity.suites import onnxcase
+
+            return onnxcase.run(case, cell, runner_class, runner_for)
         if case["kind"] == "gradcheck":
             if not runner_class(cell).op_gradcheck:
                 return {"status": "UNSUPPORTED", "reason": "gradcheck runs on torch_cpu (float64) only"}

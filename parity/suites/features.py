@@ -273,6 +273,9 @@ def suite_code(cases: list[dict], root: Path, roots=None) -> dict:
     roots = [root, *(codedeps.search_roots(root) if roots is None else roots)]
     mods, files = set(), {}
     for c in cases:
+        if c.get("kind") == "onnx":  # the model file and its data sets: one digest per case folder
+            files[c["onnx"]["path"]] = _folder_digest(root / c["onnx"]["path"])
+            continue
         mods.update(c.get("imports") or [])
         for t in case_targets(c):
             if is_file_target(t):
@@ -293,6 +296,16 @@ def suite_code(cases: list[dict], root: Path, roots=None) -> dict:
             out[m] = "not found"
     out.update(files)
     return {"source": "suite", "files": dict(sorted(out.items()))}
+
+
+def _folder_digest(folder: Path) -> str:
+    """sha256 over the relative names and bytes of every file under `folder` (sorted)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        h.update(f.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def tolerances_by_dtype(suites: dict, dtypes) -> dict:

@@ -26,6 +26,8 @@ A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
              inputs: [x]}                                                   # A vs B, same backend
           - {id: fd, gradcheck: pkg.mod:MyFunction, inputs: [x]}           # float64 gradcheck
           - {id: opinfo.add.0, opinfo: {name: add, variant: "", sample: 0}}  # OpInfo sample
+          - {id: test_relu, onnx: {path: data/onnx/node/test_relu, op: Relu}}  # an ONNX model with
+            # its inputs and expected outputs (ONNX's backend-test layout; parity.suites.onnxcase)
           - {id: mine, op: mypkg.ops:fused_gelu, import: mypkg.ops, inputs: [x]}  # code of your own
           - {id: my_op, op: "import:mypkg.ops:my_gelu", reference: "import:mypkg.ref:gelu64",  # checked
              inputs: [x]}                       # against your float64 reference (parity.suites.custom)
@@ -59,7 +61,7 @@ from parity.suites import features
 
 SUITE_KEYS = {"tolerances", "spec"}
 SPEC_KEYS = {"include", "timeout_s", "grad", "loss", "dims", "presets", "cases", "import", *features.OPTION_KEYS}
-KINDS = ("op", "module", "pair", "gradcheck", "opinfo")
+KINDS = ("op", "module", "pair", "gradcheck", "opinfo", "onnx")
 CASE_KEYS = {"id", *KINDS, "inputs", "args", "kwargs", "vars", "only", "skip", "grad", "loss", "train",
              "timeout_s", "import", "reference", *features.OPTION_KEYS}
 PAIR_SIDE_KEYS = {"op", "module", "args", "kwargs"}
@@ -371,7 +373,9 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         case.update(features.options(c, ctx["spec"], cerr))
         if case["loss"] not in LOSSES:
             cerr(f"unknown loss '{case['loss']}'. Valid: {', '.join(LOSSES)}", "loss")
-        if kind == "opinfo":
+        if kind == "onnx":
+            case.update(_onnx_case(c["onnx"], file, cerr))
+        elif kind == "opinfo":
             oi = c["opinfo"]
             if not isinstance(oi, dict) or "name" not in oi:
                 cerr("opinfo: expected {name, variant, sample}", "opinfo")
@@ -427,6 +431,23 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         seen[cid] = file
         out.append(case)
     return out
+
+
+def _onnx_case(o, file: str, cerr) -> dict:
+    """`onnx: {path, op}`: a folder inside the repository holding model.onnx and test_data_set_<k>/
+    (ONNX's backend-test layout); `op` labels the case in the coverage matrix (default: the folder)."""
+    if isinstance(o, str):
+        o = {"path": o}
+    if not isinstance(o, dict) or not isinstance(o.get("path"), str) or not set(o) <= {"path", "op"}:
+        cerr(f"onnx: expected {{path: FOLDER, op: NAME}} (a folder with model.onnx and test_data_set_0/), got {o!r}",
+             "onnx")
+    p = Path(o["path"])
+    root = features.repo_root(file)
+    if p.is_absolute() or ".." in p.parts:
+        cerr(f"onnx.path: {o['path']!r}: a folder inside the repository, relative to its root", "onnx.path")
+    if not (root / p / "model.onnx").is_file():
+        cerr(f"onnx.path: {root / p}/model.onnx: no such file", "onnx.path")
+    return {"onnx": {"path": str(p)}, "label": "onnx::" + str(o.get("op") or p.name), "grad": False}
 
 
 def expand_section(name: str, section: dict, file: str, root: Path | None = None, default_timeout=None,
@@ -527,7 +548,7 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
 
     if case["kind"] == "pair":
         targets = [(f"pair.{s}.{d['kind']}", d["kind"], d["target"]) for s, d in case["pair"].items()]
-    elif case["kind"] == "opinfo":
+    elif case["kind"] in ("opinfo", "onnx"):
         targets = []
     else:
         targets = [(case["kind"], case["kind"], case["target"])]
