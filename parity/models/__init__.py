@@ -57,6 +57,8 @@ def construct(arch: dict):
     elif source == "import":
         import importlib
 
+        import torch
+
         mod, _, attr = name.partition(":")
         model = getattr(importlib.import_module(mod), attr)(**kwargs)
         if not isinstance(model, torch.nn.Module):
