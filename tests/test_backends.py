@@ -214,6 +214,7 @@ def test_int8_keeps_layer_names_and_float32_outputs(exported):
     for dtype in ("int8_dynamic", "int8_static"):
         r = load_runner(PROVIDERS["ort_int8"]["runner"])(job("ort_int8", dtype, exported))
         r.activate()
+        r.infer(FEEDS[0])  # opens the per-layer session (the runner holds one session at a time)
         assert [o.name for o in r.layers.get_outputs()] == ["output", "fc1", "act", "fc2"]
         assert {o.type for o in r.layers.get_outputs()} == {"tensor(float)"}
         ops = {n.op_type for n in onnx.load_from_string(r._convert(exported / "layers.onnx")[0]).graph.node}

@@ -42,18 +42,28 @@ def test_both_graphs_share_one_weights_file_and_the_pipeline_runs_fp32_and_fp16(
     r = make_repo(tmp_path / "repo", providers=("ort_cpu",))
     r.exp_run()
     d = r.path / "artifacts/models/tiny_mlp"
+    from parity.models import onnx_weights
+
     layers, plain = _external(d / "layers.onnx"), _external(d / "model.onnx")
     assert layers and set(plain) == set(layers) and all(plain[n] == layers[n] for n in plain)
     assert {loc for loc, _, _ in layers.values()} == {"weights.bin"}
     assert max(off + n for _, off, n in layers.values()) <= (d / "weights.bin").stat().st_size
     for g in ("layers.onnx", "model.onnx"):
-        onnx.checker.check_model(str(d / g), full_check=True)  # by path: reads weights.bin's presence only
+        # (the export checks by path before DVC links weights.bin; onnx then refuses the link)
+        onnx.checker.check_model(onnx_weights.load_with_data(d / g), full_check=True)
         assert (d / g).stat().st_size < 8192  # the graph alone
     for dtype in ("fp32", "fp16"):
         st = json.loads((r.path / f"artifacts/capture/tiny_mlp-{dtype}-ort_cpu/status.json").read_text())
         assert st["status"] == "OK" and st["own"]["measured"], st
         m = json.loads((r.path / f"artifacts/diff/tiny_mlp-{dtype}-ort_cpu/metrics.json").read_text())
         assert m["verdict"] == "PASS", m
+    # DVC's cache.type hardlink links weights.bin to its cache object; onnx's own loader refuses a
+    # hard-linked external data file ("potential hardlink attack"): parity reads the weights itself
+    assert (d / "weights.bin").stat().st_nlink >= 2
+    with pytest.raises(Exception, match="hard links"):
+        onnx.load(str(d / "layers.onnx"))
+    full = onnx_weights.load_with_data(d / "layers.onnx")
+    assert not onnx_weights.has_external(full) and sum(len(t.raw_data) for t in full.graph.initializer) > 0
     # the same export gives the same bytes (DVC stops at unchanged outputs)
     before = {f.name: f.read_bytes() for f in d.iterdir()}
     r.run(["dvc", "repro", "-f", "-s", "export@tiny_mlp"])

@@ -388,7 +388,7 @@ def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
     from parity.models import onnx_weights
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    layers = onnx.load(str(model_dir / "layers.onnx"))  # with its weights (weights.bin): small models
+    layers = onnx_weights.load_with_data(model_dir / "layers.onnx")  # with its weights (weights.bin): small models
     plain_outputs = [o.name for o in onnx_weights.load_graph(model_dir / "model.onnx").graph.output]
     meta = read_json(model_dir / "layers.json")
     faulty, change = inject(layers, fault, target, **options)

@@ -139,7 +139,9 @@ class OrtInt8Runner(OrtRunner):
         # The dynamo exporter records value_info for initializers; the quantizer rewrites some
         # weights (e.g. transposes Gemm's B) and strict shape inference then fails on the stale
         # entries. Drop value_info: the quantizer infers shapes again.
-        src = onnx.load(str(path))
+        from parity.models.onnx_weights import load_with_data
+
+        src = load_with_data(path)  # weights.bin read in (hard-linked by DVC's cache: onnx's loader refuses it)
         del src.graph.value_info[:]
         m = self._quantize(src)
         self._check_io(src, m, Path(path).name)

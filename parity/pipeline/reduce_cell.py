@@ -51,10 +51,11 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
         import onnx
 
         from parity.backends.ort_cpu import OrtCpuRunner
+        from parity.models.onnx_weights import load_with_data
 
         runner = cls(job(dtype, provider, pc))
         trusted = OrtCpuRunner(job("fp32", "ort_cpu_noopt", NOOPT))
-        red = reduce.reduce(onnx.load(str(model_dir / "model.onnx")), first_sample(inputs), runner, trusted, limit)
+        red = reduce.reduce(load_with_data(model_dir / "model.onnx"), first_sample(inputs), runner, trusted, limit)
         res = repro.summary(key, red, limit)
         if red.status == "REDUCED":
             prepared = runner.prepared(onnx.ModelProto.FromString(red.model.SerializeToString()))
