@@ -304,7 +304,8 @@ class _Progress:
         for c, v in self.verdicts.items():
             by.setdefault(v, []).append(c)
         order = sorted(by, key=lambda v: (v != "PASS", v))
-        return ", ".join(f"{len(by[v])} {v}" + (f" ({', '.join(by[v])})" if v != "PASS" else "") for v in order)
+        named = lambda v: v not in ("PASS", "BASELINE")  # noqa: E731  (cells named only when they did not pass)
+        return ", ".join(f"{len(by[v])} {v}" + (f" ({', '.join(by[v])})" if named(v) else "") for v in order)
 
     def close(self) -> None:
         self.ui.close()

@@ -62,7 +62,9 @@ def test_resnet50_fault_reduces_to_at_most_3_nodes_and_repro_runs_in_a_bare_venv
 
     r = make_repo(tmp_path / "repo", models=("resnet50",), dtypes=("fp32",), providers=("ort_cpu",))
     r.repro("export@resnet50")
-    m = onnx.load(str(r.path / "artifacts/models/resnet50/model.onnx"))
+    from parity.models.onnx_weights import load_with_data  # weights.bin is hard-linked by DVC
+
+    m = load_with_data(r.path / "artifacts/models/resnet50/model.onnx")
     convs = [n.name for n in m.graph.node if n.op_type == "Conv"]
     deep = convs[-5]  # layer4, deep in the graph
     r.exp_run("analysis.reduce=true", FAULT % deep)

@@ -372,7 +372,7 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
                "nodes_to_exclude=nodes_to_exclude")
         doc["nodes_to_exclude"] = nodes
     elif plan.get("items") == "onnx_nodes":
-        how = ("parity.backends.ort_cpu.mixed_fp16(onnx.load('model.onnx'), node_block_list): onnxruntime's "
+        how = ("parity.backends.ort_cpu.mixed_fp16(parity.models.onnx_weights.load_with_data('model.onnx'), node_block_list): onnxruntime's "
                "convert_float_to_float16(keep_io_types=True, node_block_list=...) plus its Cast repairs")
         doc["node_block_list"] = nodes
     elif mode == "autocast":

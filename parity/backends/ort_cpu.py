@@ -73,7 +73,7 @@ class OrtRunner(Runner):
             return str(path), None
         if m is None:
             m = onnx_weights.load_graph(path)
-        base = Path(path).parent if path is not None else Path(self.job.model_dir)
+        base = Path(path).parent if path is not None else Path(getattr(self.job, "model_dir", None) or ".")  # OpJob: no model dir
         if self._fault():
             from parity.backends import fault
 

@@ -155,14 +155,14 @@ def check(path, full_check: bool = True) -> None:
         onnx.checker.check_model(m, full_check=full_check)
 
 
-def write_checked(m: onnx.ModelProto, path) -> None:
+def write_checked(m: onnx.ModelProto, path, full_check: bool = True) -> None:
     """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file
-    beside it."""
+    beside it (`full_check`: with strict shape inference; a user's ONNX file is checked as given)."""
     from parity.io import atomic_path
 
     with atomic_path(path) as tmp:
         save_graph(m, tmp)
-        check(tmp)
+        check(tmp, full_check)
 
 
 def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
