@@ -39,13 +39,13 @@ def _run(tmp_path, model, dtypes, providers):
 def test_hf_base_sized_models_run_at_fp32_and_fp16_on_torch_and_ort(tmp_path, model):
     r, cells = _run(tmp_path, model, ("fp32", "fp16"), ("torch_cpu", "ort_cpu"))
     assert all(m["status"] == "OK" and m["layers"] > 100 for m in cells.values()), cells
-    assert cells["fp32-torch_cpu"]["verdict"] == "PASS" and cells["fp32-ort_cpu"]["verdict"] == "PASS"
+    assert cells["fp32-torch_cpu"]["verdict"] == "BASELINE" and cells["fp32-ort_cpu"]["verdict"] == "PASS"
 
 
 @pytest.mark.parametrize("model,labels", [("resnet18_batches", ["b1", "b4"]), ("transformer_seq", ["s16", "s128"])])
 def test_two_shape_models_report_each_shape(tmp_path, model, labels):
     r, cells = _run(tmp_path, model, ("fp32",), ("torch_cpu", "ort_cpu"))
     for m in cells.values():
-        assert sorted(m["shapes"]) == sorted(labels) and m["verdict"] == "PASS", m  # metrics.json sorts keys
+        assert sorted(m["shapes"]) == sorted(labels) and m["verdict"] in ("PASS", "BASELINE"), m  # metrics.json sorts keys
     report = (r.path / "artifacts/report/report.md").read_text()
     assert all(lab in report for lab in labels)
