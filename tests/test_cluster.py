@@ -130,7 +130,8 @@ def lock_without_captures(path: Path) -> dict:
     lock = yaml.safe_load(path.read_text())["stages"]
     for name, st in lock.items():
         for kind in ("deps", "outs"):
-            st[kind] = [e for e in st.get(kind, []) if not e["path"].startswith("artifacts/capture/")]
+            # and the timing files (each stage's wall time and peak RSS: measured, never the same twice)
+            st[kind] = [e for e in st.get(kind, []) if not e["path"].startswith(("artifacts/capture/", "artifacts/timing", "artifacts/report/report."))]
     return lock
 
 
