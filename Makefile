@@ -58,11 +58,19 @@ endif
 # (our CI shells set both variables; tests/test_deps.py checks bytecode makes no stage stale)
 PYTEST := env -u PYTHONDONTWRITEBYTECODE -u PYTHONUNBUFFERED $(BIN)/pytest
 
+# tests run in parallel worker processes (pytest-xdist), one per core up to 4 (PYTEST_WORKERS=1: one
+# process): most of a test's time is one subprocess at a time (a stage, dvc, git), so a single pytest
+# leaves the other cores idle. --dist loadfile: a test file's tests run on one worker, so a
+# module-scoped fixture (a pipeline several tests read) is built once, and the Ray cluster tests
+# (tests/test_cluster.py) never start two clusters at once.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST = $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
 test: setup
-	$(PYTEST) -q -m "not slow"
+	$(PYTEST) -q -m "not slow" $(XDIST)
 
 test-all: setup
-	$(PYTEST) -q
+	$(PYTEST) -q $(XDIST)
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py
