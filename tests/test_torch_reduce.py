@@ -139,3 +139,60 @@ def test_a_fault_only_in_the_plain_graph_is_located_in_it(case, tmp_path):
 def test_at_names_the_valid_values_when_it_is_not_one(case):
     with pytest.raises(ValueError, match="no own value of that name.*fc1"):
         _reduce(case, case[0], at="fc9")
+
+
+def bare_venv(path: Path) -> str:
+    """A venv holding only numpy and onnxruntime, copied from this interpreter's (no registry here)."""
+    import shutil
+    import sysconfig
+
+    import numpy
+    import onnxruntime
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    site = Path(subprocess.run([str(path / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    ours = Path(sysconfig.get_paths()["purelib"])
+    for mod in (numpy, onnxruntime):
+        src = Path(mod.__file__).parent
+        shutil.copytree(src, site / src.name)
+        for extra in ours.glob(f"{src.name}.libs"):
+            shutil.copytree(extra, site / extra.name)
+    return str(path / "bin/python")
+
+
+@pytest.mark.slow
+def test_resnet18_weight_fault_in_both_graphs_reduces_against_torch_in_the_pipeline(tmp_path):
+    """The reduce stage on resnet18 fp32 ort_cpu with layer3.1.conv2's weight x1.2 in both exported
+    graphs: <= 3 nodes, torch's values as the expectation; repro.py in a venv with only numpy and
+    onnxruntime exits 1, and 0 on the same node cut from the unfaulted graph."""
+    import json
+    import shutil
+
+    from tests.conftest import make_repo
+
+    r = make_repo(tmp_path / "repo", models=("resnet18",), dtypes=("fp32",), providers=("ort_cpu",))
+    r.exp_run("analysis.reduce=true")
+    art = r.path / "artifacts"
+    clean = tmp_path / "clean"
+    shutil.copytree(art / "models/resnet18", clean)
+    inject_dir(clean, art / "models/resnet18", "weight_scale", "layer3.1.conv2", value=1.2)
+    cell = "resnet18-fp32-ort_cpu"
+    r.run(["dvc", "repro", "-s", f"capture@{cell}", f"diff@{cell}", f"reduce@{cell}"])
+    assert json.loads((art / f"diff/{cell}/metrics.json").read_text())["drift_origin"] == "layer3.1.conv2"
+    red = json.loads((art / f"reduce/{cell}/reduce.json").read_text())
+    assert red["status"] == "REDUCED" and red["against"] == "torch" and red["graph"] == "layers.onnx", red
+    assert red["origin"] == "layer3.1.conv2" and red["op_types"] == ["Conv"] and len(red["nodes"]) <= 3
+    bundle = tmp_path / "bundle"
+    shutil.copytree(art / f"reduce/{cell}", bundle)
+    py = bare_venv(tmp_path / "venv")
+    bad = subprocess.run([py, "repro.py"], cwd=bundle, capture_output=True, text=True)
+    assert bad.returncode == 1 and "MISMATCH layer3.1.conv2" in bad.stdout, bad.stdout + bad.stderr
+    good = tmp_path / "good"
+    subprocess.run([sys.executable, "-m", "parity.analysis.torch_reduce", "--model-dir", str(clean),
+                    "--inputs", str(art / "inputs/resnet18.parquet"), "--reference", str(art / "reference/resnet18"),
+                    "--baseline", str(art / "baseline/resnet18/fp32"), "--slack", "1e-6", "--at", "layer3.1.conv2",
+                    "--out", str(good)], check=True, cwd=r.path)
+    assert subprocess.run([py, "repro.py"], cwd=good, capture_output=True).returncode == 0
+    ok = subprocess.run([py, "repro.py", str(good / "reduced.onnx")], cwd=bundle, capture_output=True, text=True)
+    assert ok.returncode == 0 and "all 1 outputs match torch" in ok.stdout, ok.stdout + ok.stderr

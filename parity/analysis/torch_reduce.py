@@ -151,7 +151,9 @@ def origin_tensor(cut, name: str) -> str:
 
 def extract(cut, tensor: str, values: dict, model_dir: Path):
     """(ModelProto of the nodes computing `tensor` from the cut graph's inputs, weights inline; its
-    inputs); `values` holds the inputs' values (fp32). None when an input has no value."""
+    inputs); `values` (sample_values) holds the inputs' values. None when an input has none."""
+    from onnx import helper
+
     from parity.analysis.reduce import Graph
     from parity.models.onnx_weights import with_data
 
@@ -162,25 +164,29 @@ def extract(cut, tensor: str, values: dict, model_dir: Path):
     ins = sorted({t for i in idx for t in g.reads[i] if t not in produced and t not in g.inits})
     if any(t not in values for t in ins):
         return None
-    ref = {**{t: values[t] for t in ins}, tensor: values[tensor]}
+    ref = {**{t: fed(t, values[t]) for t in ins}, tensor: values[tensor]}
     sub, ins, _ = g.cut(idx, ref)
     del sub.graph.output[:]
-    from onnx import helper
-
     sub.graph.output.append(helper.make_tensor_value_info(tensor, g.types[tensor], list(np.shape(values[tensor]))))
     return with_data(sub, model_dir), ins
 
 
-def sample_values(samples, s: int, lv) -> dict:
-    """Sample s's values under the cut graph's names: model inputs, `pre:<call>` and `ref:<call>`
-    from torch, float32 (as infer_own feeds them); leaf outputs and `pre:` values in float64."""
+def sample_values(samples, s: int) -> dict:
+    """Sample s's values under the cut graph's input names: the model inputs, torch's `pre:<call>`
+    and its leaf outputs as `ref:<call>` (fp64, uncast: `fed` casts the few a cut reads)."""
     from parity.models import onnx_cut
 
     feeds, ref = samples[s]
-    vals = {k: np.asarray(v) for k, v in feeds.items()}
-    for name, v in ref.items():
-        vals[name if store.is_pre(name) else onnx_cut.REF + name] = np.asarray(v, dtype=np.float32)
+    vals = dict(feeds)
+    vals.update((name if store.is_pre(name) else onnx_cut.REF + name, v) for name, v in ref.items())
     return vals
+
+
+def fed(name: str, v) -> np.ndarray:
+    """A cut graph input's value as infer_own feeds it: torch's values (`pre:`, `ref:`) as float32."""
+    from parity.models import onnx_cut
+
+    return np.asarray(v, dtype=np.float32) if name.startswith((store.PRE, onnx_cut.REF)) else np.asarray(v)
 
 
 def load(inputs: Path, reference_dir: Path, baseline_dir: Path) -> tuple[list, dict, dict]:
@@ -242,7 +248,7 @@ def _reduce(res: TorchReduction, m, lv, samples: list, make_runner, model_dir: P
 
     cut = onnx_cut.cut(m, lv)
     tensor = origin_tensor(cut, res.origin)
-    values = sample_values(samples, 0, lv)
+    values = sample_values(samples, 0)
     values[tensor] = np.asarray(samples[0][1][store.own_reference_name(res.origin)], dtype=np.float64)
     got = extract(cut, tensor, values, model_dir)
     if got is None:
@@ -253,7 +259,7 @@ def _reduce(res: TorchReduction, m, lv, samples: list, make_runner, model_dir: P
     res.nodes = [n.name or n.output[0] for n in nodes]
     res.op_types = [n.op_type for n in nodes]
     res.inputs, res.outputs = ins, [tensor]
-    res.feeds, res.expected, res.model = {t: values[t] for t in ins}, {tensor: values[tensor]}, sub
+    res.feeds, res.expected, res.model = {t: fed(t, values[t]) for t in ins}, {tensor: values[tensor]}, sub
     runner = make_runner()
     try:
         out = runner.run_graph(runner.prepared(sub), res.feeds)[tensor]
