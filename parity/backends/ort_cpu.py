@@ -11,6 +11,8 @@ Options (conf/providers/<p>.yaml `options:`), shared by every ORT provider:
 Own error (infer_own): one more session, on the cut graph of layers.onnx (parity.models.onnx_cut:
 each leaf fed from the reference's input to it, the ops between leaves from the reference's leaf
 outputs), converted like layers.onnx (fp16: same conversion, fp32 I/O), built at the first sample.
+`own_source` (a weightless ModelProto whose external data is in the model directory) replaces
+layers.onnx there: parity.analysis.torch_reduce cuts the plain graph with its leaf outputs added.
 
 Runner.mixed (the mixed-precision plan): the plain graph converted with chosen nodes left in float32
 (convert_float_to_float16's node_block_list; ort_int8: the quantizer's nodes_to_exclude).
@@ -276,7 +278,9 @@ class OrtRunner(Runner):
     def _own_session(self, ref: dict) -> None:
         from parity.models import onnx_cut, onnx_weights
 
-        m = onnx_weights.load_graph(self.job.model_dir / "layers.onnx")  # weightless: cut the graph only
+        m = getattr(self, "own_source", None)  # another graph with leaf outputs (torch_reduce: the plain one)
+        if m is None:
+            m = onnx_weights.load_graph(self.job.model_dir / "layers.onnx")  # weightless: cut the graph only
         pre = {n.removeprefix(store.PRE): np.shape(v) for n, v in ref.items() if store.is_pre(n)}
         lv = onnx_cut.analyse(m, pre)
         for c in [c for c in lv.inputs if c not in pre]:

@@ -1,6 +1,9 @@
 """reduce@model-dtype-provider as a library function (stages/reduce.py is its entry): decide whether
-the cell is reduced (verdict FAIL, a runner that runs ONNX graphs), run parity.analysis.reduce on the
-plain graph, and write the vendor's bundle (parity.analysis.repro) and reduce.json under `out`."""
+the cell is reduced (verdict FAIL, a runner that runs ONNX graphs); first check the exported graphs
+themselves against torch (parity.analysis.torch_reduce: an exporter bug, which the provider shares
+with ORT) and reduce there when they disagree; else run parity.analysis.reduce on the plain graph
+(the provider against ORT with optimisation off). Writes the vendor's bundle (parity.analysis.repro,
+or torch_reduce's) and reduce.json under `out`."""
 
 from __future__ import annotations
 
@@ -18,8 +21,39 @@ def first_sample(path: Path) -> dict:
     return {t.name: t.array for t in store.read(path) if t.sample == 0}
 
 
+def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, inputs: Path, reference: Path | None,
+                  baseline: Path | None, origin: str | None, out: Path) -> dict:
+    """The exported graphs against torch (parity.analysis.torch_reduce): {status: REDUCED (bundle
+    written under `out`) | AGREES | NOT_REPRODUCED | NOT_CHECKED, reason, ...}."""
+    from parity.analysis import oracle, torch_reduce
+
+    dcfg = p["dtypes"][dtype]
+    why = None
+    if (p["models"][model].get("arch") or {}).get("source") == "onnx":
+        why = "an ONNX-file model: there is no torch to check the graph against"
+    elif not oracle.has_baseline(dcfg):
+        why = f"dtypes.{dtype}.mode {dcfg.get('mode')!r} has no torch baseline"
+    elif reference is None or not (reference / "fp64.parquet").exists():
+        why = "no fp64 reference (reference.fp64: false): no torch input recorded per layer"
+    elif baseline is None or not (baseline / "own.parquet").exists():
+        why = "the baseline measured no own error (own.parquet): no torch floor per layer"
+    if why:
+        return {"status": "NOT_CHECKED", "against": "torch", "reason": why}
+    k = float((dcfg.get("oracle") or {}).get("k", oracle.DEFAULT_K))
+    slack = float((dcfg.get("oracle") or {}).get("slack", 0.0))
+    samples, gold, base_own = torch_reduce.load(inputs, reference, baseline)
+    threads = p.get("capture", {}).get("threads", 0)
+    res = torch_reduce.reduce_against_torch(model_dir, samples, base_own, gold, k, slack,
+                                            lambda: torch_reduce.noopt_runner(model_dir, threads), prefer=origin)
+    summary = torch_reduce.summary(key, res)
+    if res.status == "REDUCED":
+        torch_reduce.write_bundle(out, key, res, k)
+        summary["repro"] = "repro.py"
+    return summary
+
+
 def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path,
-                diff_dir: Path, out: Path) -> dict:
+                diff_dir: Path, out: Path, reference: Path | None = None, baseline: Path | None = None) -> dict:
     """reduce.json's content, after writing it (and the bundle when REDUCED) under `out`."""
     from parity import config
     from parity.analysis import reduce, repro
@@ -30,7 +64,8 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
     key = config.cell_key(model, dtype, provider)
     shutil.rmtree(out, ignore_errors=True)  # a re-run never keeps an earlier bundle
     limit = float((p.get("analysis") or {}).get("reduce_rel_l2", 1e-3))
-    verdict = read_json(diff_dir / "metrics.json").get("verdict")
+    metrics = read_json(diff_dir / "metrics.json")
+    verdict = metrics.get("verdict")
     pc = p["providers"][provider]
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
@@ -48,6 +83,11 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
         res = {"cell": key, "status": "SKIPPED",
                "reason": f"provider {provider} runs no ONNX graphs (its runner has no run_graph hook)"}
     else:
+        exporter = against_torch(p, model, key, dtype, model_dir, inputs, reference, baseline,
+                                 metrics.get("drift_origin"), out)
+        if exporter["status"] == "REDUCED":
+            write_json(out / "reduce.json", exporter, sort_keys=False)
+            return exporter
         import onnx
 
         from parity.backends.ort_cpu import OrtCpuRunner
@@ -61,5 +101,6 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
             prepared = runner.prepared(onnx.ModelProto.FromString(red.model.SerializeToString()))
             repro.write_repro(out, key, red, prepared, runner.repro_settings(), limit)
             res["repro"] = "repro.py"
+        res["torch"] = {k: exporter[k] for k in ("status", "reason", "checked") if k in exporter}
     write_json(out / "reduce.json", res, sort_keys=False)
     return res
