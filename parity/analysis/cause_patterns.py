@@ -246,7 +246,7 @@ def op_substitution(a, b, x, rel: float, limit: float) -> tuple | None:
     where = (f"where the reference computes {ref} (rel_l2 {ref_rel:.3g})" if known else
              "; the reference matches none of the candidate ops")
     return ("op_substitution",
-            f"op_substitution: the layer computes {got} {where}: on the layer's input, actual vs {got}(input) "
+            f"op_substitution: the layer computes {got} {where}: on the layer's input, actual vs {got} applied to it "
             f"rel_l2 {got_rel:.3g}, actual vs the reference {rel_s:.3g} ({len(idx)} sampled elements)",
             {"op": got, "reference_op": ref if known else None, "rel_l2_op": got_rel,
              "rel_l2_reference_op": ref_rel, "rel_l2": rel, "rel_l2_sampled": rel_s, "sampled": int(len(idx)),
