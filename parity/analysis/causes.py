@@ -46,7 +46,8 @@ and the layer's numbers (plus the numeric label classify() gives, for the drift 
 
 A global scale or offset is tried before `channel` because it is the simpler explanation: one
 channel x1.1 out of 8 leaves a scale-fit residual near the original error, so `channel` wins there.
-Cost: a few passes over the data in float64 (about 10-20 ms for 802,816 elements).
+Cost: a few passes over the data in float64 (about 10-20 ms for 802,816 elements), plus up to ~0.3 s
+when the pair reaches the channel match and the op candidates (cause_patterns' sample sizes).
 """
 
 from __future__ import annotations
