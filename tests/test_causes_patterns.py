@@ -62,6 +62,10 @@ def test_computed_in_fp16_is_not_one_rounding(ref):
 def test_fp32_values_are_not_a_narrow_format(ref):
     a = fp32_noise(ref) * np.float32(1.0 + 3e-4)
     assert classify(a, ref, "fp32").label == "scale"
+    counts = np.round(10 * np.abs(ref)) + 1  # small integers are fp16 numbers, but no evidence of fp16
+    wrong = counts.copy()
+    wrong.ravel()[::50] += 1
+    assert classify(wrong, counts, "fp32").label != "narrow_format"
 
 
 def test_two_channels_swapped(ref):

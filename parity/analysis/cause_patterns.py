@@ -7,7 +7,9 @@ so the same arrays give the same evidence, byte for byte.
                        representable in it and rel_l2 <= 32 u of that format. "rounded to fp16 at this
                        layer" when the values are the reference rounded to it (rel_l2 against
                        round(reference, fp16) at least 4x smaller than against the reference, rel_l2 <= 2 u);
-                       else "computed in fp16 at this layer" (more than one rounding).
+                       else "computed in fp16 at this layer" (more than one rounding). Values of which more
+                       than 25% fit 4 significand bits fewer than the format (small integers, masks; 1 in
+                       16 for rounded reals) are not claimed.
   channel_permutation  the values are the reference's channels in another order along axis 1 or the last
                        axis: each channel that carries the error matches one reference channel (per-channel
                        vectors compared over up to 4096 sampled positions, fewer for many channels: a
@@ -36,6 +38,8 @@ import numpy as np
 from parity.compare import dot as _dot
 
 NARROW = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # narrowest first: a bf16 number in range is an fp16 one too
+COARSE_BITS = 4            # values rounded to a format fit 4 significand bits fewer about 1 time in 16; when
+COARSE_SHARE = 0.25        # more than this share do (small integers, masks), they are no evidence of it
 NARROW_SHARE = 0.999       # share of nonzero values representable in the narrower format
 NARROW_MAX_U = 32.0        # rel_l2 at most this many of its u (a few roundings, not a different value)
 ROUNDED_MAX_U = 2.0        # one rounding: rel_l2 <= 2 u ...
@@ -81,7 +85,7 @@ def narrow_format(a, b, rel: float, u_cell: float) -> tuple | None:
             continue
         fa = round_to(a, fmt)
         representable = int((fa == a)[nz].sum())
-        if representable < NARROW_SHARE * n:
+        if representable < NARROW_SHARE * n or _coarse(a[nz], round(-math.log2(u)) - COARSE_BITS) > COARSE_SHARE * n:
             continue
         fb = round_to(b, fmt)
         after, equal = rel_l2(a, fb), int((a == fb).sum())
@@ -97,6 +101,12 @@ def narrow_format(a, b, rel: float, u_cell: float) -> tuple | None:
                  "rel_l2": rel, "rel_l2_u": rel / u, "rel_l2_vs_rounded_reference": after,
                  "equal_to_rounded_reference": equal, "numel": int(a.size)})
     return None
+
+
+def _coarse(v: np.ndarray, bits: int) -> int:
+    """How many of `v` have a significand of at most `bits` bits (the implicit one included)."""
+    m, e = np.frexp(v)  # v = m 2^e, 0.5 <= |m| < 1
+    return int((np.ldexp(np.round(np.ldexp(m, bits)), -bits) == m).sum())
 
 
 # ---- channel permutation --------------------------------------------------------------------------
@@ -247,7 +257,7 @@ def op_substitution(a, b, x, rel: float, limit: float) -> tuple | None:
              "; the reference matches none of the candidate ops")
     return ("op_substitution",
             f"op_substitution: the layer computes {got} {where}: on the layer's input, actual vs {got} applied to it "
-            f"rel_l2 {got_rel:.3g}, actual vs the reference {rel_s:.3g} ({len(idx)} sampled elements)",
+            f"rel_l2 {got_rel:.3g}, actual vs the reference {rel_s:.3g} (on {len(idx)} of {b.size} elements)",
             {"op": got, "reference_op": ref if known else None, "rel_l2_op": got_rel,
              "rel_l2_reference_op": ref_rel, "rel_l2": rel, "rel_l2_sampled": rel_s, "sampled": int(len(idx)),
              "candidates": {k: v for k, v in sorted(rels.items(), key=lambda kv: kv[1])[:4]}})
