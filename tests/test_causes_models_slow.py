@@ -38,7 +38,8 @@ def test_injected_fault_gets_its_label(repo, tmp_path, model, fault, target, opt
     inject_dir(repo.path / "artifacts/models" / model, tmp_path / "model", fault, target, **options)
     cell = ["--model", model, "--dtype", "fp32", "--provider", "ort_cpu"]
     repo.run(["python", "-m", "stages.capture", *cell, "--model-dir", str(tmp_path / "model"),
-              "--inputs", f"artifacts/inputs/{model}.parquet", "--reference", f"artifacts/reference/{model}/fp64.parquet",
+              "--inputs", f"artifacts/inputs/{model}.parquet",
+              "--reference", f"artifacts/reference/{model}/fp64.parquet",
               "--out", str(tmp_path / "capture"), "--timing", str(tmp_path / "t.json")])
     repo.run(["python", "-m", "stages.diff", *cell, "--capture", str(tmp_path / "capture"),
               "--reference", f"artifacts/reference/{model}", "--baseline", f"artifacts/baseline/{model}/fp32",

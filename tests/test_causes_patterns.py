@@ -148,3 +148,17 @@ def test_evidence_is_the_same_bytes_every_time(ref):
     for args in ((a, ref), (sig, np.clip(x / 6 + 0.5, 0, 1))):
         once = json.dumps(classify(*args, "fp32", inputs=x).as_dict())
         assert all(json.dumps(classify(*args, "fp32", inputs=x).as_dict()) == once for _ in range(2))
+
+
+def test_the_diff_hands_the_layers_recorded_input(ref):
+    """diffcell gives classify the fp64 reference's pre:<call> of a leaf call, per sample, and nothing
+    for a between: region, a model output or a layer without a recorded input."""
+    from parity.analysis.diffcell import _inputs
+    from parity.store import Tensor
+
+    gold = {(s, n): Tensor(s, n, 0, ref[s:s + 1]) for s in range(2) for n in ("pre:act", "act", "output")}
+    got = _inputs(gold, "act", [0, 1])
+    assert len(got) == 2 and np.array_equal(got[1], ref[1:2])
+    assert _inputs(gold, "between:act", [0, 1]) is None and _inputs(gold, "output", [0, 1]) is None
+    assert _inputs(gold, "plain:output", [0]) is None and _inputs(gold, "fc", [0]) is None
+    assert _inputs(None, "act", [0]) is None and _inputs(gold, "act", [0, 2]) is None

@@ -143,7 +143,8 @@ def _cycles(perm: np.ndarray) -> list[list[int]]:
 def _describe(cycles: list[list[int]]) -> str:
     if all(len(c) == 2 for c in cycles):
         parts = [f"{c[0]} and {c[1]}" for c in cycles[:LIST_MAX]]
-        return f"channel{'s' if len(parts) == 1 else ' pairs'} {'; '.join(parts)}{'; ...' if len(cycles) > LIST_MAX else ''} swapped"
+        more = "; ..." if len(cycles) > LIST_MAX else ""
+        return f"channel{'s' if len(parts) == 1 else ' pairs'} {'; '.join(parts)}{more} swapped"
     moves = [(i, c[(k + 1) % len(c)]) for c in cycles for k, i in enumerate(c)]
     shown = ", ".join(f"{i}<-{j}" for i, j in moves[:LIST_MAX])
     return f"channels moved (actual channel <- reference channel): {shown}{', ...' if len(moves) > LIST_MAX else ''}"
