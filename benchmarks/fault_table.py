@@ -29,15 +29,26 @@ FAULTS = [
     ("BatchNorm eps 1e-5 -> 1e-3", "resnet18", "bn_epsilon", "layer2.0.bn1", ["--value", "1e-3"], "layer2.0.bn1", None),
     ("one output channel x1.1", "resnet18", "channel_scale", "layer3.0.conv1", ["--value", "1.1", "--channel", "0"],
      "layer3.0.conv1", "channel"),
-    ("GELU -> tanh", "transformer_block", "gelu_tanh", "act", [], "act", None),
+    ("GELU -> tanh", "transformer_block", "gelu_tanh", "act", [], "act", "op_substitution"),
     ("bias +1e-3", "resnet18", "bias_shift", "fc", ["--value", "1e-3"], "fc", "offset"),
     ("Hardswish -> Relu", "mobilenet_v3_small", "hardswish_relu", "features.4.block.0.2", [],
-     "features.4.block.0.2", None),
+     "features.4.block.0.2", "op_substitution"),
     ("softmax axis -1 -> -2", "transformer_block", "softmax_axis", "Softmax", [], "between:out", None),
     ("Transpose [0,1,3,2] after a conv", "resnet18", "transpose", "layer2.0.conv2", ["--perm", "0,1,3,2"],
      "layer2.0.conv2", "layout"),
     ("+5e-5 on one layer's output", "resnet18", "output_offset", "layer4.1.conv2", ["--value", "5e-5"],
      "layer4.1.conv2", None),
+    # issue 24's cause labels
+    ("conv output rounded to fp16 and back", "resnet18", "fp16_round", "layer1.0.conv1", [], "layer1.0.conv1",
+     "narrow_format"),
+    ("two output channels swapped", "resnet18", "channel_swap", "layer2.0.conv1", ["--channels", "3,7"],
+     "layer2.0.conv1", "channel_permutation"),
+    ("two depthwise output channels swapped", "mobilenet_v3_small", "channel_swap", "features.4.block.1.0",
+     ["--channels", "3,7"], "features.4.block.1.0", "channel_permutation"),
+    ("HardSigmoid -> Sigmoid", "mobilenet_v3_small", "hardsigmoid_sigmoid", "features.1.block.1.scale_activation",
+     [], "features.1.block.1.scale_activation", "op_substitution"),
+    ("Relu -> LeakyRelu(0.01)", "resnet18", "relu_leaky", "layer1.0.relu", ["--value", "0.01"], "layer1.0.relu",
+     "op_substitution"),
 ]
 
 
@@ -80,7 +91,7 @@ def main() -> int:
     ap.add_argument("--repo", default=".")
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--provider", default="ort_cpu")
-    ap.add_argument("--only", default="", help="comma-separated fault numbers (1-9)")
+    ap.add_argument("--only", default="", help="comma-separated fault numbers (1-14)")
     ap.add_argument("--json")
     a = ap.parse_args()
     repo = Path(a.repo).resolve()

@@ -24,7 +24,8 @@ def tiny_net():
     from torch import nn
 
     class Tiny(nn.Module):
-        """conv (no bias) -> BN -> Hardswish -> conv (bias) -> ReLU -> attention (SDPA) -> GELU -> fc."""
+        """conv (no bias) -> BN -> Hardswish -> conv (bias) -> ReLU -> attention (SDPA) -> GELU -> fc -> x a
+        HardSigmoid gate."""
 
         def __init__(self):
             super().__init__()
@@ -33,6 +34,7 @@ def tiny_net():
             self.act1 = nn.Hardswish()
             self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
             self.relu = nn.ReLU()
+            self.gate = nn.Hardsigmoid()
             self.qkv = nn.Linear(8, 24)
             self.out = nn.Linear(8, 8)
             self.gelu = nn.GELU()
@@ -43,7 +45,8 @@ def tiny_net():
             t = y.flatten(2).transpose(1, 2)                              # (1, 36, 8)
             q, k, v = (z.reshape(1, 36, 2, 4).transpose(1, 2) for z in self.qkv(t).split(8, dim=-1))
             a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(1, 36, 8)
-            return self.fc(self.gelu(self.out(a)).mean(1))
+            z = self.fc(self.gelu(self.out(a)).mean(1))
+            return z * self.gate(z)
 
     torch.manual_seed(0)
     net = Tiny().eval()
@@ -92,6 +95,10 @@ CASES = [  # fault, target, options, the first leaf whose output changes
     ("softmax_axis", "Softmax", {}, "out"),       # between leaves: qkv is upstream, out the first changed
     ("transpose", "conv2", {}, "conv2"),
     ("output_offset", "relu", {"value": 5e-5}, "relu"),
+    ("fp16_round", "conv2", {}, "conv2"),
+    ("channel_swap", "conv2", {"channels": [3, 7]}, "conv2"),
+    ("hardsigmoid_sigmoid", "gate", {}, "gate"),
+    ("relu_leaky", "relu", {}, "relu"),
 ]
 
 
@@ -131,6 +138,14 @@ def test_fault_values_are_what_was_asked(model_dir):
                                rtol=1e-5, atol=1e-6)  # weights rounded to fp32 after scaling
     relu = faulty("hardswish_relu", "act1")["act1"]
     np.testing.assert_array_equal(relu, np.maximum(clean["bn1"], 0))
+    np.testing.assert_array_equal(faulty("fp16_round", "conv2")["conv2"], b.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(faulty("channel_swap", "conv2", channels=[3, 7])["conv2"],
+                                  b[:, [0, 1, 2, 7, 4, 5, 6, 3]])
+    np.testing.assert_allclose(faulty("hardsigmoid_sigmoid", "gate")["gate"], 1 / (1 + np.exp(-clean["fc"])),
+                               rtol=1e-6)
+    leaky = faulty("relu_leaky", "relu", value=0.01)["relu"]
+    np.testing.assert_allclose(leaky, np.where(clean["conv2"] < 0, np.float32(0.01) * clean["conv2"], clean["conv2"]),
+                               rtol=1e-6)
 
 
 def test_shared_initializers_are_copied_not_edited(model_dir):

@@ -18,9 +18,18 @@ wins:
   precision  rel_l2 <= limit: the error is what the dtype explains. `limit` comes from the caller (the
              oracle's floor times k, as a rel_l2); default 8 u, u = unit roundoff (fp32 2^-24, tf32 and
              fp16 2^-11, bf16 2^-8, fp8_e4m3 2^-4, int8 2^-8 of the tensor's range, fp64 2^-53).
+  narrow_format, op_substitution, softmax_temperature
+             (parity.analysis.cause_patterns, with their rules): the values are fp16/bf16 numbers, the
+             reference rounded to that format ("rounded to fp16 at this layer"); the layer computes another
+             elementwise op than the reference on its input (`inputs`: the layer's input, the fp64
+             reference's `pre:<call>`; Sigmoid for HardSigmoid, LeakyRelu(alpha) for Relu, GELU tanh for
+             erf, ...); the values are softmax(t x) of the reference's logits for a fitted t != 1.
   scale      actual ~= s * expected (least squares s): residual rel_l2 after scaling <= rel_l2 / 10.
   offset     actual ~= expected + c (c = mean difference): residual rel_l2 <= rel_l2 / 10. When both
              fit, the smaller residual wins. Both need 4 elements or more (one element fits anything).
+  channel_permutation
+             the reference's channels (axis 1 or the last axis) in another order, named: "channels 3 and 7
+             swapped" (parity.analysis.cause_patterns).
   channel    the error sits in a few channels of axis 1 (NCHW, (B,C,T), (B,F)) or of the last axis
              (NHWC, (B,T,C)): >= 90% of the squared error in at most max(1, 10%) of the channels, and
              those channels' own rel_l2 >= 10x the median rel_l2 of the others (so a channel that merely
@@ -37,7 +46,8 @@ and the layer's numbers (plus the numeric label classify() gives, for the drift 
 
 A global scale or offset is tried before `channel` because it is the simpler explanation: one
 channel x1.1 out of 8 leaves a scale-fit residual near the original error, so `channel` wins there.
-Cost: a few passes over the data in float64 (about 10-20 ms for 802,816 elements).
+Cost: a few passes over the data in float64 (about 10-20 ms for 802,816 elements), plus up to ~0.3 s
+when the pair reaches the channel match and the op candidates (cause_patterns' sample sizes).
 """
 
 from __future__ import annotations
@@ -48,9 +58,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from parity.analysis import cause_patterns as patterns
 from parity.compare import dot as _dot
 
-LABELS = ("overflow", "layout", "precision", "scale", "offset", "channel", "unknown", "int8_saturation")
+LABELS = ("overflow", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",
+          "offset", "channel_permutation", "channel", "unknown", "int8_saturation")
 SATURATION = "int8 saturation (CPU without VNNI, reduce_range off)"
 
 LAYOUT_MAX_REL = 1e-3      # rel_l2 after the permutation (or the caller's limit, if larger)
@@ -106,12 +118,13 @@ def dtype_format(dtype: str) -> tuple[str, float, float]:
 
 
 def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: float | None = None,
-             channel_axes=None) -> Cause:
+             channel_axes=None, inputs=None) -> Cause:
     """The cause label for `actual` vs `expected` (see the module docstring for the rules).
 
     layout_hint: a permutation, or a list of them, to try first (e.g. a Transpose perm seen in the
     graph). limit: the rel_l2 the dtype explains (default 8 u). channel_axes: axes to look for a
-    channel pattern on (default axis 1 and the last axis)."""
+    channel pattern on (default axis 1 and the last axis). inputs: the layer's input (the reference's),
+    for op_substitution; None: not tried."""
     name, u, big = dtype_format(dtype)
     limit = PRECISION_K * u if limit is None else float(limit)
     a = np.asarray(actual, dtype=np.float64)
@@ -143,21 +156,44 @@ def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: flo
         return Cause("unknown", f"unknown: the reference is all zero, actual rms {math.sqrt(_dot(a.ravel(), a.ravel()) / a.size):.3g}",
                      {"rel_l2": None, "max_abs": float(np.abs(d).max()), "problem": "reference all zero"})
     fits = _fits(a, b, d, rel)
-    return ((_scale_or_offset(fits, rel) if a.size >= FIT_MIN_SIZE else None)
-            or _channel(a, b, d, rel, channel_axes)
+    axes = _axes(b, channel_axes)
+    return (_found(patterns.narrow_format(a, b, rel, u))
+            or _found(patterns.op_substitution(a, b, inputs, rel, limit))
+            or _found(patterns.softmax_temperature(a, b, rel))
+            or (_scale_or_offset(fits, rel) if a.size >= FIT_MIN_SIZE else None)
+            or _found(patterns.channel_permutation(a, b, rel, limit, axes))
+            or _channel(a, b, d, rel, axes)
             or _unknown(a, b, d, rel, fits))
 
 
-def classify_samples(pairs, dtype: str = "fp32", **kwargs) -> Cause:
+def _found(found: tuple | None) -> Cause | None:
+    return Cause(*found) if found else None
+
+
+def _axes(b: np.ndarray, axes) -> list[int]:
+    """The channel axes to look at: axis 1 and the last axis (or the caller's), rank 2 and up."""
+    if b.ndim < 2:
+        return []
+    return sorted({1, b.ndim - 1} if axes is None else {int(x) % b.ndim for x in axes})
+
+
+def classify_samples(pairs, dtype: str = "fp32", inputs=None, **kwargs) -> Cause:
     """classify() over several samples of one layer: `pairs` of (actual, expected) arrays (or
-    (sample, actual, expected) as parity.compare.compare_layer takes them), concatenated on axis 0."""
+    (sample, actual, expected) as parity.compare.compare_layer takes them), concatenated on axis 0.
+    inputs: the layer's input per sample (same order), or None."""
     pairs = [p[-2:] for p in pairs]
     if not pairs:
         raise ValueError("classify_samples: no samples")
+    if inputs is not None and len(inputs) != len(pairs):
+        inputs = None
     if len(pairs) == 1 or min(np.ndim(a) for a, _ in pairs) == 0:
-        return classify(*pairs[0], dtype, **kwargs)
+        return classify(*pairs[0], dtype, inputs=None if inputs is None else inputs[0], **kwargs)
+    if inputs is not None and len({np.shape(x)[1:] for x in inputs}) == 1:
+        inputs = np.concatenate([np.asarray(x) for x in inputs])
+    else:
+        inputs = None
     return classify(np.concatenate([np.asarray(a) for a, _ in pairs]),
-                    np.concatenate([np.asarray(b) for _, b in pairs]), dtype, **kwargs)
+                    np.concatenate([np.asarray(b) for _, b in pairs]), dtype, inputs=inputs, **kwargs)
 
 
 def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
@@ -275,10 +311,7 @@ def _scale_or_offset(f: dict, rel: float) -> Cause | None:
     return None
 
 
-def _channel(a, b, d, rel: float, axes) -> Cause | None:
-    if b.ndim < 2:
-        return None
-    axes = sorted({1, b.ndim - 1} if axes is None else {int(x) % b.ndim for x in axes})
+def _channel(a, b, d, rel: float, axes: list[int]) -> Cause | None:
     d2, b2 = d * d, b * b
     best = None
     for ax in axes:

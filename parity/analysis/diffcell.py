@@ -258,15 +258,28 @@ def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: 
         rec = next((d.oracle for d in cd.layers if d.name == name and d.oracle), None)
     else:
         values, expected, exp_name, rec = act, ref, store.reference_name(name), None
-    pairs = [(values[s, name].array, expected[s, exp_name].array) for s in range(len(expected))
-             if (s, name) in values and (s, exp_name) in expected]
+    samples = [s for s in range(len(expected)) if (s, name) in values and (s, exp_name) in expected]
+    pairs = [(values[s, name].array, expected[s, exp_name].array) for s in samples]
     if not pairs:
         return None
     limit = None
     if rec and rec.get("ref_rms"):
         floor = max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"])
         limit = _k(p, dtype) * floor / rec["ref_rms"] + _slack(p, dtype)  # the slack is relative
-    return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit).as_dict()
+    return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit,
+                                   inputs=_inputs(gold, name, samples)).as_dict()
+
+
+def _inputs(gold: dict | None, name: str, samples: list[int]) -> list | None:
+    """The layer's input per sample, for causes' op_substitution: the fp64 reference's `pre:<call>`
+    (the call's first floating input, recorded by the reference stage), None when it has none (a
+    `between:` record, the model output, a plain: output, a reference without fp64 or pre: values)."""
+    pre = store.PRE + name
+    if gold is None or name.startswith((BETWEEN, store.PLAIN)) or store.is_output(name):
+        return None
+    if not all((s, pre) in gold for s in samples):
+        return None
+    return [gold[s, pre].array for s in samples]
 
 
 def summarize(cd: CellDiff) -> dict:

@@ -33,6 +33,11 @@ Faults (value: default):
   softmax_axis     a Softmax node's axis := value (default: -2 if it was the last axis, else -1)
   transpose        a Transpose after the leaf, --perm (0,1,3,2); the leaf's output is transposed
   output_offset    an Add after the leaf: + value (5e-5)
+  fp16_round       a Cast to float16 and back after the leaf: its output rounded to fp16 in an fp32 graph
+  channel_swap     a Gather after the leaf: two output channels swapped, --channels (0,1), --axis (1 for
+                   rank >= 3, else the last axis)
+  hardsigmoid_sigmoid  the leaf's HardSigmoid becomes Sigmoid
+  relu_leaky       the leaf's Relu becomes LeakyRelu(alpha = value) (0.01)
 """
 
 from __future__ import annotations
@@ -329,8 +334,60 @@ def output_offset(g: Graph, target: str, value=None, **_) -> dict:
     return {"node": node.name, "value_name": out, "value": value, "change": f"Add after {out}: + {value:g}"}
 
 
+def fp16_round(g: Graph, target: str, **_) -> dict:
+    out = g.real_value(target)
+    half = g.insert_after(out, "Cast", [], "fp16_round", to=onnx.TensorProto.FLOAT16)
+    mid = g.fresh(f"{out}.fp16")
+    half.output[0] = mid
+    back = helper.make_node("Cast", [mid], [out], name=g.fresh("fp16_round_Cast"),
+                            to=helper.np_dtype_to_tensor_dtype(np.dtype(g.dtype_of(out))))
+    back.metadata_props.extend(half.metadata_props)
+    pos = list(g.g.node).index(half)
+    g.g.node.insert(pos + 1, back)
+    g.producer[mid], g.producer[out] = g.g.node[pos], g.g.node[pos + 1]
+    return {"node": half.name, "value_name": out, "change": f"Cast to float16 and back after {out}"}
+
+
+def channel_swap(g: Graph, target: str, channels=None, axis=None, **_) -> dict:
+    out = g.real_value(target)
+    shape = g.shape_of(out) or g.shape_of(target)
+    if not shape or len(shape) < 2:
+        raise FaultError(f"leaf {target!r}: output shape unknown or rank < 2 ({shape})")
+    axis = (1 if len(shape) >= 3 else len(shape) - 1) if axis is None else int(axis) % len(shape)
+    i, j = (0, 1) if channels is None else (int(c) for c in channels)
+    n = shape[axis]
+    if not (0 <= i < n and 0 <= j < n and i != j):
+        raise FaultError(f"--channels {i},{j}: leaf {target!r} has {n} channels on axis {axis} (two different ones)")
+    index = np.arange(n, dtype=np.int64)
+    index[[i, j]] = [j, i]
+    node = g.insert_after(out, "Gather", [g.copy_init(f"{out}.channel_swap", index)], "channel_swap", axis=axis)
+    return {"node": node.name, "value_name": out, "axis": axis, "channels": [i, j],
+            "change": f"Gather after {out}: channels {i} and {j} of axis {axis} swapped"}
+
+
+def _swap_op(g: Graph, target: str, old: str, new: str, **attrs) -> dict:
+    nodes = [n for n in g.leaf_nodes(target) if n.op_type == old]
+    if not nodes:
+        raise FaultError(f"leaf {target!r} has no {old} node (its nodes: "
+                         f"{', '.join(n.op_type for n in g.leaf_nodes(target))})")
+    nodes[0].op_type = new
+    del nodes[0].attribute[:]
+    for k, v in attrs.items():
+        nodes[0].attribute.append(helper.make_attribute(k, v))
+    return {"node": nodes[0].name, "change": f"{old} {nodes[0].name} -> {new}{attrs or ''}"}
+
+
+def hardsigmoid_sigmoid(g: Graph, target: str, **_) -> dict:
+    return _swap_op(g, target, "HardSigmoid", "Sigmoid")
+
+
+def relu_leaky(g: Graph, target: str, value=None, **_) -> dict:
+    return _swap_op(g, target, "Relu", "LeakyRelu", alpha=0.01 if value is None else float(value))
+
+
 FAULTS = {f.__name__: f for f in (weight_scale, bn_epsilon, channel_scale, gelu_tanh, bias_shift,
-                                  hardswish_relu, softmax_axis, transpose, output_offset)}
+                                  hardswish_relu, softmax_axis, transpose, output_offset, fp16_round,
+                                  channel_swap, hardsigmoid_sigmoid, relu_leaky)}
 
 
 def _node(g: Graph, target: str, op: str) -> onnx.NodeProto:
@@ -417,14 +474,16 @@ def main(argv=None) -> int:
     ap.add_argument("--channel", type=int, help="channel_scale: which channel (0)")
     ap.add_argument("--axis", type=int, help="channel_scale: channel axis (1 for rank 4, else last)")
     ap.add_argument("--perm", help="transpose: comma-separated permutation (0,1,3,2)")
+    ap.add_argument("--channels", help="channel_swap: the two channels, comma-separated (0,1)")
     ap.add_argument("--out", required=True, help="directory to write (may be --model-dir itself)")
     a = ap.parse_args(argv)
     from parity.io import dumps
 
     perm = [int(i) for i in a.perm.split(",")] if a.perm else None
+    channels = [int(i) for i in a.channels.split(",")] if a.channels else None
     try:
         change = inject_dir(a.model_dir, a.out, a.fault, a.target, value=a.value, channel=a.channel,
-                            axis=a.axis, perm=perm)
+                            axis=a.axis, perm=perm, channels=channels)
     except (FaultError, FileNotFoundError) as e:
         print(f"faults: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,298 @@
+"""The cause labels that name a mechanism, each with the numbers that show it (parity.analysis.causes
+tries them in its order; see its docstring). numpy only; every sum in a fixed order (parity.compare.dot),
+so the same arrays give the same evidence, byte for byte.
+
+  narrow_format        the layer's values are numbers of a narrower format than the cell's (fp16 or bf16
+                       in an fp32 cell, bf16 in an fp16 cell): >= 99.9% of the nonzero values are
+                       representable in it and rel_l2 <= 32 u of that format. "rounded to fp16 at this
+                       layer" when the values are the reference rounded to it (rel_l2 against
+                       round(reference, fp16) at least 4x smaller than against the reference, rel_l2 <= 2 u);
+                       else "computed in fp16 at this layer" (more than one rounding). Values of which more
+                       than 25% fit 4 significand bits fewer than the format (small integers, masks; 1 in
+                       16 for rounded reals) are not claimed.
+  channel_permutation  the values are the reference's channels in another order along axis 1 or the last
+                       axis: each channel that carries the error matches one reference channel (per-channel
+                       vectors compared over up to 4096 sampled positions, fewer for many channels: a
+                       one-to-one match), and
+                       undoing it leaves rel_l2 <= max(1e-3, limit) and 10x smaller than before.
+  op_substitution      the layer computes another elementwise op than the reference: applied to the layer's
+                       input (the fp64 reference's `pre:<call>`), a candidate op (Relu, LeakyRelu(alpha),
+                       Clip(0, 6), Sigmoid, HardSigmoid(1/6 or 0.2), SiLU, HardSwish, GELU erf or tanh,
+                       Tanh, Elu, Softplus, Identity) matches the values at least 10x better than the
+                       reference does, and better than the op that matches the reference. Judged on up to
+                       16384 sampled elements (math.erf is one Python call per element).
+  softmax_temperature  reference and values are softmaxes (non-negative, summing to 1 along the last axis
+                       or axis 1) and the values equal softmax(t x) for one t != 1, x the reference's
+                       logits up to a per-row constant (log of the reference output): t is the least-squares
+                       slope of the centred log-probabilities; the residual is at least 10x smaller than
+                       the error.
+Each function returns (label, summary, evidence) or None.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from parity.compare import dot as _dot
+
+NARROW = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # narrowest first: a bf16 number in range is an fp16 one too
+COARSE_BITS = 4            # values rounded to a format fit 4 significand bits fewer about 1 time in 16; when
+COARSE_SHARE = 0.25        # more than this share do (small integers, masks), they are no evidence of it
+NARROW_SHARE = 0.999       # share of nonzero values representable in the narrower format
+NARROW_MAX_U = 32.0        # rel_l2 at most this many of its u (a few roundings, not a different value)
+ROUNDED_MAX_U = 2.0        # one rounding: rel_l2 <= 2 u ...
+ROUNDED_GAIN = 4.0         # ... and round(reference) explains it: this many times smaller residual
+GAIN = 10.0                # permutation, substitution, temperature: residual this many times smaller
+PERM_TAIL = 1e-4           # the channels left out of the match carry at most this share of the error
+PERM_MAX = 1024            # channels matched at most (a one-to-one match over their vectors)
+PERM_SAMPLE = 4096         # positions per channel vector in the match, at most ...
+PERM_WORK = 2 ** 24        # ... and channels^2 x positions at most this (at least 64 positions)
+OP_SAMPLE = 16384          # elements the substitution candidates are computed on
+SOFTMAX_SUM = 1e-3         # |row sum - 1| for a softmax
+TINY = 1e-30               # probabilities below this carry no usable log
+LIST_MAX = 8
+
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def rel_l2(a: np.ndarray, b: np.ndarray) -> float:
+    d = (a - b).ravel()
+    sd, sb = _dot(d, d), _dot(b.ravel(), b.ravel())
+    return math.sqrt(sd / sb) if sb > 0 else (0.0 if sd == 0 else math.inf)
+
+
+def round_to(v: np.ndarray, fmt: str) -> np.ndarray:
+    """`v` (float64) rounded to the nearest `fmt` number (fp16, bf16: round to nearest even), as float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if fmt == "fp16":
+            return v.astype(np.float16).astype(np.float64)
+        bits = v.astype(np.float32).view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        return bits.view(np.float32).astype(np.float64)
+
+
+# ---- narrower format ------------------------------------------------------------------------------
+
+def narrow_format(a, b, rel: float, u_cell: float) -> tuple | None:
+    nz = a != 0
+    n = int(nz.sum())
+    if n < 4:
+        return None
+    for fmt, u in NARROW.items():
+        if u <= 1.5 * u_cell or rel > NARROW_MAX_U * u:
+            continue
+        fa = round_to(a, fmt)
+        representable = int((fa == a)[nz].sum())
+        if representable < NARROW_SHARE * n or _coarse(a[nz], round(-math.log2(u)) - COARSE_BITS) > COARSE_SHARE * n:
+            continue
+        fb = round_to(b, fmt)
+        after, equal = rel_l2(a, fb), int((a == fb).sum())
+        rounded = rel <= ROUNDED_MAX_U * u and after * ROUNDED_GAIN <= rel
+        what = (f"rounded to {fmt} at this layer" if rounded else
+                f"computed in {fmt} at this layer (its values are {fmt} numbers; rel_l2 {rel / u:.3g} u_{fmt} "
+                f"is more than one rounding)")
+        return ("narrow_format",
+                f"narrow_format: {what}: {'all' if representable == n else representable} of {n} nonzero values "
+                f"representable in {fmt}; rel_l2 {rel:.3g} = {rel / u:.3g} u_{fmt}; against round(reference, "
+                f"{fmt}) rel_l2 {after:.3g}, {100.0 * equal / a.size:.2f}% of values equal",
+                {"format": fmt, "u": u, "rounded": rounded, "representable": representable, "nonzero": n,
+                 "rel_l2": rel, "rel_l2_u": rel / u, "rel_l2_vs_rounded_reference": after,
+                 "equal_to_rounded_reference": equal, "numel": int(a.size)})
+    return None
+
+
+def _coarse(v: np.ndarray, bits: int) -> int:
+    """How many of `v` have a significand of at most `bits` bits (the implicit one included)."""
+    m, e = np.frexp(v)  # v = m 2^e, 0.5 <= |m| < 1
+    return int((np.ldexp(np.round(np.ldexp(m, bits)), -bits) == m).sum())
+
+
+# ---- channel permutation --------------------------------------------------------------------------
+
+def _match(A: np.ndarray, B: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """For each channel in `rows`, the reference channel among `rows` whose vector is nearest (relative
+    squared distance on sampled positions); None unless the match is one-to-one."""
+    m = min(A.shape[1], PERM_SAMPLE, max(64, PERM_WORK // len(rows) ** 2))
+    cols = np.unique(np.linspace(0, A.shape[1] - 1, m).astype(np.int64))
+    As, Bs = A[np.ix_(rows, cols)], B[np.ix_(rows, cols)]
+    na, nb = np.einsum("ij,ij->i", As, As), np.einsum("ij,ij->i", Bs, Bs)
+    cross = np.einsum("ik,jk->ij", As, Bs)  # not BLAS: one thread, a fixed order (a threaded matmul stalls under load)
+    dist = (na[:, None] + nb[None, :] - 2.0 * cross) / (na[:, None] + nb[None, :] + 1e-300)
+    best = np.argmin(dist, axis=1)
+    if len(np.unique(best)) != len(rows):
+        return None
+    return rows[best]
+
+
+def _cycles(perm: np.ndarray) -> list[list[int]]:
+    seen, out = set(), []
+    for i in range(len(perm)):
+        if i in seen or perm[i] == i:
+            continue
+        cyc, j = [], i
+        while j not in seen:
+            seen.add(j)
+            cyc.append(int(j))
+            j = int(perm[j])
+        out.append(cyc)
+    return out
+
+
+def _describe(cycles: list[list[int]]) -> str:
+    if all(len(c) == 2 for c in cycles):
+        parts = [f"{c[0]} and {c[1]}" for c in cycles[:LIST_MAX]]
+        more = "; ..." if len(cycles) > LIST_MAX else ""
+        return f"channel{'s' if len(parts) == 1 else ' pairs'} {'; '.join(parts)}{more} swapped"
+    moves = [(i, c[(k + 1) % len(c)]) for c in cycles for k, i in enumerate(c)]
+    shown = ", ".join(f"{i}<-{j}" for i, j in moves[:LIST_MAX])
+    return f"channels moved (actual channel <- reference channel): {shown}{', ...' if len(moves) > LIST_MAX else ''}"
+
+
+def channel_permutation(a, b, rel: float, limit: float, axes) -> tuple | None:
+    tol = max(1e-3, limit)
+    for ax in axes:
+        n = b.shape[ax]
+        if n < 2:
+            continue
+        A, B = np.moveaxis(a, ax, 0).reshape(n, -1), np.moveaxis(b, ax, 0).reshape(n, -1)
+        D = A - B
+        e = np.einsum("ij,ij->i", D, D)
+        total = float(e.sum())
+        if total <= 0:
+            continue
+        order = np.argsort(-e, kind="stable")
+        k = int(np.searchsorted(np.cumsum(e[order]) / total, 1.0 - PERM_TAIL) + 1)
+        if k < 2 or k > PERM_MAX:
+            continue
+        src = _match(A, B, np.sort(order[:k]))
+        if src is None:
+            continue
+        perm = np.arange(n)
+        perm[np.sort(order[:k])] = src
+        if (perm == np.arange(n)).all():
+            continue
+        after = rel_l2(a, np.take(b, perm, axis=ax))
+        if after > tol or after * GAIN > rel:
+            continue
+        cycles = _cycles(perm)
+        moved = [[int(i), int(perm[i])] for c in cycles for i in c]
+        return ("channel_permutation",
+                f"channel_permutation: {_describe(cycles)} along axis {ax} of {n} (rel_l2 {rel:.3g} -> {after:.3g} "
+                f"after undoing it)",
+                {"axis": int(ax), "of": int(n), "cycles": cycles, "moved": moved, "rel_l2": rel,
+                 "rel_l2_after": after})
+    return None
+
+
+# ---- op substitution ------------------------------------------------------------------------------
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def _gelu_erf(x):
+    return 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)).astype(np.float64))
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+OPS = {  # name as in ONNX -> f(x); LeakyRelu's alpha is fitted to the values
+    "Identity": lambda x: x,
+    "Relu": lambda x: np.maximum(x, 0.0),
+    "LeakyRelu": None,
+    "Clip(0, 6)": lambda x: np.clip(x, 0.0, 6.0),
+    "Sigmoid": _sigmoid,
+    "HardSigmoid(alpha=1/6)": lambda x: np.clip(x / 6.0 + 0.5, 0.0, 1.0),
+    "HardSigmoid(alpha=0.2)": lambda x: np.clip(0.2 * x + 0.5, 0.0, 1.0),
+    "SiLU": lambda x: x * _sigmoid(x),
+    "HardSwish": lambda x: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
+    "Gelu(erf)": _gelu_erf,
+    "Gelu(tanh)": _gelu_tanh,
+    "Tanh": np.tanh,
+    "Elu": lambda x: np.where(x > 0, x, np.expm1(np.minimum(x, 0.0))),
+    "Softplus": lambda x: np.logaddexp(0.0, x),
+}
+
+
+def _leaky(x, v) -> tuple[str, np.ndarray]:
+    neg = x < 0
+    xn = x[neg]
+    alpha = _dot(v[neg], xn) / _dot(xn, xn) if xn.size and _dot(xn, xn) > 0 else 0.0
+    return f"LeakyRelu(alpha={alpha:.4g})", np.where(neg, alpha * x, x)
+
+
+def _best_op(x, v) -> tuple[str, float, dict]:
+    """The candidate op whose f(x) is nearest to v: (name, rel_l2, every candidate's rel_l2). Ties
+    (within 2x, e.g. LeakyRelu(alpha=1e-17) and Relu) go to the earlier, simpler op."""
+    rels = {}
+    for name, f in OPS.items():
+        if f is None:
+            label, y = _leaky(x, v)
+        else:
+            label, y = name, f(x)
+        rels[label] = rel_l2(v, y)
+    best = min(rels.values())
+    name = next(k for k, r in rels.items() if r <= 2.0 * best + 1e-300)
+    return name, rels[name], rels
+
+
+def op_substitution(a, b, x, rel: float, limit: float) -> tuple | None:
+    if x is None or np.shape(x) != b.shape:
+        return None
+    x = np.asarray(x, dtype=np.float64)
+    idx = np.unique(np.linspace(0, b.size - 1, min(b.size, OP_SAMPLE)).astype(np.int64))
+    xs, as_, bs = x.ravel()[idx], a.ravel()[idx], b.ravel()[idx]
+    if not np.isfinite(xs).all():
+        return None
+    rel_s = rel_l2(as_, bs)
+    got, got_rel, rels = _best_op(xs, as_)
+    ref, ref_rel, _ = _best_op(xs, bs)
+    if got == ref or got_rel * GAIN > rel_s or got_rel > max(1e-3, limit):
+        return None
+    known = ref_rel * GAIN <= rel_s
+    where = (f"where the reference computes {ref} (rel_l2 {ref_rel:.3g})" if known else
+             "; the reference matches none of the candidate ops")
+    return ("op_substitution",
+            f"op_substitution: the layer computes {got} {where}: on the layer's input, actual vs {got} applied to it "
+            f"rel_l2 {got_rel:.3g}, actual vs the reference {rel_s:.3g} (on {len(idx)} of {b.size} elements)",
+            {"op": got, "reference_op": ref if known else None, "rel_l2_op": got_rel,
+             "rel_l2_reference_op": ref_rel, "rel_l2": rel, "rel_l2_sampled": rel_s, "sampled": int(len(idx)),
+             "candidates": {k: v for k, v in sorted(rels.items(), key=lambda kv: kv[1])[:4]}})
+
+
+# ---- softmax temperature --------------------------------------------------------------------------
+
+def _softmax(z, ax):
+    z = z - z.max(axis=ax, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=ax, keepdims=True)
+
+
+def softmax_temperature(a, b, rel: float) -> tuple | None:
+    if b.ndim < 1 or (b < 0).any() or (a < 0).any():
+        return None
+    for ax in dict.fromkeys([b.ndim - 1] + ([1] if b.ndim > 2 else [])):
+        if b.shape[ax] < 2 or np.abs(b.sum(axis=ax) - 1).max() > SOFTMAX_SUM \
+                or np.abs(a.sum(axis=ax) - 1).max() > SOFTMAX_SUM:
+            continue
+        m = (a > TINY) & (b > TINY)
+        cnt = np.maximum(m.sum(axis=ax, keepdims=True), 1)
+        la, lb = np.log(np.where(m, a, 1.0)), np.log(np.where(m, b, 1.0))
+        lac = (la - (la * m).sum(axis=ax, keepdims=True) / cnt) * m
+        lbc = (lb - (lb * m).sum(axis=ax, keepdims=True) / cnt) * m
+        den = _dot(lbc.ravel(), lbc.ravel())
+        if den <= 0:
+            continue
+        t = _dot(lac.ravel(), lbc.ravel()) / den
+        after = rel_l2(a, _softmax(t * np.log(np.maximum(b, 1e-300)), ax))
+        if after * GAIN > rel or abs(t - 1.0) <= after:
+            continue
+        return ("softmax_temperature",
+                f"softmax_temperature: actual ~= softmax(t x) along axis {ax} with t = {t:.6g}, x the reference's "
+                f"logits (log of its output, up to a per-row constant): rel_l2 {rel:.3g} -> {after:.3g}",
+                {"t": t, "axis": int(ax), "rel_l2": rel, "rel_l2_after": after})
+    return None
