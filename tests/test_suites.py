@@ -109,12 +109,13 @@ def selftest_fp16():
     t0 = time.perf_counter()
     rows, outs, refs, timing, stats = run_cell(p, "selftest", "fp16", "torch_cpu", workers=2)
     wall = time.perf_counter() - t0
-    o, r = {}, {}
-    for ts, d in ((outs, o), (refs, r)):
+    o, r, g, f = {}, {}, {}, {}
+    for ts, d in ((outs, o), (refs["reference"], r), (refs["gold"], g), (refs["floor"], f)):
         for t in ts:
             cid, _, name = t.name.partition("/")
             d.setdefault(cid, {})[name] = t.array
-    res = {row["id"]: diff.diff_case(p, "selftest", "fp16", row, o.get(row["id"], {}), r.get(row["id"], {}))
+    res = {row["id"]: diff.diff_case(p, "selftest", "fp16", row, o.get(row["id"], {}), r.get(row["id"], {}),
+                                     gold=g.get(row["id"]), floor=f.get(row["id"]))
            for row in rows}
     return res, stats, wall
 

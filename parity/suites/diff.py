@@ -13,8 +13,11 @@ Verdicts, per tensor, as a model's layers are judged (`diff.verdict`, default or
   oracle     the fp64 oracle (parity.analysis.oracle.judge, `dtypes.<d>.oracle`): the tensor's error
              vs the case's float64 run within k x max(the trusted backend's error at the cell's dtype,
              u x rms) + slack x rms (`excess` <= k). The run stage gives the float64 values (`gold`)
-             and the trusted backend's (`floor`): execute.run_case says which run is which. A
-             torch_cpu cell is the oracle's own backend judged against itself, and says so.
+             and the trusted backend's (`floor`): execute.run_case says which run is which. Where
+             there is no trusted backend apart from what is tested (a torch_cpu cell: torch_cpu is
+             that backend; a user op against its own reference) the floor is the precision's own
+             rounding, u x rms (`floor_from: none`), never the outputs themselves (a verdict that
+             could not fail).
   tolerance  |a - b| <= atol + rtol |b| against the fp32 reference: every tensor under
              `diff.verdict: tolerance`; a tensor a rule of the suite's `tolerances:` matches (the
              per-suite fixed tolerance: a rule with atol/rtol, scoped by dtype, case, kind); integer
@@ -34,7 +37,6 @@ from parity.analysis import oracle
 from parity.suites import spec
 
 STATUS_ORDER = status.CASE_ORDER  # the one vocabulary: parity.status
-BASELINE_NOTE = "torch_cpu is the oracle's trusted backend: this cell is that backend judged against itself"
 
 
 def _nan_mask(a: np.ndarray) -> np.ndarray:
@@ -66,7 +68,7 @@ def _oracle_tensor(name: str, a, keep, gold: dict, floor: dict | None, lim: tupl
 
 def _floors(row: dict, outs: dict, refs: dict, floor: dict | None) -> dict | None:
     src = row.get("floor_from")
-    return {"outputs": outs, "reference": refs, "floor": floor or {}, "none": None}.get(src, floor or {})
+    return {"reference": refs, "floor": floor or {}, "none": None}.get(src, floor or {})
 
 
 def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict, max_mismatch: float = 0.0,
@@ -120,8 +122,7 @@ def _summarise(res: dict, row: dict, ctx: dict) -> None:
     res["verdict"] = "oracle" if ctx["excess"] else "tolerance"
     if ctx["excess"]:
         res["oracle_k"] = ctx["lim"][1]
-        if row.get("floor_from") == "outputs":
-            res["baseline"] = BASELINE_NOTE
+        res["floor_from"] = row.get("floor_from")
     elif row.get("oracle_note"):
         res["oracle_note"] = row["oracle_note"]
 

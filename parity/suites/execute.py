@@ -19,8 +19,9 @@ rounding of its inputs. Results are plain dicts:
                fails (`oracle_note` says why) or the case has no torch side (onnx, gradcheck)
   floor        the oracle's trusted backend at the cell's dtype (torch_cpu eager; pair tests: side A
                on the provider), when it is neither the outputs nor the reference themselves;
-               `floor_from` names which: floor | outputs (the provider is torch_cpu: the oracle's
-               own backend, judged against itself) | reference | none (a user op: no trusted backend)
+               `floor_from` names which: floor | reference | none (no trusted backend apart from
+               what is tested: a user op against its reference, or a torch_cpu cell, whose floor would
+               be its own outputs; then the limit is the precision's rounding, k x u x rms + slack)
   latency_ms / ref_latency_ms   medians of the timed provider / reference calls
   onnx_ops     ONNX op types of the per-op export (ONNX-based runners)
 """
@@ -267,8 +268,8 @@ def _oracle_values(case: dict, cell: dict, sides: dict, dt, args, kwargs, gcase,
             return {"gold": [(n, as_numpy64(t)) for n, t in gold], "floor_from": "reference"}
         gold = _torch_at("float64", sides["main"], dt, args, kwargs, gcase)
         res = {"gold": [(n, as_numpy64(t)) for n, t in gold]}
-        if runner_class(cell) is TorchCpuRunner:
-            res["floor_from"] = "outputs"
+        if runner_class(cell) is TorchCpuRunner:  # the provider is the trusted backend: no floor apart
+            res["floor_from"] = "none"
         elif base == {"provider": "torch_cpu", "precision": "cell"} or (
                 base == {"provider": "torch_cpu", "precision": "fp32"} and cell["torch_dtype"] == "float32"):
             res["floor_from"] = "reference"
