@@ -1,5 +1,5 @@
-"""suite_diff@suite-dtype-provider: per-case verdicts of a suite cell against its fp32 reference
-(parity.suites.diff). Reads the run stage's outputs and the suite's tolerances only, so a tolerance
+"""suite_diff@suite-dtype-provider: per-case verdicts of a suite cell (parity.suites.diff): the fp64
+oracle on the run's float64 values, or a fixed tolerance against its fp32 reference. Reads the run stage's outputs and the suite's tolerances only, so a tolerance
 change re-runs only this suite's diffs. Writes results.json (per case) and metrics.json (counts).
 numpy only.
 """
@@ -16,14 +16,16 @@ from parity.suites import diff
 
 def diff_cell(p: dict, suite: str, dtype: str, run_dir: Path) -> list[dict]:
     run = read_json(run_dir / "results.json")
-    outs: dict[str, dict] = {}
-    refs: dict[str, dict] = {}
-    for src, dst in ((run_dir / "outputs.parquet", outs), (run_dir / "reference.parquet", refs)):
-        for t in store.read(src):
+    got: dict[str, dict] = {}  # file stem -> case id -> tensor name -> array
+    for stem in ("outputs", "reference", "gold", "floor"):  # gold, floor: the fp64 oracle's (absent before)
+        f = run_dir / f"{stem}.parquet"
+        for t in store.read(f) if f.exists() else ():
             cid, _, name = t.name.partition("/")
-            dst.setdefault(cid, {})[name] = t.array
+            got.setdefault(stem, {}).setdefault(cid, {})[name] = t.array
     mm = float((p.get("diff") or {}).get("max_mismatch", 0.0))
-    return [diff.diff_case(p, suite, dtype, row, outs.get(row["id"], {}), refs.get(row["id"], {}), mm)
+    by = {stem: got.get(stem, {}) for stem in ("outputs", "reference", "gold", "floor")}
+    return [diff.diff_case(p, suite, dtype, row, by["outputs"].get(row["id"], {}), by["reference"].get(row["id"], {}),
+                           mm, gold=by["gold"].get(row["id"]), floor=by["floor"].get(row["id"]))
             for row in run["cases"]]
 
 

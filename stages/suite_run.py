@@ -3,7 +3,8 @@ of isolated long-lived workers (parity.suites.pool), next to its fp32 reference.
 
 Writes, under --out: outputs.parquet (every case's provider outputs and gradients, named
 `<case>/<tensor>`), reference.parquet (the same names from the fp32 reference on the dtype-rounded
-inputs), results.json (one row per case: status, reason, ONNX ops, gradcheck); --timing gets the
+inputs), gold.parquet (float64: the fp64 oracle's values) and floor.parquet (the oracle's trusted
+backend at the cell's dtype, where it is not the outputs or the reference), results.json (one row per case: status, reason, ONNX ops, gradcheck); --timing gets the
 latencies (measured, so kept apart: no diff reads them). This process never imports torch.
 """
 
@@ -36,7 +37,8 @@ def main(argv=None) -> int:
     out = Path(a.out)
     md = {"suite": a.suite, "dtype": a.dtype, "provider": a.provider}
     store.write(out / "outputs.parquet", outs, md)
-    store.write(out / "reference.parquet", refs, md)
+    for what, ts in refs.items():  # reference, gold (fp64), floor: parity.pipeline.suite_run.run_cell
+        store.write(out / f"{what}.parquet", ts, md)
     write_json(out / "results.json", {"suite": a.suite, "dtype": a.dtype, "provider": a.provider, "cases": rows},
                sort_keys=False)
     wall = time.perf_counter() - t0

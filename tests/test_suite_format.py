@@ -140,7 +140,8 @@ def _run(p, provider, dtype):
     rows, outs, refs, timing, _ = run_cell(p, "feat", dtype, provider, workers=2)
     d = Path(tempfile.mkdtemp(dir="."))
     store.write(d / "outputs.parquet", outs, {})
-    store.write(d / "reference.parquet", refs, {})
+    for what, ts in refs.items():  # reference, gold, floor
+        store.write(d / f"{what}.parquet", ts, {})
     write_json(d / "results.json", {"cases": rows}, sort_keys=False)
     diffed = {r["id"]: r for r in diff_cell(p, "feat", dtype, d)}
     return {r["id"]: r for r in rows}, diffed, {t.name: t.array for t in store.read(d / "outputs.parquet")}

@@ -109,12 +109,13 @@ def selftest_fp16():
     t0 = time.perf_counter()
     rows, outs, refs, timing, stats = run_cell(p, "selftest", "fp16", "torch_cpu", workers=2)
     wall = time.perf_counter() - t0
-    o, r = {}, {}
-    for ts, d in ((outs, o), (refs, r)):
+    o, r, g, f = {}, {}, {}, {}
+    for ts, d in ((outs, o), (refs["reference"], r), (refs["gold"], g), (refs["floor"], f)):
         for t in ts:
             cid, _, name = t.name.partition("/")
             d.setdefault(cid, {})[name] = t.array
-    res = {row["id"]: diff.diff_case(p, "selftest", "fp16", row, o.get(row["id"], {}), r.get(row["id"], {}))
+    res = {row["id"]: diff.diff_case(p, "selftest", "fp16", row, o.get(row["id"], {}), r.get(row["id"], {}),
+                                     gold=g.get(row["id"]), floor=f.get(row["id"]))
            for row in rows}
     return res, stats, wall
 
@@ -137,7 +138,7 @@ def test_statuses_from_the_diff(selftest_fp16):
     assert st["raises"] == "INVALID"
     assert st["nan_below_fp32"] == "NAN_IN_OUTPUT"
     assert st["nan_at_fp32"] == "NAN_IN_REFERENCE"
-    assert st["off_by_a_bit"] == "MISMATCH" and "tol_ratio" in res["off_by_a_bit"]["reason"]
+    assert st["off_by_a_bit"] == "MISMATCH" and "excess" in res["off_by_a_bit"]["reason"]  # the fp64 oracle's
     assert st["scaled_tanh_gradcheck"] == "OK"
     assert st["bad_tanh_gradcheck"] == "MISMATCH" and "gradcheck" in res["bad_tanh_gradcheck"]["reason"]
     assert res["seed_mlp"]["grad_tol_ratio"] is not None  # input + parameter grads compared

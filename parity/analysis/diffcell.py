@@ -59,11 +59,11 @@ def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | 
 
 
 def _k(p: dict, dtype: str) -> float:
-    return float((p["dtypes"][dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K))
+    return oracle.limits(p["dtypes"][dtype])[1]
 
 
 def _slack(p: dict, dtype: str) -> float:
-    return float((p["dtypes"][dtype].get("oracle") or {}).get("slack", 0.0))
+    return oracle.limits(p["dtypes"][dtype])[2]
 
 
 def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,

@@ -49,6 +49,13 @@ def unit_roundoff(dtype_cfg: dict) -> float:
     return UNIT_ROUNDOFF.get(dtype_cfg.get("torch", "float32"), 2.0 ** -24)
 
 
+def limits(dtype_cfg: dict) -> tuple[float, float, float]:
+    """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
+    layer (parity.analysis.diffcell) or a suite case (parity.suites.diff), is judged by."""
+    o = dtype_cfg.get("oracle") or {}
+    return unit_roundoff(dtype_cfg), float(o.get("k", DEFAULT_K)), float(o.get("slack", 0.0))
+
+
 def has_baseline(dtype_cfg: dict) -> bool:
     return dtype_cfg.get("mode", "cast") in BASELINE_MODES
 

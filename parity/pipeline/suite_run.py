@@ -32,7 +32,9 @@ def _not_run(p: dict, dtype: str, provider: str) -> str | None:
 
 
 def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None, progress=None):
-    """(rows, outputs, references, timing, pool stats) for one cell."""
+    """(rows, outputs, references, timing, pool stats) for one cell; references is {"reference": the
+    fp32 reference, "gold": the fp64 oracle's values, "floor": its trusted backend at the cell's dtype
+    (where run apart: parity.suites.execute)}, each a list of store.Tensor."""
     sr = p.get("suites_run") or {}
     cases = spec.expand(suite, p["suites"][suite], default_timeout=float(sr.get("timeout_s", 60)))
     why = _not_run(p, dtype, provider)
@@ -49,17 +51,18 @@ def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None
             for i, r in zip(todo, ran):
                 results[i] = r
             stats = {"restarts": pl.restarts, "crashes": pl.crashes, "timeouts": pl.timeouts}
-    rows, outs, refs, timing = [], [], [], {}
+    rows, outs, timing = [], [], {}
+    refs: dict = {"reference": [], "gold": [], "floor": []}
     for idx, (c, r) in enumerate(zip(cases, results)):
         names = [n for n, _ in r.get("outputs", [])]
         rows.append({"id": c["id"], "label": c["label"], "kind": c["kind"], "status": r["status"],
                      "reason": r.get("reason", ""), "outputs": names, "onnx_ops": r.get("onnx_ops"),
                      "gradcheck": r.get("gradcheck"),
-                     **{k: r[k] for k in ("note", "drawn") if r.get(k) is not None}})
+                     **{k: r[k] for k in ("note", "drawn", "floor_from", "oracle_note") if r.get(k) is not None}})
         for k, (n, a) in enumerate(r.get("outputs", [])):
             outs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
-        for k, (n, a) in enumerate(r.get("reference", [])):
-            refs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
+        for what, ts in refs.items():
+            ts += [store.Tensor(idx, f"{c['id']}/{n}", k, a) for k, (n, a) in enumerate(r.get(what, []))]
         if "latency_ms" in r:
             timing[c["id"]] = {"latency_ms": r["latency_ms"], "ref_latency_ms": r.get("ref_latency_ms")}
     return rows, outs, refs, timing, stats

@@ -3,7 +3,8 @@ with support rates per provider, an ONNX-export column, max_abs histograms and l
 the reference. Light: json/csv only (no numpy, no torch), so the report stage can import it.
 
 `rows` has one row per case (in op order, then case order) with that case's numbers in each cell
-(status, reason, max_abs, rel_l2, tol_ratio, grad_tol_ratio, tolerance source, latency ratio);
+(status, reason, max_abs, rel_l2, tol_ratio, grad_tol_ratio, tolerance source, the fp64 oracle's
+verdict and excess, latency ratio);
 `ops` has one row per op whose status in a cell is the worst over its cases (the reason is the first
 case with that status). `supported` counts cases the provider ran (OK, MISMATCH, NAN_*); INVALID
 cases (they fail on the reference too) and SKIPPED ones (skip_on) are left out of the rates.
@@ -24,7 +25,7 @@ from parity import status
 SEVERITY = status.SEVERITY  # the one vocabulary: parity.status
 RAN = status.CASE_RAN
 CASE_NUMBERS = ("max_abs", "rel_l2", "tol_ratio", "grad_max_abs", "grad_tol_ratio", "tol_source", "grad_tol_source",
-                "note", "drawn")
+                "verdict", "excess", "grad_excess", "floor_from", "oracle_note", "note", "drawn")
 BUCKETS = (("0", 0.0), ("<1e-6", 1e-6), ("<1e-4", 1e-4), ("<1e-2", 1e-2), ("<1", 1.0), (">=1", math.inf))
 
 

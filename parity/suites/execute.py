@@ -13,6 +13,15 @@ rounding of its inputs. Results are plain dicts:
   reason       why, for anything but OK
   outputs      [(name, float32/int ndarray)]  forward outputs (out:i) then grads (grad:...)
   reference    the same names from the fp32 reference (pair tests: side A on the same backend)
+  gold         the same names in float64 (the fp64 oracle's truth, parity.analysis.oracle): the case
+               on torch_cpu eager in float64 on the cell's rounded inputs and parameters (pair tests:
+               side A; cases with `reference:`, the user's float64 reference); absent when that run
+               fails (`oracle_note` says why) or the case has no torch side (onnx, gradcheck)
+  floor        the oracle's trusted backend at the cell's dtype (torch_cpu eager; pair tests: side A
+               on the provider), when it is neither the outputs nor the reference themselves;
+               `floor_from` names which: floor | reference | none (no trusted backend apart from
+               what is tested: a user op against its reference, or a torch_cpu cell, whose floor would
+               be its own outputs; then the limit is the precision's rounding, k x u x rms + slack)
   latency_ms / ref_latency_ms   medians of the timed provider / reference calls
   onnx_ops     ONNX op types of the per-op export (ONNX-based runners)
 """
@@ -189,7 +198,8 @@ def _baseline(case: dict, main, dt, args, kwargs, cell, gcase):
 
 def run_case(case: dict, cell: dict) -> dict:
     """cell: provider, runner (its conf `runner:`), import, torch_dtype, seed, repeats, threads,
-    onnx_opset, options, grad (bool), runners (the selected providers', for baselines).
+    onnx_opset, options, grad (bool), runners (the selected providers', for baselines), oracle
+    (bool, default true: also the float64 and trusted-backend runs the fp64 oracle judges by).
     A case with `samples: N` runs N input draws; sample k's tensors are named `<name>#s<k>` (k > 0)."""
     cell = dict(cell)
     if case.get("export"):
@@ -207,12 +217,17 @@ def run_case(case: dict, cell: dict) -> dict:
             break
         sfx = f"#s{k}" if k else ""
         if res is None:
-            res = dict(r, outputs=[], reference=[], latency_ms=[], ref_latency_ms=[])
-        res["outputs"] += [(nm + sfx, a) for nm, a in r["outputs"]]
-        res["reference"] += [(nm + sfx, a) for nm, a in r["reference"]]
+            res = dict(r, outputs=[], reference=[], gold=[], floor=[], latency_ms=[], ref_latency_ms=[])
+        for key in ("outputs", "reference", "gold", "floor"):
+            res[key] += [(nm + sfx, a) for nm, a in r.get(key, [])]
+        if "gold" not in r and cell.get("oracle", True):  # a sample without its fp64 run: judged by tolerance
+            res["oracle_note"] = r.get("oracle_note", "no fp64 run")
         res["latency_ms"].append(r["latency_ms"])
         res["ref_latency_ms"].append(r["ref_latency_ms"])
     if n > 1 and res.get("status") == "OK":
+        for key in ("gold", "floor"):
+            if not res[key] or res.get("oracle_note"):
+                res.pop(key)
         res["latency_ms"] = statistics.median(res["latency_ms"])
         res["ref_latency_ms"] = statistics.median(res["ref_latency_ms"])
     if any(drawn):
@@ -222,6 +237,49 @@ def run_case(case: dict, cell: dict) -> dict:
         res["note"] = (f"complex inputs: real and imaginary parts rounded to {cell['torch_dtype']}, computed in "
                        f"complex64 (no complex32 kernels on these backends)")
     return res
+
+
+def as_numpy64(t: torch.Tensor) -> np.ndarray:
+    """A tensor as numpy keeping float64 (ops.as_numpy makes floats float32): the oracle's gold."""
+    t = t.detach().cpu()
+    t = torch.view_as_real(t) if t.is_complex() else t
+    return (t.double() if t.is_floating_point() else t).contiguous().numpy().copy()
+
+
+def _torch_at(prec: str, side, dt, args, kwargs, gcase) -> list:
+    """`side` on torch_cpu eager at `prec` (float64: the oracle's gold; the cell's dtype: its floor)
+    on the cell's rounded inputs and parameters (rounded to dt, then widened), called once."""
+    rdt = TORCH_DTYPES[prec]
+    r = TorchCpuRunner(OpJob("torch_cpu", {"options": {}}, prec, repeats=1))
+    named, _, _ = r.run_op(side_at(side_at(side, dt), rdt), tmap(args, lambda t: values.to_reference(t, rdt)),
+                           tmap(kwargs, lambda t: values.to_reference(t, rdt)), gcase)
+    return named
+
+
+def _oracle_values(case: dict, cell: dict, sides: dict, dt, args, kwargs, gcase, ref) -> dict:
+    """`gold` (float64) and the oracle's floor (`floor` or `floor_from`) of a case that ran OK, as
+    run_case's docstring says; a failing fp64 run leaves `oracle_note` and the diff judges the case
+    by tolerance."""
+    base = case.get("baseline") or {"provider": "torch_cpu", "precision": "fp32"}
+    try:
+        if case.get("reference"):  # the user's float64 reference is the truth; no trusted backend
+            return {"gold": [(n, as_numpy64(t)) for n, t in ref], "floor_from": "none"}
+        if case["kind"] == "pair":  # side A: the truth in float64 on torch, the floor on the provider
+            gold = _torch_at("float64", sides["a"], dt, args, kwargs, gcase)
+            return {"gold": [(n, as_numpy64(t)) for n, t in gold], "floor_from": "reference"}
+        gold = _torch_at("float64", sides["main"], dt, args, kwargs, gcase)
+        res = {"gold": [(n, as_numpy64(t)) for n, t in gold]}
+        if runner_class(cell) is TorchCpuRunner:  # the provider is the trusted backend: no floor apart
+            res["floor_from"] = "none"
+        elif base == {"provider": "torch_cpu", "precision": "cell"} or (
+                base == {"provider": "torch_cpu", "precision": "fp32"} and cell["torch_dtype"] == "float32"):
+            res["floor_from"] = "reference"
+        else:
+            floor = _torch_at(cell["torch_dtype"], sides["main"], dt, args, kwargs, gcase)
+            res.update(floor=[(n, as_numpy(t)) for n, t in floor], floor_from="floor")
+        return res
+    except Exception as e:  # noqa: BLE001 - an op without float64 kernels: judged by tolerance
+        return {"oracle_note": f"no fp64 run ({reason_of(e)}): judged by tolerance"}
 
 
 def _zero_output(case: dict, ref) -> str | None:
@@ -293,8 +351,11 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
             return {"status": e.status, "reason": e.reason}
         except Exception as e:
             return {"status": "INFER_FAIL", "reason": reason_of(e)}
-        return {"status": "OK", "reason": "", "outputs": [(n, as_numpy(t)) for n, t in out],
-                "reference": [(n, as_numpy(t)) for n, t in ref], "latency_ms": ms, "ref_latency_ms": rms,
-                "onnx_ops": ops, "drawn": ctx.get("drawn")}
+        res = {"status": "OK", "reason": "", "outputs": [(n, as_numpy(t)) for n, t in out],
+               "reference": [(n, as_numpy(t)) for n, t in ref], "latency_ms": ms, "ref_latency_ms": rms,
+               "onnx_ops": ops, "drawn": ctx.get("drawn")}
+        if cell.get("oracle", True):  # fuzzing asks for none (parity.analysis.fuzz_campaign.cell_for)
+            res.update(_oracle_values(case, cell, sides, dt, p_args, p_kwargs, gcase, ref))
+        return res
     except SkipCase as e:
         return {"status": e.status, "reason": e.reason}

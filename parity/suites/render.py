@@ -59,7 +59,7 @@ def _status_td(cell: dict, anchor: str | None, extra: str = "") -> str:
 
 
 NUMBERS = (("max_abs", ".3g"), ("rel_l2", ".3g"), ("tol_ratio", ".3g"), ("grad_tol_ratio", ".3g"),
-           ("latency_ratio", ".2g"))
+           ("verdict", ""), ("excess", ".3g"), ("grad_excess", ".3g"), ("latency_ratio", ".2g"))
 
 
 def case_details(coverage: dict) -> str:

@@ -15,7 +15,8 @@ import yaml
 
 from parity.suites import spec
 
-COLUMNS = (("status", None), ("max_abs", ".3g"), ("rel_l2", ".3g"), ("tol_ratio", ".3g"), ("grad_tol_ratio", ".3g"))
+COLUMNS = (("status", None), ("max_abs", ".3g"), ("rel_l2", ".3g"), ("tol_ratio", ".3g"), ("grad_tol_ratio", ".3g"),
+           ("verdict", None), ("excess", ".3g"))  # excess: the fp64 oracle's (<= k passes)
 
 
 def case_results(suite: str, case: str, diff_root: Path) -> dict[str, dict]:

@@ -3,8 +3,10 @@
 A suite is one Hydra option file conf/suites/<name>.yaml keyed by its own name:
 
     critical:
-      tolerances:            # read by the diff stages only: changing them re-runs only diffs
-        - {dtype: bf16, kind: grad, atol: 1.0e-2, rtol: 5.0e-2}     # kind: out | grad; case: fnmatch
+      tolerances:            # read by the diff stages only: changing them re-runs only diffs. A rule
+        - {dtype: bf16, kind: grad, atol: 1.0e-2, rtol: 5.0e-2}     # is a fixed tolerance for what it
+                             # matches (kind: out | grad; case: fnmatch); the rest is judged by the
+                             # fp64 oracle (parity.suites.diff)
       spec:                  # read by the run stages
         include: [other]     # cases of conf/suites/other.yaml (its own dims/presets)
         timeout_s: 30        # per case (default suites_run.timeout_s)
