@@ -1,0 +1,122 @@
+"""Every ONNX backend node test of the installed onnx as the `import-onnx` suite, on one provider and
+dtype, through the suite stages' own code (parity.pipeline.suite_run.run_cell in its worker pool, the
+tensor store round trip, parity.suites.diff.diff_case) without DVC. Prints the counts per status, the
+non-OK cases grouped by reason, the share accepted, and (with --compare-fp32 at a dtype other than
+fp32) which ops really ran at that dtype.
+
+    .venv/bin/python benchmarks/onnx_node_suite.py [--dtype fp32] [--only 'test_conv*' ...] \
+        [--work /tmp/onnx_node_suite] [--json out.json] [--workers 2]
+
+The tests are written once under WORK/data/onnx/node/ (parity.suites.onnximport.write_tests) and
+reused. Figures: BENCHMARKS.md ("ONNX node tests as a suite").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from parity import store  # noqa: E402
+from parity.suites import diff, onnximport  # noqa: E402
+
+
+def tests(work: Path, only: list[str]) -> dict:
+    """The suite section of the node tests under work/data/onnx/node (written on first use)."""
+    data = work / "data" / "onnx" / "node"
+    if not data.is_dir():
+        tmp = data.with_name("node.tmp")
+        tmp.mkdir(parents=True)
+        onnximport.write_tests(tmp, [])
+        tmp.rename(data)
+    names = sorted(d.name for d in data.iterdir() if (d / "model.onnx").is_file())
+    if only:
+        import fnmatch
+
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in only)]
+    os.chdir(work)  # suite paths are relative to the repository root: here, work
+    doc = onnximport.suite_doc("node", Path("data/onnx/node"), names)
+    return doc["node"]
+
+
+def measure(work: Path, section: dict, dtype: str, provider: str, workers: int) -> tuple[list[dict], dict]:
+    """(diff rows, {case id: {tensor name: provider output}}) of one cell, as the suite stages judge it."""
+    import yaml
+
+    from parity.pipeline import suite_run
+
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["suites"] = {"node": section}
+    (work / "conf" / "suites").mkdir(parents=True, exist_ok=True)
+    rows, outs, refs, _timing, _stats = suite_run.run_cell(p, "node", dtype, provider, workers=workers)
+    got: dict[str, dict] = {}
+    want: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(dir=work) as td:  # the store round trip the stages make
+        for ts, dst, f in ((outs, got, "o.parquet"), (refs, want, "r.parquet")):
+            store.write(Path(td) / f, ts)
+            for t in store.read(Path(td) / f):
+                cid, _, name = t.name.partition("/")
+                dst.setdefault(cid, {})[name] = t.array
+    judged = [diff.diff_case(p, "node", dtype, r, got.get(r["id"], {}), want.get(r["id"], {})) for r in rows]
+    return judged, got
+
+
+def reason_key(r: dict) -> str:
+    """A reason with its case-specific parts (names, numbers, paths) blurred, to group cases."""
+    s = re.sub(r"'[^']*'", "'…'", r["reason"])
+    s = re.sub(r"\b\d+(\.\d+)?(e[-+]?\d+)?\b", "N", s)
+    s = re.sub(r"\S*/\S*", "…", s)
+    return f"{r['status']}: {s[:150]}"
+
+
+def report(rows: list[dict], dtype: str) -> dict:
+    counts = Counter(r["status"] for r in rows)
+    skipped = counts.get("SKIPPED", 0)
+    ran = len(rows) - skipped
+    ok = counts.get("OK", 0)
+    print(f"{len(rows)} node tests at {dtype}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    print(f"OK / ran (not SKIPPED): {ok}/{ran} = {ok / max(ran, 1):.1%}; "
+          f"OK + SKIPPED with a reason: {ok + skipped}/{len(rows)} = {(ok + skipped) / len(rows):.1%}; "
+          f"OK / all: {ok / len(rows):.1%}")
+    groups: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] != "OK":
+            groups.setdefault(reason_key(r), []).append(r["id"])
+    for k, ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"  {len(ids):4d}  {k}\n        e.g. {', '.join(ids[:4])}")
+    return {"counts": dict(counts), "ran": ran, "ok": ok, "skipped": skipped,
+            "groups": {k: ids for k, ids in groups.items()}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--provider", default="ort_cpu")
+    ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--work", default="/tmp/onnx_node_suite")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    work = Path(a.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    section = tests(work, a.only)
+    t0 = time.monotonic()
+    rows, _ = measure(work, section, a.dtype, a.provider, a.workers)
+    print(f"({time.monotonic() - t0:.0f} s)")
+    out = report(rows, a.dtype)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, **out}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
