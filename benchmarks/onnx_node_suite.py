@@ -78,23 +78,67 @@ def reason_key(r: dict) -> str:
     return f"{r['status']}: {s[:150]}"
 
 
+RUNTIME_LIMITS = ("SKIPPED", "UNSUPPORTED", "UNAVAILABLE")  # the runtime's own limit, with its reason
+
+
 def report(rows: list[dict], dtype: str) -> dict:
     counts = Counter(r["status"] for r in rows)
-    skipped = counts.get("SKIPPED", 0)
-    ran = len(rows) - skipped
-    ok = counts.get("OK", 0)
-    print(f"{len(rows)} node tests at {dtype}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
-    print(f"OK / ran (not SKIPPED): {ok}/{ran} = {ok / max(ran, 1):.1%}; "
-          f"OK + SKIPPED with a reason: {ok + skipped}/{len(rows)} = {(ok + skipped) / len(rows):.1%}; "
-          f"OK / all: {ok / len(rows):.1%}")
+    n, ok = len(rows), counts.get("OK", 0)
+    limits = sum(counts.get(s, 0) for s in RUNTIME_LIMITS)
+    ran = n - limits  # loaded and run by the runtime: OK, MISMATCH, NAN_*, INFER_FAIL, CRASH, TIMEOUT
+    print(f"{n} node tests at {dtype}: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    print(f"OK / loaded and run: {ok}/{ran} = {ok / max(ran, 1):.1%}; OK / not SKIPPED: "
+          f"{ok}/{n - counts.get('SKIPPED', 0)} = {ok / max(n - counts.get('SKIPPED', 0), 1):.1%}; "
+          f"OK or the runtime's own limit with its reason ({'/'.join(RUNTIME_LIMITS)}): "
+          f"{ok + limits}/{n} = {(ok + limits) / n:.1%}; OK / all: {ok / n:.1%}")
     groups: dict[str, list[str]] = {}
     for r in rows:
         if r["status"] != "OK":
             groups.setdefault(reason_key(r), []).append(r["id"])
     for k, ids in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         print(f"  {len(ids):4d}  {k}\n        e.g. {', '.join(ids[:4])}")
-    return {"counts": dict(counts), "ran": ran, "ok": ok, "skipped": skipped,
+    return {"counts": dict(counts), "ran": ran, "ok": ok, "runtime_limits": limits,
             "groups": {k: ids for k, ids in groups.items()}}
+
+
+def precision(rows: list[dict], dtype: str) -> dict:
+    """Per op: the ONNX cases that ran at `dtype` with float outputs, and how many computed at it
+    (parity.suites.onnxcase.exercised)."""
+    ops: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("exercised") and r["status"] in ("OK", "MISMATCH"):
+            ops.setdefault(r["label"].removeprefix("onnx::"), []).append(r)
+    kinds = Counter(r["exercised"]["evidence"].split(":")[0].split(" (")[0] for rs in ops.values() for r in rs)
+    def n(rs, v):
+        return sum(r["exercised"]["exercised"] is v for r in rs)
+
+    yes = sorted(op for op, rs in ops.items() if n(rs, True) == len(rs))
+    no = sorted(op for op, rs in ops.items() if n(rs, False) == len(rs))
+    unsure = sorted(op for op, rs in ops.items() if n(rs, None) == len(rs))
+    some = sorted(f"{op} ({n(rs, True)}/{n(rs, False)}/{n(rs, None)})" for op, rs in ops.items()
+                  if op not in yes + no + unsure)
+    print(f"\n{dtype}: {sum(map(len, ops.values()))} cases with float outputs ran, {len(ops)} ops; evidence: "
+          + ", ".join(f"{k} {v}" for k, v in kinds.most_common()))
+    print(f"  computed at {dtype} in every case ({len(yes)}): {' '.join(yes)}")
+    print(f"  fp32 kernels in every case ({len(no)}): {' '.join(no)}")
+    print(f"  cannot tell (only the storage rounding shows) ({len(unsure)}): {' '.join(unsure)}")
+    print(f"  mixed (computed/fp32/cannot tell) ({len(some)}): {' '.join(some)}")
+    return {"computed": yes, "fp32": no, "cannot_tell": unsure, "mixed": some, "evidence": dict(kinds)}
+
+
+def matrix(work: Path, rows: list[dict], dtype: str, provider: str) -> None:
+    """The suite coverage matrix (parity.suites.coverage, a row per op) over the cells measured so far
+    in `work`: WORK/diff/<dtype>-<provider>/results.json, WORK/coverage.{json,csv}."""
+    from parity.suites import coverage
+
+    d = work / "diff" / f"{dtype}-{provider}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "results.json").write_text(json.dumps({"cases": rows}, default=str))
+    cells = [(dt, provider) for dt in ("fp32", "fp16", "bf16") if (work / "diff" / f"{dt}-{provider}").is_dir()]
+    cov = coverage.build("node", cells, work / "diff")
+    (work / "coverage.json").write_text(json.dumps(cov, indent=1, default=str))
+    (work / "coverage.csv").write_text(coverage.to_csv(cov))
+    print(f"\ncoverage matrix: {len(cov['ops'])} op rows x {cov['columns']} -> {work}/coverage.json, coverage.csv")
 
 
 def main() -> int:
@@ -113,6 +157,9 @@ def main() -> int:
     rows, _ = measure(work, section, a.dtype, a.provider, a.workers)
     print(f"({time.monotonic() - t0:.0f} s)")
     out = report(rows, a.dtype)
+    if a.dtype != "fp32":
+        out["precision"] = precision(rows, a.dtype)
+    matrix(work, rows, a.dtype, a.provider)
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, **out}, indent=1, default=str))
     return 0

@@ -43,7 +43,6 @@ def write_tests(out: Path, only: list[str]) -> list[str]:
     layout; returns their names."""
     import warnings
 
-    from onnx import numpy_helper
     from onnx.backend.test.case import node
 
     with warnings.catch_warnings():
@@ -53,17 +52,23 @@ def write_tests(out: Path, only: list[str]) -> list[str]:
     for c in sorted(cases, key=lambda c: c.name):
         if only and not any(fnmatch.fnmatchcase(c.name, g) for g in only):
             continue
-        d = out / c.name
-        d.mkdir(parents=True)
-        (d / "model.onnx").write_bytes(c.model.SerializeToString())
-        for k, (ins, outs) in enumerate(c.data_sets):
-            ds = d / f"test_data_set_{k}"
-            ds.mkdir()
-            for kind, vals, vis in (("input", ins, c.model.graph.input), ("output", outs, c.model.graph.output)):
-                for j, v in enumerate(vals):
-                    (ds / f"{kind}_{j}.pb").write_bytes(_proto(v, vis[j]).SerializeToString())
+        write_case(out, c)
         names.append(c.name)
     return names
+
+
+def write_case(out: Path, c) -> Path:
+    """One onnx.backend.test.case TestCase as out/<name>/ (model.onnx, test_data_set_<k>/)."""
+    d = out / c.name
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(c.model.SerializeToString())
+    for k, (ins, outs) in enumerate(c.data_sets):
+        ds = d / f"test_data_set_{k}"
+        ds.mkdir()
+        for kind, vals, vis in (("input", ins, c.model.graph.input), ("output", outs, c.model.graph.output)):
+            for j, v in enumerate(vals):
+                (ds / f"{kind}_{j}.pb").write_bytes(_proto(v, vis[j]).SerializeToString())
+    return d
 
 
 def _proto(v, vi):
