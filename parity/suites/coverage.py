@@ -6,7 +6,9 @@ the reference. Light: json/csv only (no numpy, no torch), so the report stage ca
 (status, reason, max_abs, rel_l2, tol_ratio, grad_tol_ratio, tolerance source, latency ratio);
 `ops` has one row per op whose status in a cell is the worst over its cases (the reason is the first
 case with that status). `supported` counts cases the provider ran (OK, MISMATCH, NAN_*); INVALID
-cases (they fail on the reference too) and SKIPPED ones (skip_on) are left out of the rates.
+cases (they fail on the reference too) and SKIPPED ones (skip_on) are left out of the rates. ONNX
+model cases at a reduced dtype carry `exercised` (parity.suites.onnxcase): whether the op computed at
+that dtype, per case and counted per op cell.
 """
 
 from __future__ import annotations

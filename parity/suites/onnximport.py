@@ -7,8 +7,9 @@ outputs are copied to data/onnx/<name>/<test>/ (model.onnx, test_data_set_<k>/{i
 the layout of ONNX's backend tests), the folder the case names; its label is the test's op, so the
 coverage matrix has a row per op. The reference is ONNX's expected outputs, compared with ONNX's own
 backend-test tolerances at fp32 (rtol 1e-3, atol 1e-7, the suite's `tolerances`); other dtypes use
-dtypes.<d>.tol. Tests stamped with an opset the installed onnxruntime cannot read are SKIPPED when
-they run, with onnxruntime's reason.
+dtypes.<d>.tol. A test stamped with an opset the installed onnxruntime cannot read runs with the stamp
+lowered when its ops are defined identically at the newest opset it reads, else it is SKIPPED naming
+the op version; what onnxruntime has no kernel for is UNSUPPORTED in its words (parity.suites.onnxcase).
 
 Where the tests come from: `--from DIR` copies the tests under DIR/node/ (or DIR itself), e.g. what
 an onnx release's `python -m onnx.backend.test.cmd_tools generate-data -o DIR` wrote or the
