@@ -16,7 +16,7 @@ import pytest
 
 from parity.backends import load_runner
 from parity.backends.base import OpJob, OpSkip
-from parity.suites import coverage, diff, onnxcase, onnximport
+from parity.suites import coverage, diff, onnxcase, onnximport, render
 
 MODULES = ("castlike", "identity", "celu", "roialign", "string_concat", "gemm", "affinegrid")
 TESTS = ("test_castlike_FLOAT8E4M3FN_to_FLOAT", "test_castlike_INT4_to_FLOAT", "test_castlike_FLOAT_to_BFLOAT16",
@@ -99,6 +99,9 @@ def test_fp16_says_which_ops_computed_in_fp16(folder):
                          "cells": {"ort_cpu/fp16": {"statuses": [("OK", "", "a"), ("OK", "", "b")], "max_abs": [],
                                                     "ratios": [], "exercised": [False, None]}}}, ["ort_cpu/fp16"])
     assert cov["cells"]["ort_cpu/fp16"]["exercised"]["label"] == "computed 0, fp32 1, cannot tell 1", cov
+    td = render._status_td({"status": "MISMATCH", "reason": "r", "max_abs": "inf",  # write_json's non-finite
+                            "exercised": {"label": "fp32 kernels"}}, None)
+    assert "max_abs inf | precision: fp32 kernels" in td, td
 
 
 def test_ir_and_opset_notes_do_not_change_the_file(folder):
