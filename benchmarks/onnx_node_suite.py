@@ -6,6 +6,7 @@ fp32) which ops really ran at that dtype.
 
     .venv/bin/python benchmarks/onnx_node_suite.py [--dtype fp32] [--only 'test_conv*' ...] \
         [--work /tmp/onnx_node_suite] [--json out.json] [--workers 2]
+    .venv/bin/python benchmarks/onnx_node_suite.py --dvc --dtype fp16   # the same through DVC
 
 The tests are written once under WORK/data/onnx/node/ (parity.suites.onnximport.write_tests) and
 reused. Figures: BENCHMARKS.md ("ONNX node tests as a suite").
@@ -141,6 +142,31 @@ def matrix(work: Path, rows: list[dict], dtype: str, provider: str) -> None:
     print(f"\ncoverage matrix: {len(cov['ops'])} op rows x {cov['columns']} -> {work}/coverage.json, coverage.csv")
 
 
+def through_dvc(work: Path, dtypes: list[str], provider: str) -> None:
+    """The same through DVC: a scratch repository (tests/conftest.make_repo), `parity suite
+    import-onnx` (every node test), then `dvc repro suite_coverage@onnx_node`; prints each cell's counts."""
+    import shutil
+
+    from tests.conftest import BIN, make_repo
+
+    shutil.rmtree(work / "dvc", ignore_errors=True)
+    r = make_repo(work / "dvc", dtypes=tuple(dtypes), providers=(provider,), compose=False)
+    t0 = time.monotonic()
+    print(r.run([f"{BIN}/parity", "suite", "import-onnx"]).stdout.strip(), f"({time.monotonic() - t0:.0f} s)")
+    r.edit("conf/config.yaml", "  - suites: []", "  - suites: [onnx_node]")
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("onnx node tests")
+    t0 = time.monotonic()
+    ran = r.repro("suite_coverage@onnx_node")
+    print(f"{len(ran)} stages ({time.monotonic() - t0:.0f} s)")
+    a = r.path / "artifacts" / "suites"
+    for dt in dtypes:
+        cases = json.loads((a / "diff" / "onnx_node" / f"{dt}-{provider}" / "results.json").read_text())["cases"]
+        print(f"{dt}-{provider}: {len(cases)} cases: {dict(Counter(c['status'] for c in cases).most_common())}")
+    cov = json.loads((a / "coverage" / "onnx_node.json").read_text())
+    print(f"coverage: {len(cov['ops'])} op rows x {cov['columns']} ({a}/coverage/onnx_node.json)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtype", default="fp32")
@@ -149,9 +175,14 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/onnx_node_suite")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dvc", action="store_true", help="through DVC instead: import-onnx + suite_coverage "
+                                                       "at fp32 and --dtype in a scratch repository")
     a = ap.parse_args()
     work = Path(a.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
+    if a.dvc:
+        through_dvc(work, sorted({"fp32", a.dtype}, key=lambda d: d != "fp32"), a.provider)
+        return 0
     section = tests(work, a.only)
     t0 = time.monotonic()
     rows, _ = measure(work, section, a.dtype, a.provider, a.workers)
