@@ -362,7 +362,7 @@ def run(case: dict, cell: dict, runner_class, runner_for) -> dict:
         for name, g, w in zip(outs, got, want):
             res["outputs"] += flat(f"out:{name}{sfx}", g, found)
             res["reference"] += flat(f"out:{name}{sfx}", w, found)
-        if k == 0 and dtype != "float32" and not raw and all(isinstance(g, np.ndarray) for g in got):
+        if k == 0 and dtype != "float32" and not raw and all(isinstance(v, np.ndarray) for v in [*ins, *got]):
             ex = check_exercised(runner, m, names[:len(ins)], ins, got, dtype)
     notes += sorted(found)
     res["latency_ms"], res["ref_latency_ms"] = float(np.median(ms)), None
