@@ -7,7 +7,8 @@ are those strings).
   NAN_IN_OUTPUT     a suite case gave NaN where the reference has none
   NAN_IN_REFERENCE  the fp32 reference itself gave NaN
   INVALID           the case fails on the reference too (or cannot be built): not the provider's fault
-  UNSUPPORTED       the provider does not declare this dtype (or precision mode)
+  UNSUPPORTED       the provider does not declare this dtype (or precision mode); for an ONNX model
+                    case, the runtime says it has no kernel or schema for an op, type or attribute
   UNAVAILABLE       the backend cannot run on this machine (library or device missing)
   EXPORT_FAIL       preparing the model/op for the backend failed (export, a converter that raises,
                     engine build)
@@ -16,8 +17,8 @@ are those strings).
                     for it (an ORT session on an fp16 conversion), as a suite case's session error
   CRASH / TIMEOUT   a suite worker died / ran past its limit on the case (parity.suites.pool)
   SKIPPED           a suite case skipped on this (provider, dtype) by its `skip_on` rule, with the reason
-                    (or an ONNX model case the harness cannot run here: an opset the installed
-                    onnxruntime cannot read, values that are not numeric tensors)
+                    (or an ONNX model case the harness cannot run here: an op version newer than
+                    the installed onnxruntime implements, a map value)
   NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
   PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
   NOT_EXERCISED     a reduced-precision cell within its limit whose layers show no rounding of that

@@ -2,8 +2,7 @@
 ONNX's layout (model.onnx, test_data_set_0/{input,output}_<j>.pb) imported into conf/suites and
 data/onnx, run on real DVC through the suite stages on ort_cpu (torch_cpu says UNSUPPORTED) against
 the tests' expected outputs; a test stamped with an opset onnxruntime cannot read is SKIPPED with the
-reason, a sequence-valued one SKIPPED saying parity compares tensors, a wrong expected output is a
-MISMATCH. The full import (every node test of the installed onnx) is a command, not a test:
+reason, a sequence-valued one compared element by element, a wrong expected output is a MISMATCH. The full import (every node test of the installed onnx) is a command, not a test:
 benchmarks/onnx_node_models.py and the README's suites section."""
 
 from __future__ import annotations
@@ -50,10 +49,17 @@ def write_tests(root: Path) -> None:
     node_test(root, "test_relu_newer", [h.make_node("Relu", ["x"], ["y"])], {"x": x}, {"y": np.maximum(x, 0)},
               opset=25, ir=14)  # onnx 1.23's stamps: IR 14 lowered to 13, opset 25 runs
     node_test(root, "test_relu_future", [h.make_node("Relu", ["x"], ["y"])], {"x": x}, {"y": np.maximum(x, 0)},
-              opset=28, ir=14)  # an opset onnxruntime 1.31 does not read
+              opset=28, ir=14)  # an opset onnxruntime 1.31 does not read, Relu unchanged since 14: lowered
+    celu = np.maximum(x, 0) + np.minimum(0, np.exp(x) - 1)
+    node_test(root, "test_celu_future", [h.make_node("Celu", ["x"], ["y"])], {"x": x}, {"y": celu},
+              opset=28, ir=14)  # Celu-28: newer than onnxruntime 1.31 implements
     seq = h.make_tensor_sequence_value_info("s", T.FLOAT, None)
-    node_test(root, "test_sequence_construct", [h.make_node("SequenceConstruct", ["x"], ["s"])], {"x": x},
+    node_test(root, "test_sequence_construct", [h.make_node("SequenceConstruct", ["x", "x"], ["s"])], {"x": x},
               {}, opset=17, vi_out=[seq])
+    from onnx import numpy_helper as nh
+
+    d = root / "test_sequence_construct" / "test_data_set_0"
+    (d / "output_0.pb").write_bytes(nh.from_list([x, x], "s").SerializeToString())  # a sequence of 2 tensors
 
 
 def test_node_tests_run_as_a_suite_on_dvc_with_their_expected_outputs(tmp_path):
@@ -61,7 +67,7 @@ def test_node_tests_run_as_a_suite_on_dvc_with_their_expected_outputs(tmp_path):
     write_tests(src)
     r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"), compose=False)
     out = r.run([f"{BIN}/parity", "suite", "import-onnx", "--from", str(src), "--name", "onx"]).stdout
-    assert "7 ONNX node tests" in out, out
+    assert "8 ONNX node tests" in out, out
     again = r.run([f"{BIN}/parity", "suite", "import-onnx", "--from", str(src), "--name", "onx"], check=False)
     assert again.returncode == 2 and "exists: pass --force" in again.stderr, again.stderr
     assert "test_relu\n" in r.run([f"{BIN}/parity", "suite", "list", "onx"]).stdout
@@ -73,11 +79,13 @@ def test_node_tests_run_as_a_suite_on_dvc_with_their_expected_outputs(tmp_path):
     cases = {c["id"]: c for c in json.loads((a / "diff/onx/fp32-ort_cpu/results.json").read_text())["cases"]}
     st = {k: c["status"] for k, c in cases.items()}
     assert st == {"test_relu": "OK", "test_where_example": "OK", "test_cumsum_axis0d": "OK",
-                  "test_relu_wrong": "MISMATCH", "test_relu_newer": "OK", "test_relu_future": "SKIPPED",
-                  "test_sequence_construct": "SKIPPED"}, {k: (c["status"], c["reason"]) for k, c in cases.items()}
-    assert "opset ai.onnx 28" in cases["test_relu_future"]["reason"]
+                  "test_relu_wrong": "MISMATCH", "test_relu_newer": "OK", "test_relu_future": "OK",
+                  "test_celu_future": "SKIPPED",
+                  "test_sequence_construct": "OK"}, {k: (c["status"], c["reason"]) for k, c in cases.items()}
+    assert "opset ai.onnx 28: Celu-28 is newer than the installed onnxruntime" in cases["test_celu_future"]["reason"]
+    assert "ai.onnx opset 28 lowered to" in cases["test_relu_future"].get("note", ""), cases["test_relu_future"]
     assert "IR version 14 lowered to 13" in cases["test_relu_newer"].get("note", ""), cases["test_relu_newer"]
-    assert "not a tensor" in cases["test_sequence_construct"]["reason"]
+    assert cases["test_sequence_construct"]["max_abs"] == 0.0, cases["test_sequence_construct"]
     assert cases["test_relu"]["onnx_ops"] == ["Relu"] and "suites.onx.tolerances" in cases["test_relu"]["tol_source"]
     torch_cases = json.loads((a / "diff/onx/fp32-torch_cpu/results.json").read_text())["cases"]
     assert {c["status"] for c in torch_cases} == {"UNSUPPORTED"}

@@ -58,7 +58,7 @@ def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None
         rows.append({"id": c["id"], "label": c["label"], "kind": c["kind"], "status": r["status"],
                      "reason": r.get("reason", ""), "outputs": names, "onnx_ops": r.get("onnx_ops"),
                      "gradcheck": r.get("gradcheck"),
-                     **{k: r[k] for k in ("note", "drawn", "floor_from", "oracle_note") if r.get(k) is not None}})
+                     **{k: r[k] for k in ("note", "drawn", "floor_from", "oracle_note", "exercised") if r.get(k) is not None}})
         for k, (n, a) in enumerate(r.get("outputs", [])):
             outs.append(store.Tensor(idx, f"{c['id']}/{n}", k, a))
         for what, ts in refs.items():

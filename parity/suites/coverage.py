@@ -7,7 +7,9 @@ the reference. Light: json/csv only (no numpy, no torch), so the report stage ca
 verdict and excess, latency ratio);
 `ops` has one row per op whose status in a cell is the worst over its cases (the reason is the first
 case with that status). `supported` counts cases the provider ran (OK, MISMATCH, NAN_*); INVALID
-cases (they fail on the reference too) and SKIPPED ones (skip_on) are left out of the rates.
+cases (they fail on the reference too) and SKIPPED ones (skip_on) are left out of the rates. ONNX
+model cases at a reduced dtype carry `exercised` (parity.suites.onnxcase): whether the op computed at
+that dtype, per case and counted per op cell.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from parity import status
 SEVERITY = status.SEVERITY  # the one vocabulary: parity.status
 RAN = status.CASE_RAN
 CASE_NUMBERS = ("max_abs", "rel_l2", "tol_ratio", "grad_max_abs", "grad_tol_ratio", "tol_source", "grad_tol_source",
-                "verdict", "excess", "grad_excess", "floor_from", "oracle_note", "note", "drawn")
+                "verdict", "excess", "grad_excess", "floor_from", "oracle_note", "note", "drawn", "exercised")
 BUCKETS = (("0", 0.0), ("<1e-6", 1e-6), ("<1e-4", 1e-4), ("<1e-2", 1e-2), ("<1", 1.0), (">=1", math.inf))
 
 
@@ -85,8 +87,10 @@ def _ops(cols: list[str], per_col: dict, lat: dict, onnx_cols: set) -> dict[str,
                 op["onnx"].update(r["onnx_ops"])
             if col in onnx_cols and r["status"] == "EXPORT_FAIL":
                 op["onnx_fail"] = True
-            cell = op["cells"].setdefault(col, {"statuses": [], "max_abs": [], "ratios": []})
+            cell = op["cells"].setdefault(col, {"statuses": [], "max_abs": [], "ratios": [], "exercised": []})
             cell["statuses"].append((r["status"], r["reason"], r["id"]))
+            if r.get("exercised") and r["status"] in RAN:
+                cell["exercised"].append(r["exercised"]["exercised"])
             if r.get("max_abs") is not None:
                 cell["max_abs"].append(r["max_abs"])
             t = lat[col].get(r["id"])
@@ -136,8 +140,21 @@ def _row(op: dict, cols: list[str]) -> dict:
             reason = f"{n_ok}/{len(c['statuses'])} cases OK. " + reason
         out["cells"][col] = {"status": worst[0], "reason": reason, "n": len(c["statuses"]), "n_ok": n_ok,
                              "max_abs": max(c["max_abs"]) if c["max_abs"] else None,
-                             "latency_ratio": statistics.median(c["ratios"]) if c["ratios"] else None}
+                             "latency_ratio": statistics.median(c["ratios"]) if c["ratios"] else None,
+                             **_exercised(c["exercised"])}
     return out
+
+
+def _exercised(flags: list) -> dict:
+    """An op cell's precision evidence (ONNX cases at a reduced dtype, parity.suites.onnxcase.exercised):
+    of its cases that ran, how many computed at the cell's dtype (True), ran fp32 kernels (False) or
+    cannot tell (None: only the storage rounding shows), and a word for the matrix."""
+    if not flags:
+        return {}
+    n, k, f = len(flags), sum(x is True for x in flags), sum(x is False for x in flags)
+    label = ("computed" if k == n else "fp32 kernels" if f == n else "cannot tell" if k == f == 0 else
+             f"computed {k}, fp32 {f}, cannot tell {n - k - f}")
+    return {"exercised": {"cases": n, "computed": k, "fp32": f, "label": label}}
 
 
 def _column_stats(cols: list[str], per_col: dict) -> dict:
@@ -173,13 +190,19 @@ def _column_stats(cols: list[str], per_col: dict) -> dict:
             "support_by_provider": {p: (a / b if b else None) for p, (a, b) in by_prov.items()}}
 
 
+def _yes(e: dict | None) -> str:
+    return "" if not e else {True: "yes", False: "no (fp32 kernels)", None: "cannot tell"}[e["exercised"]]
+
+
 def to_csv(cov: dict) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     cols = cov["columns"]
-    w.writerow(["op", "case", f"onnx_ops(opset {cov.get('onnx_opset')})", *cols])
-    for r in cov["rows"]:  # a row per case, grouped by op
-        w.writerow([r["op"], r["case"], r["onnx"], *(r["cells"][c]["status"] for c in cols)])
+    ex = [c for c in cols if any(r["cells"][c].get("exercised") for r in cov["rows"])]
+    w.writerow(["op", "case", f"onnx_ops(opset {cov.get('onnx_opset')})", *cols, *(f"exercised {c}" for c in ex)])
+    for r in cov["rows"]:  # a row per case, grouped by op; the precision evidence of reduced-dtype ONNX cases
+        w.writerow([r["op"], r["case"], r["onnx"], *(r["cells"][c]["status"] for c in cols),
+                    *(_yes(r["cells"][c].get("exercised")) for c in ex)])
     w.writerow(["(support rate)", "", "", *("" if cov["support"][c] is None else f"{cov['support'][c]:.3f}" for c in cols)])
     w.writerow(["(pass rate)", "", "", *("" if cov["pass_rate"][c] is None else f"{cov['pass_rate'][c]:.3f}" for c in cols)])
     return buf.getvalue()

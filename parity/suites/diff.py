@@ -79,7 +79,7 @@ def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict
            "reason": row.get("reason", ""), "max_abs": None, "rel_l2": None, "tol_ratio": None,
            "grad_max_abs": None, "grad_tol_ratio": None, "tol_source": None, "grad_tol_source": None,
            "onnx_ops": row.get("onnx_ops"),
-           **{k: row[k] for k in ("note", "drawn") if row.get(k) is not None}}
+           **{k: row[k] for k in ("note", "drawn", "exercised") if row.get(k) is not None}}
     if row["status"] != "OK":
         return res
     if row.get("gradcheck") is not None:

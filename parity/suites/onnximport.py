@@ -7,8 +7,9 @@ outputs are copied to data/onnx/<name>/<test>/ (model.onnx, test_data_set_<k>/{i
 the layout of ONNX's backend tests), the folder the case names; its label is the test's op, so the
 coverage matrix has a row per op. The reference is ONNX's expected outputs, compared with ONNX's own
 backend-test tolerances at fp32 (rtol 1e-3, atol 1e-7, the suite's `tolerances`); other dtypes use
-dtypes.<d>.tol. Tests stamped with an opset the installed onnxruntime cannot read are SKIPPED when
-they run, with onnxruntime's reason.
+dtypes.<d>.tol. A test stamped with an opset the installed onnxruntime cannot read runs with the stamp
+lowered when its ops are defined identically at the newest opset it reads, else it is SKIPPED naming
+the op version; what onnxruntime has no kernel for is UNSUPPORTED in its words (parity.suites.onnxcase).
 
 Where the tests come from: `--from DIR` copies the tests under DIR/node/ (or DIR itself), e.g. what
 an onnx release's `python -m onnx.backend.test.cmd_tools generate-data -o DIR` wrote or the
@@ -43,7 +44,6 @@ def write_tests(out: Path, only: list[str]) -> list[str]:
     layout; returns their names."""
     import warnings
 
-    from onnx import numpy_helper
     from onnx.backend.test.case import node
 
     with warnings.catch_warnings():
@@ -53,17 +53,23 @@ def write_tests(out: Path, only: list[str]) -> list[str]:
     for c in sorted(cases, key=lambda c: c.name):
         if only and not any(fnmatch.fnmatchcase(c.name, g) for g in only):
             continue
-        d = out / c.name
-        d.mkdir(parents=True)
-        (d / "model.onnx").write_bytes(c.model.SerializeToString())
-        for k, (ins, outs) in enumerate(c.data_sets):
-            ds = d / f"test_data_set_{k}"
-            ds.mkdir()
-            for kind, vals, vis in (("input", ins, c.model.graph.input), ("output", outs, c.model.graph.output)):
-                for j, v in enumerate(vals):
-                    (ds / f"{kind}_{j}.pb").write_bytes(_proto(v, vis[j]).SerializeToString())
+        write_case(out, c)
         names.append(c.name)
     return names
+
+
+def write_case(out: Path, c) -> Path:
+    """One onnx.backend.test.case TestCase as out/<name>/ (model.onnx, test_data_set_<k>/)."""
+    d = out / c.name
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes(c.model.SerializeToString())
+    for k, (ins, outs) in enumerate(c.data_sets):
+        ds = d / f"test_data_set_{k}"
+        ds.mkdir()
+        for kind, vals, vis in (("input", ins, c.model.graph.input), ("output", outs, c.model.graph.output)):
+            for j, v in enumerate(vals):
+                (ds / f"{kind}_{j}.pb").write_bytes(_proto(v, vis[j]).SerializeToString())
+    return d
 
 
 def _proto(v, vi):

@@ -24,7 +24,8 @@ SHORT = {"OK": "OK", "MISMATCH": "MISM", "NAN_IN_OUTPUT": "NaN out", "NAN_IN_REF
 
 
 def _fmt(x, spec=".2g") -> str:
-    return "" if x is None else format(x, spec)
+    """A number as `spec`; parity.io.write_json stores non-finite numbers as "inf"/"-inf"/"nan" strings."""
+    return "" if x is None else x if isinstance(x, str) else format(x, spec)
 
 
 def _hist_svg(h: dict, buckets: list[str]) -> str:
@@ -48,14 +49,17 @@ def _status_td(cell: dict, anchor: str | None, extra: str = "") -> str:
     st = cell["status"]
     tip = f"{st}: {cell.get('reason') or 'within tolerance'}"
     if cell.get("max_abs") is not None:
-        tip += f" | max_abs {cell['max_abs']:.3g}"
+        tip += f" | max_abs {_fmt(cell['max_abs'], '.3g')}"
+    ex = cell.get("exercised")  # ONNX cases at a reduced dtype: an op cell's label, a case's evidence
+    if ex:
+        tip += f" | precision: {ex.get('label') or ex.get('evidence')}"
     lat = cell.get("latency_ratio")
     fg = "#fff" if st in DARK else "#000"
     label = escape(SHORT.get(st, st)) + (f" <small>{escape(extra)}</small>" if extra else "")
     if anchor:
         label = f'<a href="#{anchor}" style="color:{fg}">{label}</a>'
     return (f'<td class="st" style="background:{COLOURS.get(st, "#fff")};color:{fg}" title="{escape(tip)}">{label}'
-            + (f' <span class="lat">{lat:.2g}x</span>' if lat is not None else "") + "</td>")
+            + (f' <span class="lat">{_fmt(lat)}x</span>' if lat is not None else "") + "</td>")
 
 
 NUMBERS = (("max_abs", ".3g"), ("rel_l2", ".3g"), ("tol_ratio", ".3g"), ("grad_tol_ratio", ".3g"),
@@ -73,7 +77,8 @@ def case_details(coverage: dict) -> str:
                    + "".join(f"<th>{k}</th>" for k, _ in NUMBERS) + "<th>tolerance</th><th>reason / note</th></tr>")
         for c, cell in r["cells"].items():
             why = " ".join(x for x in (cell.get("reason") or "", cell.get("note") or "",
-                                       f"drawn: {cell['drawn']}" if cell.get("drawn") is not None else "") if x)
+                                       f"drawn: {cell['drawn']}" if cell.get("drawn") is not None else "",
+                                       (cell.get("exercised") or {}).get("evidence", "")) if x)
             out.append(f"<tr><td>{escape(c)}</td><td>{escape(cell['status'])}</td>"
                        + "".join(f"<td>{_fmt(cell.get(k), f)}</td>" for k, f in NUMBERS)
                        + f"<td>{escape(str(cell.get('tol_source') or ''))}</td><td>{escape(why)}</td></tr>")
