@@ -1,10 +1,13 @@
 """Which source files a module's code is made of, found without importing anything.
 
-Two users:
+Three users:
+- the env stage hashes the closure of each selected provider's runner module into
+  artifacts/code/provider-<provider>.json, what the stages running that one runner depend on;
 - the env stage hashes the source of every `arch.source: import` model (models.<m>.arch.name
   'package.module:callable') into a per-model file that the model's stages depend on, so editing a
   user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json);
-- tests/test_deps.py computes each stage's import closure and checks it equals the stage's `deps:`.
+- parity.stagedeps (`parity deps --write|--check`) computes each stage's import closure and writes it
+  as the stage's code `deps:` in dvc.yaml.
 
 Static analysis (ast) only: `import a.b`, `from a import b` (b may be a submodule), relative imports,
 imports inside functions, and string constants naming a module ('pkg.mod' or 'pkg.mod:attr', as
@@ -180,6 +183,15 @@ def models_code(models: dict, roots=None) -> dict[str, dict]:
         else:
             out[name] = {"source": arch["source"]}
     return out
+
+
+def providers_code(providers: dict, roots=None) -> dict[str, dict]:
+    """{provider: what its cells' stages depend on for runner code}: model_code of the module its
+    `runner:` ('package.module:Class') names, i.e. the runner's import closure. The stages that run one
+    provider's runner (capture, engine, reduce, plan) depend on this instead of on every runner module,
+    so editing one runner (parity/backends/trt.py) re-runs only that provider's cells."""
+    return {name: model_code(str(pc["runner"]).partition(":")[0], roots)
+            for name, pc in sorted(providers.items())}
 
 
 def onnx_file_code(path: Path) -> dict:
