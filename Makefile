@@ -59,9 +59,11 @@ endif
 PYTEST := env -u PYTHONDONTWRITEBYTECODE -u PYTHONUNBUFFERED $(BIN)/pytest
 
 test: setup
+	$(BIN)/parity deps --check
 	$(PYTEST) -q -m "not slow"
 
 test-all: setup
+	$(BIN)/parity deps --check
 	$(PYTEST) -q
 
 bench: setup

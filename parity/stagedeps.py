@@ -135,28 +135,43 @@ def _rewrite_deps(block: list[str], files: list[str], indent: str) -> list[str]:
 
 def rewrite(text: str, want: dict[str, list[str]], prefix: str = "") -> str:
     """`text` (a dvc.yaml) with each stage's code deps replaced by want[prefix + stage name]."""
-    lines = text.splitlines(keepends=True)
-    out, stage, i, in_stages = [], None, 0, False
-    while i < len(lines):
-        line = lines[i]
-        if line[:1] not in ("", " ", "#", "\n"):  # a top-level key
-            in_stages, stage = line.startswith("stages:"), None
-        m = re.match(r"^  ([A-Za-z_][\w-]*):\s*(#.*)?$", line) if in_stages else None
+    out, chunk, name, in_stages = [], [], None, False
+    for line in text.splitlines(keepends=True):
+        top = line[:1] not in ("", " ", "#", "\n")  # a top-level key
+        m = re.match(r"^  ([A-Za-z_][\w-]*):\s*(#.*)?$", line) if in_stages and not top else None
+        if top or m:
+            out += _stage(chunk, want.get(name))
+            chunk, name = [], (prefix + m.group(1) if m else None)
+            in_stages = line.startswith("stages:") if top else in_stages
+        chunk.append(line)
+    return "".join(out + _stage(chunk, want.get(name)))
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _stage(lines: list[str], files: list[str] | None) -> list[str]:
+    """One stage's lines with its code deps written as `files` (None: not a stage we write). A stage
+    without a `deps:` block gets one before its params/outs."""
+    if files is None:
+        return lines
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s+)deps:\s*$", line)
         if m:
-            stage = prefix + m.group(1)
-        out.append(line)
-        i += 1
-        if stage in want and re.match(r"^    deps:\s*$", line):
-            j = i
-            while j < len(lines) and (not lines[j].strip() or lines[j].startswith("     ")):
+            j = i + 1
+            while j < len(lines) and (not lines[j].strip() or _indent(lines[j]) > len(m.group(1))):
                 j += 1
-            while j > i and not lines[j - 1].strip():  # trailing blank lines belong to what follows
+            while j > i + 1 and not lines[j - 1].strip():  # trailing blank lines belong to what follows
                 j -= 1
-            block = lines[i:j]
-            first = next((_ITEM.match(b) for b in block if _ITEM.match(b)), None)
-            out += _rewrite_deps(block, want[stage], first.group(1) if first else "      ")
-            i = j
-    return "".join(out)
+            first = next((_ITEM.match(b) for b in lines[i + 1:j] if _ITEM.match(b)), None)
+            indent = first.group(1) if first else m.group(1) + "  "
+            return lines[:i + 1] + _rewrite_deps(lines[i + 1:j], files, indent) + lines[j:]
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s+)(params|outs|metrics|plots|always_changed):", line)
+        if m and files:
+            return lines[:i] + [f"{m.group(1)}deps:\n", *(f"{m.group(1)}  - {f}\n" for f in files)] + lines[i:]
+    return lines
 
 
 def write(root: Path) -> list[str]:
