@@ -89,8 +89,20 @@ def _parents(name: str) -> list[str]:
 def imported_names(path: Path, modname: str) -> set[str]:
     """Module names `path` (module `modname`) may import, as written: every import statement (at any
     depth), `from x import y` as both x and x.y, and module names in an import position as strings
-    (`"-m", "pkg.mod"` in an argv list, `import_module("pkg.mod")`)."""
-    tree = ast.parse(path.read_bytes(), filename=str(path))
+    (`"-m", "pkg.mod"` in an argv list, `import_module("pkg.mod")`). Parsed once per file version
+    (`parity deps` walks the same modules for every stage)."""
+    data = path.read_bytes()
+    key = (str(path), modname, hashlib.sha256(data).hexdigest())
+    if key not in _NAMES:
+        _NAMES[key] = _imported_names(path, modname, data)
+    return set(_NAMES[key])
+
+
+_NAMES: dict[tuple[str, str, str], frozenset[str]] = {}  # (file, module, sha256 of its bytes) -> names
+
+
+def _imported_names(path: Path, modname: str, data: bytes) -> frozenset[str]:
+    tree = ast.parse(data, filename=str(path))
     package = modname if path.name == "__init__.py" else modname.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -111,7 +123,7 @@ def imported_names(path: Path, modname: str) -> set[str]:
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
             if node.args and _const(node.args[0]) and _DOTTED.match(_const(node.args[0])):
                 names.add(_const(node.args[0]).partition(":")[0])
-    return {n for n in names if n}
+    return frozenset(n for n in names if n)
 
 
 def _const(node) -> str | None:

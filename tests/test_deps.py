@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,29 +66,47 @@ def test_closure_follows_lazy_imports_strings_and_conf():
     assert "parity/suites/render.py" in closure(ROOT, "stages.report")
 
 
-def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path):
+def _code_tree(dst: Path) -> Path:
+    """What `parity deps` reads (code, conf/, the dvc.yaml files), copied: no git, no DVC needed."""
+    for d in (*stagedeps.CODE_DIRS, "conf"):
+        shutil.copytree(ROOT / d, dst / d, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in stagedeps.DVC_FILES:
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dst / rel)
+    return dst
+
+
+def _deps_cli(capsys, *args) -> tuple[int, str]:
+    from parity import cli
+
+    rc = cli.main(["deps", *args])
+    return rc, capsys.readouterr().out
+
+
+def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path, capsys):
     """A stage that gains an import without a dep (or keeps a dep it no longer imports) is named by
     `parity deps --check` (exit 1); `parity deps --write` is the one step that fixes dvc.yaml, touching
     only those stages' code lines, and a second --write changes nothing."""
-    repo = make_repo(tmp_path / "repo", compose=False)
-    repo.edit("stages/diff.py", "from parity import config\n", "from parity import config, fingerprint\n")
-    repo.edit("dvc.yaml", "      - stages/suite_coverage.py\n",
-              "      - stages/suite_coverage.py\n      - parity/history.py\n")
-    before = (repo.path / "dvc.yaml").read_text()
-    p = repo.run([f"{BIN}/parity", "deps", "--check"], check=False)
-    assert p.returncode == 1, p.stdout + p.stderr
-    assert p.stdout.splitlines()[:2] == ["diff: imports but does not depend on: parity/fingerprint.py",
-                                         "suite_coverage: depends on but never imports: parity/history.py"], p.stdout
-    assert repo.run([f"{BIN}/parity", "deps", "--write"]).stdout.strip() == "parity deps: rewrote dvc.yaml"
-    after = (repo.path / "dvc.yaml").read_text()
+    root = _code_tree(tmp_path / "repo")
+    diff_py, dvc_yaml = root / "stages/diff.py", root / "dvc.yaml"
+    diff_py.write_text(diff_py.read_text().replace("from parity import config\n",
+                                                   "from parity import config, fingerprint\n", 1))
+    before = dvc_yaml.read_text().replace("      - stages/suite_coverage.py\n",
+                                          "      - stages/suite_coverage.py\n      - parity/history.py\n")
+    dvc_yaml.write_text(before)
+    rc, out = _deps_cli(capsys, "--check", "--root", str(root))
+    assert rc == 1 and out.splitlines()[:2] == [
+        "diff: imports but does not depend on: parity/fingerprint.py",
+        "suite_coverage: depends on but never imports: parity/history.py"], out
+    assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote dvc.yaml\n")
+    after = dvc_yaml.read_text()
+    old = "".join(f"      - parity/{m}.py\n" for m in ("config", "imports", "inputspec", "io", "memory", "metrics"))
+    assert before.count(old) == 1  # the diff stage's
     assert after == before.replace("      - parity/history.py\n", "").replace(
-        "      - parity/config.py\n      - parity/imports.py\n      - parity/inputspec.py\n      - parity/io.py\n"
-        "      - parity/memory.py\n      - parity/metrics.py\n",
-        "      - parity/config.py\n      - parity/fingerprint.py\n      - parity/imports.py\n"
-        "      - parity/inputspec.py\n      - parity/io.py\n      - parity/memory.py\n      - parity/metrics.py\n")
-    assert repo.run([f"{BIN}/parity", "deps", "--check"]).returncode == 0
-    assert "up to date" in repo.run([f"{BIN}/parity", "deps", "--write"]).stdout
-    assert (repo.path / "dvc.yaml").read_text() == after
+        old, old.replace("config.py\n", "config.py\n      - parity/fingerprint.py\n"))
+    assert _deps_cli(capsys, "--check", "--root", str(root))[0] == 0
+    assert "up to date" in _deps_cli(capsys, "--write", "--root", str(root))[1]
+    assert dvc_yaml.read_text() == after
 
 
 ORT_ONLY = {"parity/backends/ort_cpu.py", "parity/backends/fault.py", "parity/backends/ops.py",
