@@ -615,6 +615,19 @@ def check_selected(p: dict) -> None:
             raise SuiteError(f"suites.{name}", None, None, str(e)) from None
 
 
+def load_or_die(path) -> dict:
+    """params.yaml for a suite stage: parity.config.load_or_die, then the selected suites checked
+    (check_selected), a bad one said in one line (exit 2) before the stage writes anything."""
+    from parity import config
+
+    p = config.load_or_die(path)
+    try:
+        check_selected(p)
+    except SuiteError as e:
+        config.die(e)
+    return p
+
+
 def expand(name: str, section: dict | None = None, root: Path | None = None, default_timeout=None) -> list[dict]:
     """Cases of suite `name`: from `section` (params.yaml's suites.<name>) or conf/suites/<name>.yaml."""
     if section is None:
