@@ -117,18 +117,16 @@ def wanted(root: Path) -> dict[str, list[str]]:
 
 def _rewrite_deps(block: list[str], files: list[str], indent: str) -> list[str]:
     """A `deps:` block's lines with its code entries replaced by `files`, placed where the first code
-    entry was (at the top if there was none); every other line kept as it is, in order."""
+    entry was (at the top if there was none); every other line kept as it is, in order (an entry with
+    options on the lines below it, `- path:`, is not a plain code entry and is kept)."""
     kept, at = [], None
-    i = 0
-    while i < len(block):
-        m = _ITEM.match(block[i])
-        nxt = block[i + 1] if i + 1 < len(block) else ""
-        continued = bool(nxt.strip()) and len(nxt) - len(nxt.lstrip()) > len(m.group(1)) if m else False
-        if m and not continued and is_code(m.group(2).strip("'\"")):
+    for line, nxt in zip(block, [*block[1:], ""]):
+        m = _ITEM.match(line)
+        plain = m and not (nxt.strip() and _indent(nxt) > len(m.group(1)))
+        if plain and is_code(m.group(2).split(" #")[0].strip("'\"")):
             at = len(kept) if at is None else at
         else:
-            kept.append(block[i])
-        i += 1
+            kept.append(line)
     at = 0 if at is None else at
     return kept[:at] + [f"{indent}- {f}\n" for f in files] + kept[at:]
 
