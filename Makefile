@@ -67,9 +67,11 @@ PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=
 XDIST = $(if $(filter 1,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 test: setup
+	$(BIN)/parity deps --check
 	$(PYTEST) -q -m "not slow" $(XDIST)
 
 test-all: setup
+	$(BIN)/parity deps --check
 	$(PYTEST) -q $(XDIST)
 
 bench: setup

@@ -17,6 +17,8 @@
   parity suite list|validate|show|import-opdiff|import-onnx ...  expand a suite, show a case, convert opdiff, import ONNX node tests
   parity fuzz SUITE --dtype D --provider P  seeded fuzz campaign; --reproduce ID, --minimise ID (fuzz_cli)
   parity completion bash|zsh               a shell completion script (shtab)
+  parity deps --write | --check            dvc.yaml's code deps = each stage's import closure
+                                            (write them / exit 1 naming stale stages: CI runs it)
 
 --json (check, compare, sweep, show, list) prints one JSON document on stdout: docs/cli-json.md.
 """
@@ -31,10 +33,12 @@ from pathlib import Path
 
 def _check(args) -> int:
     from parity import config
+    from parity.suites import spec
 
     try:
         p = config.load(args.params)
-    except config.ConfigError as e:
+        spec.check_selected(p)
+    except (config.ConfigError, spec.SuiteError) as e:
         if args.json:
             from parity.ui import dump_json
 
@@ -242,7 +246,19 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("completion", help="print a shell completion script: eval \"$(parity completion bash)\"")
     c.add_argument("shell", choices=["bash", "zsh", "tcsh"])
     c.set_defaults(fn=_completion)
+    c = sub.add_parser("deps", help="write or check dvc.yaml's code deps (each stage's import closure)")
+    g = c.add_mutually_exclusive_group(required=True)
+    g.add_argument("--write", action="store_true", help="rewrite the code entries of every stage's deps")
+    g.add_argument("--check", action="store_true", help="exit 1 naming each stage whose code deps are stale")
+    c.add_argument("--root", default=".", help="the project root (default: .)")
+    c.set_defaults(fn=_deps)
     return ap
+
+
+def _deps(args) -> int:
+    from parity import stagedeps
+
+    return stagedeps.main(args)
 
 
 def _main(argv: list[str]) -> int:

@@ -1,10 +1,13 @@
 """Which source files a module's code is made of, found without importing anything.
 
-Two users:
+Three users:
+- the env stage hashes the closure of each selected provider's runner module into
+  artifacts/code/provider-<provider>.json, what the stages running that one runner depend on;
 - the env stage hashes the source of every `arch.source: import` model (models.<m>.arch.name
   'package.module:callable') into a per-model file that the model's stages depend on, so editing a
   user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json);
-- tests/test_deps.py computes each stage's import closure and checks it equals the stage's `deps:`.
+- parity.stagedeps (`parity deps --write|--check`) computes each stage's import closure and writes it
+  as the stage's code `deps:` in dvc.yaml.
 
 Static analysis (ast) only: `import a.b`, `from a import b` (b may be a submodule), relative imports,
 imports inside functions, and string constants naming a module ('pkg.mod' or 'pkg.mod:attr', as
@@ -86,8 +89,20 @@ def _parents(name: str) -> list[str]:
 def imported_names(path: Path, modname: str) -> set[str]:
     """Module names `path` (module `modname`) may import, as written: every import statement (at any
     depth), `from x import y` as both x and x.y, and module names in an import position as strings
-    (`"-m", "pkg.mod"` in an argv list, `import_module("pkg.mod")`)."""
-    tree = ast.parse(path.read_bytes(), filename=str(path))
+    (`"-m", "pkg.mod"` in an argv list, `import_module("pkg.mod")`). Parsed once per file version
+    (`parity deps` walks the same modules for every stage)."""
+    data = path.read_bytes()
+    key = (str(path), modname, hashlib.sha256(data).hexdigest())
+    if key not in _NAMES:
+        _NAMES[key] = _imported_names(path, modname, data)
+    return set(_NAMES[key])
+
+
+_NAMES: dict[tuple[str, str, str], frozenset[str]] = {}  # (file, module, sha256 of its bytes) -> names
+
+
+def _imported_names(path: Path, modname: str, data: bytes) -> frozenset[str]:
+    tree = ast.parse(data, filename=str(path))
     package = modname if path.name == "__init__.py" else modname.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -108,7 +123,7 @@ def imported_names(path: Path, modname: str) -> set[str]:
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
             if node.args and _const(node.args[0]) and _DOTTED.match(_const(node.args[0])):
                 names.add(_const(node.args[0]).partition(":")[0])
-    return {n for n in names if n}
+    return frozenset(n for n in names if n)
 
 
 def _const(node) -> str | None:
@@ -180,6 +195,15 @@ def models_code(models: dict, roots=None) -> dict[str, dict]:
         else:
             out[name] = {"source": arch["source"]}
     return out
+
+
+def providers_code(providers: dict, roots=None) -> dict[str, dict]:
+    """{provider: what its cells' stages depend on for runner code}: model_code of the module its
+    `runner:` ('package.module:Class') names, i.e. the runner's import closure. The stages that run one
+    provider's runner (capture, engine, reduce, plan) depend on this instead of on every runner module,
+    so editing one runner (parity/backends/trt.py) re-runs only that provider's cells."""
+    return {name: model_code(str(pc["runner"]).partition(":")[0], roots)
+            for name, pc in sorted(providers.items())}
 
 
 def onnx_file_code(path: Path) -> dict:

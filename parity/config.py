@@ -38,6 +38,8 @@ TOP_KEYS = {
     "suite_tolerances": "each suite's tolerance rules per dtype (resolved from `suites`, `dtypes`; suite diff deps)",
     "capture_providers": "providers captured directly (resolved from `providers`; dvc.yaml capture matrix)",
     "engine_providers": "providers whose cells need an engine stage (resolved from `providers`, `engine: true`)",
+    "torch_models": "models built in torch: reference@model (resolved from `models`; dvc.yaml reference matrix)",
+    "onnx_models": "models given as ONNX files: reference_onnx@model (resolved from `models`, `arch.source: onnx`)",
     "analysis": "verdict analyses: the mixed-precision plan (plan, plan_target, max_keep)",
     "plan_dtypes": "dtypes that get a plan@model-dtype-provider stage (resolved from `analysis.plan`, `dtypes`)",
     "reduce_dtypes": "dtypes that get reduce@model-dtype-provider stages (resolved from `analysis.reduce`, `dtypes`)",
@@ -240,8 +242,6 @@ def validate(p: dict) -> dict:
     for name, m in p["models"].items():
         _model(f"models.{name}", m)
         _input_budget(f"models.{name}", m, p.get("inputs", {}))
-    if p.get("suites"):
-        _suites(p)
     return p
 
 
@@ -308,12 +308,14 @@ def _providers(p: dict) -> None:
 def _derived(p: dict) -> None:
     """The keys params.yaml resolves from the selection (capture/engine providers, plan dtypes)."""
     for key, want in (("capture_providers", capture_providers(p)), ("engine_providers", engine_providers(p)),
-                      ("plan_dtypes", plan_dtypes(p)), ("reduce_dtypes", reduce_dtypes(p))):
+                      ("plan_dtypes", plan_dtypes(p)), ("reduce_dtypes", reduce_dtypes(p)),
+                      ("torch_models", torch_models(p)), ("onnx_models", onnx_models(p))):
         got = p.get(key)
         if isinstance(got, str) and got.startswith("${"):
             continue  # unresolved at compose time (the Hydra plugin validates before resolving)
         if key in p and list(got or []) != want:
-            src = f"`analysis.{key.split('_')[0]}` and `dtypes`" if key.endswith("_dtypes") else "`providers`"
+            src = (f"`analysis.{key.split('_')[0]}` and `dtypes`" if key.endswith("_dtypes")
+                   else "`models`" if key.endswith("_models") else "`providers`")
             raise ConfigError(f"{key}: {got!r} does not match the selected {src} (expected {want}): "
                               f"it is resolved from them; compose params.yaml again (parity compose)")
 
@@ -399,28 +401,6 @@ def _tolerance_rules(where: str, rules) -> None:
         if "atol" not in r:
             raise ConfigError(f"{w}: a rule needs atol and rtol")
         _tol(w, {"atol": r["atol"], "rtol": r["rtol"]})
-
-
-def _suites(p: dict) -> None:
-    """Every selected suite expands (structure only). parity.suites.spec is light (yaml) and never
-    imports config: config -> spec, one way."""
-    import copy
-
-    from parity.suites import spec
-
-    suites = p.get("suites") or {}
-    if not isinstance(suites, dict):
-        raise ConfigError(f"suites: expected a mapping (a multi-select group), got {suites!r}")
-    for name, sec in suites.items():
-        if "-" in name or "/" in name:
-            raise ConfigError(f"suites.{name}: suite names must not contain '-' or '/' (they build stage keys)")
-        if isinstance(sec, dict) and "tolerances" not in sec:
-            raise ConfigError(f"suites.{name}: missing key 'tolerances' (conf/suites/{name}.yaml): give "
-                              f"`tolerances: []` for none (the suite's diff stages depend on that key)")
-        try:
-            spec.expand(name, copy.deepcopy(sec))
-        except spec.SuiteError as e:
-            raise ConfigError(f"suites.{name}: {e}") from None
 
 
 def check_runner(where: str, prov: dict) -> None:
@@ -615,6 +595,23 @@ def engine_providers(p: dict) -> list[str]:
 def capture_providers(p: dict) -> list[str]:
     """The other selected providers: dvc.yaml's capture matrix iterates these."""
     return [n for n, pc in p["providers"].items() if not (isinstance(pc, dict) and pc.get("engine") is True)]
+
+
+def onnx_models(p: dict) -> list[str]:
+    """Selected models given as ONNX files (`arch.source: onnx`): dvc.yaml's reference_onnx matrix
+    iterates these (reference by onnxruntime CPU, stages/reference_onnx.py)."""
+    return [n for n, m in p["models"].items() if _source(m) == "onnx"]
+
+
+def torch_models(p: dict) -> list[str]:
+    """The other selected models (built in torch): dvc.yaml's reference matrix iterates these, so
+    their reference stage depends on no onnxruntime code."""
+    return [n for n, m in p["models"].items() if _source(m) != "onnx"]
+
+
+def _source(m) -> str | None:
+    arch = m.get("arch") if isinstance(m, dict) else None
+    return arch.get("source") if isinstance(arch, dict) else None
 
 
 def load(path: str | Path = PARAMS_FILE) -> dict:

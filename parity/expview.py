@@ -35,7 +35,8 @@ from parity.ui import at_least
 
 GROUPS = ("models", "dtypes", "providers", "suites")  # conf/<group>/ multi-select: {option: {...}}
 # computed at compose time from the groups and other params (hydra_plugins): never a choice of its own
-DERIVED = ("capture_providers", "engine_providers", "plan_dtypes", "validated", "report")
+DERIVED = ("capture_providers", "engine_providers", "torch_models", "onnx_models", "plan_dtypes", "validated",
+           "report")
 PARAMS_FILE = "params.yaml"
 MISSING = "-"
 

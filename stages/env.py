@@ -6,7 +6,9 @@ Writes, under --out:
   stage-<name>.json        what a shared stage depends on (parity.fingerprint.STAGE_USES)
   host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
 and under --code, <model>.json: the sha256 of an `import` model's source files (parity.codedeps), a
-dependency of that model's stages, so editing the user's model code re-runs exactly those; and
+dependency of that model's stages, so editing the user's model code re-runs exactly those;
+provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
+code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
 suite-<suite>.json: the same for the modules a suite names (parity.suites.code).
 Identical machines give identical bytes, so downstream stages re-run only when something they use
 changed.
@@ -46,6 +48,8 @@ def main(argv=None) -> int:
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
     for model, code in codedeps.models_code(p["models"]).items():
         write_json(Path(a.code or out.parent / "code") / f"{model}.json", code)
+    for prov, code in codedeps.providers_code(p["providers"]).items():  # runner code: deps of its cells
+        write_json(Path(a.code or out.parent / "code") / f"provider-{prov}.json", code)
     for suite, code in suite_code.suites_code(p).items():  # modules a suite names: deps of its run stages
         write_json(Path(a.code or out.parent / "code") / f"suite-{suite}.json", code)
     for name, fp in comps.items():

@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     for k in ("suite", "dtype", "provider", "out", "timing"):
         ap.add_argument(f"--{k}", required=True)
     a = ap.parse_args(argv)
-    p = config.load_or_die(a.params)
+    p = spec.load_or_die(a.params)  # and the selected suites checked
     f = fuzz_campaign.settings(p)
     try:
         section = spec.load_section(a.suite)[0]

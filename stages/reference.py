@@ -1,7 +1,10 @@
 """reference@model: torch CPU fp32 outputs, whole model and per layer, to Parquet (fp32.parquet);
 with `reference.fp64: true` also an fp64 golden run (fp64.parquet), which also holds each leaf call's
 first floating input as `pre:<call>` (what the capture stage feeds each layer to measure its own
-error; fp32.parquet has leaf outputs only, so the diff's layer names are unchanged)."""
+error; fp32.parquet has leaf outputs only, so the diff's layer names are unchanged).
+For the models built in torch (params torch_models); a model given as an ONNX file gets
+reference_onnx@model (stages/reference_onnx.py) instead: dvc.yaml dispatches on the source, so this
+stage depends on no onnxruntime code."""
 
 from __future__ import annotations
 
@@ -40,10 +43,6 @@ def _run(p: dict, a) -> int:
 
     feeds = load(a.inputs)
     out = Path(a.out)
-    if p["models"][a.model]["arch"]["source"] == "onnx":  # ORT CPU, no optimisation (+ fp64 evaluator)
-        from parity.pipeline import onnx_reference
-
-        return onnx_reference.reference(p, a.model, feeds, out)
     try:
         print(reference.write(p, a.model, feeds, out, bool(p.get("reference", {}).get("fp64"))))
     except reference.TinyOutput as e:

@@ -12,7 +12,7 @@ from pathlib import Path
 from parity import config
 from parity.backends import load_runner
 from parity.io import write_json, write_text
-from parity.suites import coverage
+from parity.suites import coverage, spec
 
 
 def main(argv=None) -> int:
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     for k in ("suite", "diff", "timing", "out"):
         ap.add_argument(f"--{k}", required=True)
     a = ap.parse_args(argv)
-    p = config.load_or_die(a.params)
+    p = spec.load_or_die(a.params)  # and the selected suites checked
     cells = list(itertools.product(p["dtypes"], p["providers"]))
     onnx = [n for n, prov in p["providers"].items()
             if load_runner(prov["runner"], prov.get("import")).onnx_based]

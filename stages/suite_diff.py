@@ -11,7 +11,7 @@ from pathlib import Path
 
 from parity import config, store
 from parity.io import read_json, write_json
-from parity.suites import diff
+from parity.suites import diff, spec
 
 
 def diff_cell(p: dict, suite: str, dtype: str, run_dir: Path) -> list[dict]:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     for k in ("suite", "dtype", "provider", "run", "out"):
         ap.add_argument(f"--{k}", required=True)
     a = ap.parse_args(argv)
-    p = config.load_or_die(a.params)
+    p = spec.load_or_die(a.params)  # and the selected suites checked
     rows = diff_cell(p, a.suite, a.dtype, Path(a.run))
     out = Path(a.out)
     summary = diff.summarize(rows)

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
         ap.add_argument(f"--{k}", required=True)
     ap.add_argument("--workers", type=int, default=None)
     a = ap.parse_args(argv)
-    p = config.load_or_die(a.params)
+    p = spec.load_or_die(a.params)  # and the selected suites checked
     key = f"{a.suite}-{a.dtype}-{a.provider}"
     t0 = time.perf_counter()
     try:

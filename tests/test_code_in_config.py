@@ -105,6 +105,7 @@ def test_compose_time_suite_check_imports_neither_torch_nor_user_code(proj):
             "p = yaml.safe_load(open(sys.argv[1]))\n"
             "p['suites'] = {'mine': sec}\n"
             "config.validate(p)\n"
+            "spec.check_selected(p)\n"
             "print(sorted(m for m in ('torch', 'sidefx') if m in sys.modules))\n")
     p = subprocess.run([sys.executable, "-c", code, str(ROOT / "params.yaml")], cwd=proj, env=env(),
                        capture_output=True, text=True)

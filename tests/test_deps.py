@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,89 +22,36 @@ import pytest
 import yaml
 
 from conftest import BIN, ENV, ROOT, composed, config_error, env, make_repo, ran_stages
-from parity import codedeps
+from parity import codedeps, stagedeps
 
-CODE_DIRS = ("parity", "stages", "hydra_plugins")
-# the conf/ groups whose YAML names modules a stage imports at run time (by stage module)
-CONF_CODE = {"capture": ("providers",), "engine": ("providers",), "reduce": ("providers",),
-             "suite_run": ("suites", "providers"),
-             "suite_coverage": ("providers",), "fuzz": ("suites", "providers")}
-
-
-def _yaml_strings(node):
-    if isinstance(node, dict):
-        for v in node.values():
-            yield from _yaml_strings(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _yaml_strings(v)
-    elif isinstance(node, str):
-        yield node
-
-
-def conf_modules(root: Path, group: str) -> set[str]:
-    """Modules named 'package.module:attr' anywhere in conf/<group>/*.yaml (runners, suite ops)."""
-    names = set()
-    for f in sorted((root / "conf" / group).glob("*.yaml")):
-        for s in _yaml_strings(yaml.safe_load(f.read_text())):
-            mod, colon, attr = s.partition(":")
-            if colon and attr and all(p.isidentifier() for p in mod.split(".")):
-                names.add(mod)
-    return names
+def closure(root: Path, module: str) -> set[str]:
+    """Project files (relative) `python -m <module>` runs, statically (parity.stagedeps)."""
+    return stagedeps.closure(root, module)
 
 
 def stage_module(stage: dict) -> str:
-    words = stage["cmd"].split()
-    return words[words.index("-m") + 1]
-
-
-def closure(root: Path, module: str) -> set[str]:
-    """Project files (relative) `python -m <module>` runs, statically."""
-    extra = {m for g in CONF_CODE.get(module.rpartition(".")[2], ()) for m in conf_modules(root, g)}
-    found = codedeps.closure([module, *sorted(extra)], [root])
-    return {f.relative_to(root).as_posix() for f in found.values()}
-
-
-def declared_code(root: Path, stage: dict) -> set[str]:
-    """The stage's deps under the code folders, a folder standing for every file in it (bytecode
-    excluded, as .dvcignore excludes it)."""
-    files = set()
-    for d in stage.get("deps", []):
-        if d.split("/")[0] not in CODE_DIRS:
-            continue
-        p = root / d
-        if p.is_dir():
-            files |= {f.relative_to(root).as_posix() for f in p.rglob("*")
-                      if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc"}
-        else:
-            files.add(d)
-    return files
+    return stagedeps.stage_module(stage)
 
 
 def stages(root: Path) -> dict:
-    """Every stage of ./dvc.yaml by name, and of the env probe's env/dvc.yaml by its DVC address
-    (its paths are relative to the repo root too: wdir: ..)."""
-    st = dict(yaml.safe_load((root / "dvc.yaml").read_text())["stages"])
-    for name, s in yaml.safe_load((root / "env" / "dvc.yaml").read_text())["stages"].items():
-        assert s.get("wdir") == "..", "env/dvc.yaml: paths are written relative to the repo root"
-        st[f"env/dvc.yaml:{name}"] = s
+    """Every stage of ./dvc.yaml by name, and of the env probe's env/dvc.yaml by its DVC address."""
+    st = {}
+    for name, (rel, s) in stagedeps.stages(root).items():
+        assert rel == "dvc.yaml" or s.get("wdir") == "..", f"{rel}: paths are written relative to the repo root"
+        st[name] = s
     return st
 
 
-def dep_problems(root: Path) -> list[str]:
-    problems = []
-    for name, st in stages(root).items():
-        want, got = closure(root, stage_module(st)), declared_code(root, st)
-        if want - got:
-            problems.append(f"{name}: imports but does not depend on: {', '.join(sorted(want - got))}")
-        if got - want:
-            problems.append(f"{name}: depends on but never imports: {', '.join(sorted(got - want))}")
-    return problems
-
-
-def test_stage_code_deps_equal_import_closure():
-    problems = dep_problems(ROOT)
-    assert not problems, "dvc.yaml code deps differ from the import closures:\n" + "\n".join(problems)
+def test_deps_check_passes():
+    """`parity deps --check` (what CI runs): every stage's code deps equal its import closure, in the
+    form `--write` gives them, so `--write` on this tree changes nothing (byte-stable)."""
+    problems = stagedeps.problems(ROOT)
+    assert not problems, "dvc.yaml code deps differ from the import closures (run `parity deps --write`):\n" + \
+        "\n".join(problems)
+    want = stagedeps.wanted(ROOT)
+    for rel in stagedeps.DVC_FILES:
+        text = (ROOT / rel).read_text()
+        assert stagedeps.rewrite(text, want, "" if rel == "dvc.yaml" else f"{rel}:") == text, rel
 
 
 def test_closure_follows_lazy_imports_strings_and_conf():
@@ -111,21 +59,89 @@ def test_closure_follows_lazy_imports_strings_and_conf():
     assert {"parity/store.py", "parity/pipeline/inputs.py", "parity/io.py", "parity/models/layers.py",
             "parity/__init__.py", "stages/__init__.py"} <= c  # imported inside main()
     assert "parity/backends/base.py" not in c
-    cap = closure(ROOT, "stages.capture")
-    assert {"parity/backends/ort_int8.py", "parity/backends/trt.py"} <= cap  # conf/providers runners
+    runners = {"parity/backends/ort_int8.py", "parity/backends/trt.py"}
+    assert not runners & closure(ROOT, "stages.capture")  # its runner: artifacts/code/provider-<p>.json
+    assert runners <= closure(ROOT, "stages.suite_coverage")  # every conf/providers runner
     assert "parity/suites/worker.py" in closure(ROOT, "stages.suite_run")  # `-m parity.suites.worker`
     assert "parity/suites/render.py" in closure(ROOT, "stages.report")
 
 
-def test_the_check_names_what_is_missing_and_extra(tmp_path):
-    """A stage that gains an import without a dep (or keeps a dep it no longer imports) is named."""
-    repo = make_repo(tmp_path / "repo", compose=False)
-    repo.edit("stages/diff.py", "from parity import config\n", "from parity import config, fingerprint\n")
-    repo.edit("dvc.yaml", "      - stages/suite_coverage.py\n",
-              "      - stages/suite_coverage.py\n      - parity/history.py\n")
-    problems = dep_problems(repo.path)
-    assert problems == ["diff: imports but does not depend on: parity/fingerprint.py",
-                        "suite_coverage: depends on but never imports: parity/history.py"], problems
+def _code_tree(dst: Path) -> Path:
+    """What `parity deps` reads (code, conf/, the dvc.yaml files), copied: no git, no DVC needed."""
+    for d in (*stagedeps.CODE_DIRS, "conf"):
+        shutil.copytree(ROOT / d, dst / d, ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in stagedeps.DVC_FILES:
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dst / rel)
+    return dst
+
+
+def _deps_cli(capsys, *args) -> tuple[int, str]:
+    from parity import cli
+
+    rc = cli.main(["deps", *args])
+    return rc, capsys.readouterr().out
+
+
+def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path, capsys):
+    """A stage that gains an import without a dep (or keeps a dep it no longer imports) is named by
+    `parity deps --check` (exit 1); `parity deps --write` is the one step that fixes dvc.yaml, touching
+    only those stages' code lines, and a second --write changes nothing."""
+    root = _code_tree(tmp_path / "repo")
+    diff_py, dvc_yaml = root / "stages/diff.py", root / "dvc.yaml"
+    diff_py.write_text(diff_py.read_text().replace("from parity import config\n",
+                                                   "from parity import config, fingerprint\n", 1))
+    before = dvc_yaml.read_text().replace("      - stages/suite_coverage.py\n",
+                                          "      - stages/suite_coverage.py\n      - parity/history.py\n")
+    dvc_yaml.write_text(before)
+    rc, out = _deps_cli(capsys, "--check", "--root", str(root))
+    assert rc == 1 and out.splitlines()[:2] == [
+        "diff: imports but does not depend on: parity/fingerprint.py",
+        "suite_coverage: depends on but never imports: parity/history.py"], out
+    assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote dvc.yaml\n")
+    after = dvc_yaml.read_text()
+    old = "".join(f"      - parity/{m}.py\n" for m in ("config", "imports", "inputspec", "io", "memory", "metrics"))
+    assert before.count(old) == 1  # the diff stage's
+    assert after == before.replace("      - parity/history.py\n", "").replace(
+        old, old.replace("config.py\n", "config.py\n      - parity/fingerprint.py\n"))
+    assert _deps_cli(capsys, "--check", "--root", str(root))[0] == 0
+    assert "up to date" in _deps_cli(capsys, "--write", "--root", str(root))[1]
+    assert dvc_yaml.read_text() == after
+
+
+ORT_ONLY = {"parity/backends/ort_cpu.py", "parity/backends/fault.py", "parity/backends/ops.py",
+            "parity/models/onnx_cut.py", "parity/pipeline/onnx_reference.py", "parity/pipeline/onnx_source.py"}
+
+
+def _cpu_providers(root: Path) -> dict:
+    provs = {}
+    for f in sorted((root / "conf/providers").glob("*.yaml")):
+        provs.update(yaml.safe_load(f.read_text()))
+    return {n: pc for n, pc in provs.items() if not {"cuda", "tensorrt"} & set(pc["uses"])}
+
+
+def test_closures_are_no_wider_than_the_work():
+    """A CPU capture never depends on the TensorRT runner, no model stage on the suite format, the
+    reference of a torch model on no onnxruntime code (the closures dvc.yaml is written from)."""
+    st, want = stages(ROOT), stagedeps.wanted(ROOT)
+    for name in ("capture", "capture_engine", "engine", "reduce", "plan"):  # one provider's runner each
+        assert stagedeps.PROVIDER_CODE in st[name]["deps"], name
+        assert not {f for f in want[name] if f.startswith("parity/backends/")} - {
+            "parity/backends/__init__.py", "parity/backends/base.py", "parity/backends/fault.py",
+            "parity/backends/ops.py", "parity/backends/ort_cpu.py", "parity/backends/ort_int8.py"}, name
+    assert "parity/backends/trt.py" not in want["capture"]
+    cpu = codedeps.providers_code(_cpu_providers(ROOT), [ROOT])
+    assert {"torch_cpu", "ort_cpu", "ort_int8"} <= set(cpu)
+    for prov, code in cpu.items():  # what a CPU capture depends on for its runner
+        assert "parity/backends/trt.py" not in code["files"] and "parity/suites/spec.py" not in code["files"], prov
+    assert "parity/backends/ort_cpu.py" in cpu["ort_cpu"]["files"]
+    assert "parity/backends/ort_cpu.py" not in cpu["torch_cpu"]["files"]
+    model_stages = [n for n, s in st.items() if "model" in (s.get("matrix") or {})]
+    assert {"inputs", "export", "reference", "reference_onnx", "baseline", "capture", "diff"} <= set(model_stages)
+    for name in model_stages:
+        assert "parity/suites/spec.py" not in want[name], name
+    assert not ORT_ONLY & set(want["reference"])
+    assert ORT_ONLY - {"parity/pipeline/onnx_source.py"} <= set(want["reference_onnx"])
 
 
 def test_model_code_dep_is_on_every_stage_that_builds_the_model():
@@ -275,6 +291,36 @@ def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
         repo.run(["git", "checkout", "--", rel])
     if rel == "parity/io.py":
         assert want == set(lock) - {ENV}  # every stage writes through parity.io
+
+
+def test_a_runner_or_the_suite_format_reruns_only_the_cells_that_run_it(two_models):
+    """After env re-hashes the runners (as every `dvc repro` does first): editing the TensorRT runner
+    makes nothing stale, the suite format only the report (it renders suites), never a model stage;
+    editing the ORT CPU runner makes its captures stale and the stages that import it (baseline: the
+    oracle's trusted ONNX path), never a torch model's reference nor a torch_cpu capture."""
+    repo = two_models
+    lock = yaml.safe_load((repo.path / "dvc.lock").read_text())["stages"]
+    st = stages(repo.path)
+
+    def importers(rel):
+        return {n for n in lock if n != ENV and rel in closure(repo.path, stage_module(st[n.partition("@")[0]]))}
+
+    assert importers("parity/backends/trt.py") == set() and importers("parity/suites/spec.py") == {"report"}
+    edits, stale = [], set()
+    try:
+        for step in (("parity/backends/trt.py", "parity/suites/spec.py"), ("parity/backends/ort_cpu.py",)):
+            for rel in step:
+                (repo.path / rel).write_text((repo.path / rel).read_text() + "# touched\n")
+                edits.append(rel)
+            repo.repro("-s", ENV)
+            mine = {n for n in lock if n.startswith("capture@") and n.endswith("-ort_cpu")} if len(edits) > 2 else set()
+            stale = status(repo)
+            assert stale == set().union(*map(importers, edits)) | mine, edits
+        assert mine and not {n for n in stale if n.startswith("reference@") or n.endswith("-torch_cpu")}
+    finally:
+        repo.run(["git", "checkout", "--", *edits])
+        repo.repro("-s", ENV)
+    assert status(repo) == set()
 
 
 def _user_env() -> dict:

@@ -5,8 +5,9 @@ the repo root (`hydra.plugins_path`, default ""). Hydra imports every module in 
 namespace package, so importing this one:
 
 1. registers the `${parity_validate:}` resolver used by conf/config.yaml. It runs
-   parity.config.validate on the whole composed config, so an unknown key or bad value fails the
-   compose, before DVC writes params.yaml or runs any stage;
+   parity.config.validate on the whole composed config and parity.suites.spec.check_selected on the
+   selected suites (kept apart, so no model stage depends on the suite format), so an unknown key or
+   bad value fails the compose, before DVC writes params.yaml or runs any stage;
 2. registers `${parity_coverage_dep:}`: the report stage's dependency for the op-coverage matrix
    (artifacts/suites/coverage when suites are selected, else conf/suites, a path that always
    exists: DVC rejects a missing dependency, and the coverage folder exists only with suites);
@@ -91,6 +92,7 @@ def _check_loaded(p: dict) -> None:
 
 def _validate(*, _root_) -> str:
     from parity import config
+    from parity.suites import spec
 
     p = OmegaConf.to_container(_root_, resolve=False)
     p.pop("validated", None)
@@ -101,7 +103,8 @@ def _validate(*, _root_) -> str:
                                          f"-S '{g}=[...]'.{_available(g)}")
         _check_loaded(p)
         config.validate(p)
-    except config.ConfigError as e:
+        spec.check_selected(p)  # the suites apart: no model stage depends on the suite format
+    except (config.ConfigError, spec.SuiteError) as e:
         raise ParityConfigError(f"parity: config error: {e}") from None
     return config.summary_line(p)
 

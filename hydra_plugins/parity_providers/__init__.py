@@ -4,6 +4,9 @@ matrices (conf/config.yaml):
   capture_providers: ${parity_providers:capture}   # captured directly (capture@cell)
   engine_providers: ${parity_providers:engine}     # `engine: true`: engine@cell builds, capture_engine@cell runs
 
+  torch_models: ${parity_models:torch}             # built in torch: reference@model
+  onnx_models: ${parity_models:onnx}               # ONNX files: reference_onnx@model
+
   plan_dtypes: ${parity_plan:dtypes}               # analysis.plan: true -> the reduced-precision dtypes
   reduce_dtypes: ${parity_plan:reduce}             # analysis.reduce: true -> every selected dtype
 
@@ -29,6 +32,16 @@ def _providers(kind: str, *, _root_) -> list:
     return OmegaConf.create(split[kind](p))
 
 
+def _models(kind: str, *, _root_) -> list:
+    from parity import config
+
+    split = {"torch": config.torch_models, "onnx": config.onnx_models}
+    if kind not in split:
+        raise ValueError(f"parity_models: unknown kind '{kind}' (valid: torch, onnx)")
+    p = {"models": OmegaConf.to_container(_root_.models, resolve=True) if "models" in _root_ else {}}
+    return OmegaConf.create(split[kind](p))
+
+
 def _plan(kind: str, *, _root_) -> list:
     from parity import config
 
@@ -39,6 +52,8 @@ def _plan(kind: str, *, _root_) -> list:
     return OmegaConf.create(config.plan_dtypes(p) if kind == "dtypes" else config.reduce_dtypes(p))
 
 
+if not OmegaConf.has_resolver("parity_models"):
+    OmegaConf.register_new_resolver("parity_models", _models)
 if not OmegaConf.has_resolver("parity_plan"):
     OmegaConf.register_new_resolver("parity_plan", _plan)
 if not OmegaConf.has_resolver("parity_providers"):

@@ -595,6 +595,41 @@ def check_tolerances(rules, file: str) -> None:
             raise SuiteError(file, None, f"{key}.kind", f"unknown kind '{r['kind']}'. Valid: {', '.join(TOL_KINDS)}")
 
 
+def check_selected(p: dict) -> None:
+    """Every suite selected in params `p` expands (structure only); raise SuiteError 'suites.<name>:
+    ...' on the first that does not. Called where suites are handled (the Hydra plugin at compose,
+    `parity check`), not by parity.config, so no model stage depends on the suite format."""
+    import copy
+
+    suites = p.get("suites") or {}
+    if not isinstance(suites, dict):
+        raise SuiteError("suites", None, None, f"expected a mapping (a multi-select group), got {suites!r}")
+    for name, sec in suites.items():
+        if "-" in name or "/" in name:
+            raise SuiteError(f"suites.{name}", None, None, "suite names must not contain '-' or '/' (they build "
+                             "stage keys)")
+        if isinstance(sec, dict) and "tolerances" not in sec:
+            raise SuiteError(f"suites.{name}", None, None, f"missing key 'tolerances' (conf/suites/{name}.yaml): "
+                             f"give `tolerances: []` for none (the suite's diff stages depend on that key)")
+        try:
+            expand(name, copy.deepcopy(sec))
+        except SuiteError as e:
+            raise SuiteError(f"suites.{name}", None, None, str(e)) from None
+
+
+def load_or_die(path) -> dict:
+    """params.yaml for a suite stage: parity.config.load_or_die, then the selected suites checked
+    (check_selected), a bad one said in one line (exit 2) before the stage writes anything."""
+    from parity import config
+
+    p = config.load_or_die(path)
+    try:
+        check_selected(p)
+    except SuiteError as e:
+        config.die(e)
+    return p
+
+
 def expand(name: str, section: dict | None = None, root: Path | None = None, default_timeout=None) -> list[dict]:
     """Cases of suite `name`: from `section` (params.yaml's suites.<name>) or conf/suites/<name>.yaml."""
     if section is None:
