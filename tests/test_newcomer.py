@@ -233,3 +233,24 @@ def test_make_run_ends_saying_which_lock_files_changed_and_stages_nothing(tmp_pa
     assert line.startswith("parity: dvc.lock changed (") and "not staged" in line and line.count("\n") == 1, line
     assert "env/dvc.lock" not in line.partition("changed")[0] and "git checkout -- dvc.lock env/dvc.lock" in line
     assert run(["git", "diff", "--cached", "--name-only"], tmp_path).stdout == ""
+
+
+# -- 26: `parity show`'s counts agree: "3 of 3 layers fail", then the 3 layers and the 2 outputs -----
+
+def test_show_counts_the_failing_outputs_apart_from_the_layers():
+    from parity.show import render
+
+    def row(name):
+        return {"layer": name, "n_outside": 1, "numel": 2, "max_abs": 1e-4, "worst_sample": 0, "worst_index": [0, 0],
+                "excess": None, "tol_source": "dtypes.fp16.tol", "problem": None}
+
+    v = {"cell": "mlp-fp16-ort_cpu", "verdict": "FAIL", "verdict_mode": "tolerance", "layers": 3, "layers_failed": 3,
+         "reason": "", "precision": None, "baseline": None, "drift_origin": "fc1", "drift_origin_where": "fc1",
+         "cause": None, "worst_layer": "fc1", "output": {"max_abs": 1e-4, "rel_l2": 1e-4},
+         "failing_layers": [row(n) for n in ("fc1", "act", "fc2", "output", "plain:output")],
+         "failing_own": [], "outside_tolerance": [], "outside_tolerance_total": 0}
+    out = io.StringIO()
+    render(v, out)
+    text = out.getvalue()
+    assert text.startswith("mlp-fp16-ort_cpu: FAIL (by tolerance, 3 of 3 layers fail)\n")
+    assert "failing layers (3, and 2 output(s)): " in text
