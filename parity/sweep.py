@@ -153,9 +153,13 @@ def _sets(combo: list[str]) -> list[str]:
 class Queue:
     """DVC's experiment queue, read in-process (no `dvc` process per poll)."""
 
-    def __init__(self, cwd: str):
+    def __init__(self, cwd: str, since: float | None = None):
         self.cwd = str(Path(cwd).resolve())
-        self._files: dict[str, dict] = {}  # running experiment's workspace -> its cells' files
+        # running experiment's workspace -> (its params.yaml's mtime, its cells' files)
+        self._files: dict[str, tuple[int, dict]] = {}
+        # a verdict is live when its file was written after this (the sweep's start): an experiment's
+        # workspace starts with the base commit's outputs, other cells' and stale ones
+        self.since = time.time() - 1.0 if since is None else since
 
     def _repo(self):
         from dvc.repo import Repo
@@ -185,16 +189,24 @@ class Queue:
             return len(repo.experiments.celery_queue.worker_status())
 
     def live_verdicts(self, workspace: str) -> dict[str, str | None]:
-        """{cell: verdict or None (not diffed yet)} in a running experiment's workspace."""
-        if workspace not in self._files:
+        """{cell: verdict or None (not diffed yet)} in a running experiment's workspace: its cells as
+        its params.yaml names them (resolved again when DVC writes the experiment's params), each
+        verdict from a metrics file written since the sweep started (a diff restored from DVC's
+        run-cache keeps its old time and shows at the end only)."""
+        try:
+            stamp = (Path(workspace) / "params.yaml").stat().st_mtime_ns
+        except OSError:
+            return {}
+        if self._files.get(workspace, (None,))[0] != stamp:
             try:
-                self._files[workspace] = results.cell_files(workspace)
+                self._files[workspace] = (stamp, results.cell_files(workspace))
             except Exception:  # the workspace is being set up or already gone: try again next poll
                 return {}
         out = {}
-        for cell, f in self._files[workspace].items():
+        for cell, f in self._files[workspace][1].items():
             try:
-                out[cell] = results.verdict(json.loads(f.metrics.read_text()))
+                fresh = f.metrics.stat().st_mtime >= self.since
+                out[cell] = results.verdict(json.loads(f.metrics.read_text())) if fresh else None
             except (OSError, ValueError):
                 out[cell] = None
         return out

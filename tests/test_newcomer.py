@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -254,3 +255,28 @@ def test_show_counts_the_failing_outputs_apart_from_the_layers():
     text = out.getvalue()
     assert text.startswith("mlp-fp16-ort_cpu: FAIL (by tolerance, 3 of 3 layers fail)\n")
     assert "failing layers (3, and 2 output(s)): " in text
+
+
+# -- a sweep's live verdicts: only what this experiment wrote, for its own cells ----------------------
+
+def test_sweep_shows_only_verdicts_written_since_it_started_for_the_experiments_cells(tmp_path):
+    """An experiment's workspace starts with the base commit's outputs (cells it does not have, stale
+    verdicts): the sweep printed those as if they were the experiment's."""
+    from parity.sweep import Queue
+
+    ws = make_repo(tmp_path / "ws", dtypes=("fp32",), providers=("ort_cpu",))
+    q = Queue(str(tmp_path), since=time.time() - 1.0)
+
+    def write(cell, verdict, age=0.0):
+        f = ws.path / "artifacts" / "diff" / cell / "metrics.json"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"verdict": verdict}))
+        os.utime(f, (time.time() - age,) * 2)
+
+    write("tiny_mlp-fp32-ort_cpu", "FAIL", age=3600)  # the base commit's, restored by the checkout
+    write("tiny_mlp-fp16-ort_cpu", "FAIL")  # a cell this experiment does not run
+    assert q.live_verdicts(str(ws.path)) == {"tiny_mlp-fp32-ort_cpu": None}
+    write("tiny_mlp-fp32-ort_cpu", "PASS")  # its diff stage ran
+    assert q.live_verdicts(str(ws.path)) == {"tiny_mlp-fp32-ort_cpu": "PASS"}
+    ws.run([f"{BIN}/parity", "compose", "-S", "dtypes=[fp16]"])  # DVC writes the experiment's params
+    assert q.live_verdicts(str(ws.path)) == {"tiny_mlp-fp16-ort_cpu": "FAIL"}
