@@ -9,8 +9,15 @@ BIN    := $(CURDIR)/$(VENV)/bin
 export PATH := $(BIN):$(PATH)
 PARITY_REMOTE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/parity/dvc-remote
 PUSH ?= 1
+# torch's Linux wheel on PyPI is the CUDA build: it pulls ~2.7 GB of nvidia-* packages and triton
+# (691 MB), a 5.9 GB venv. Where PyTorch's own index is reachable, `make run
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs the CPU-only build of the same pins first
+# (a 2.1 GB venv). Empty (the default): everything from your pip index / find-links as configured.
+TORCH_INDEX ?=
+T0 := $(shell date +%s)
+TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: setup remote plots kernel push run test test-all bench clean
+.PHONY: setup remote plots kernel push run lock-note test test-all bench clean
 
 setup: $(VENV)/.installed remote plots kernel
 
@@ -27,8 +34,17 @@ plots: .dvc/parity-plots.html
 	$(BIN)/python -m parity.plots --out $@
 
 $(VENV)/.installed: pyproject.toml
+	@echo "parity: installing the pinned dependencies into $(VENV) ($(TORCH_PINS) from \
+	$(if $(TORCH_INDEX),$(TORCH_INDEX),your pip index: PyPI's is the CUDA build, ~3.4 GB with nvidia-* and triton; \
+	TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build)); minutes"
 	$(PYTHON) -m venv $(VENV)
+ifneq ($(strip $(TORCH_INDEX)),)
+	$(BIN)/pip install -q --no-deps --index-url $(TORCH_INDEX) $(TORCH_PINS)
+endif
 	$(BIN)/pip install -q -e '.[dev]'
+	@echo "parity: $(VENV): torch $$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("torch"))'), \
+	$$($(BIN)/pip list 2>/dev/null | grep -c '^nvidia-') nvidia-* packages, $$(du -sh $(VENV) | cut -f1), \
+	$$(( $$(date +%s) - $(T0) )) s since make started"
 	touch $@
 
 # idempotent: keeps any default remote already configured (repo, global or local config)
@@ -53,6 +69,16 @@ ifeq ($(PUSH),1)
 	$(BIN)/dvc push --run-cache
 endif
 	@echo "parity: report at artifacts/report/report.html (Markdown: artifacts/report/report.md)"
+	@$(MAKE) -s lock-note
+
+# dvc.lock / env/dvc.lock record this machine's run (its CPU and package fingerprints, the outputs'
+# hashes): on a fresh clone they differ from the committed ones made on another machine. Nothing is
+# staged (.dvc/config has no core.autostage): you decide whether to commit them (README, "make run").
+lock-note:
+	@changed="$$(git diff --name-only HEAD -- dvc.lock env/dvc.lock 2>/dev/null | tr '\n' ' ')"; \
+	if [ -n "$$changed" ]; then \
+	  echo "parity: $${changed}changed (this machine's fingerprints and outputs; not staged): commit them to record this run, or \`git checkout -- dvc.lock env/dvc.lock\` to go back"; \
+	fi
 
 # pytest runs as on a user's machine: Python writes bytecode next to the code and output is buffered
 # (our CI shells set both variables; tests/test_deps.py checks bytecode makes no stage stale)

@@ -29,6 +29,19 @@ def _tol(t) -> str:
     return f"atol {t.get('atol')}, rtol {t.get('rtol')}" if isinstance(t, dict) else "-"
 
 
+def _device(body: dict) -> str:
+    """Where a provider runs, from its conf: `options.device` (torch runners), else ONNX Runtime's
+    `options.provider_options.device_id` (cuda:<id>), else cuda when its results depend on `cuda`
+    (`uses:`, e.g. native TensorRT), else cpu."""
+    opts = body.get("options") if isinstance(body.get("options"), dict) else {}
+    if opts.get("device"):
+        return str(opts["device"])
+    po = opts.get("provider_options") if isinstance(opts.get("provider_options"), dict) else {}
+    if po.get("device_id") is not None:
+        return f"cuda:{po['device_id']}"
+    return "cuda" if "cuda" in (body.get("uses") or []) else "cpu"
+
+
 def _describe(group: str, name: str, body: dict, root: Path) -> dict:
     if group == "models":
         arch = body.get("arch") or {}
@@ -41,7 +54,7 @@ def _describe(group: str, name: str, body: dict, root: Path) -> dict:
         return {"torch": body.get("torch"), "mode": body.get("mode", "cast"), "tol": _tol(body.get("tol"))}
     if group == "providers":
         return {"runner": body.get("runner"), "dtypes": ",".join(body.get("dtypes") or []),
-                "device": body.get("device", "cpu")}
+                "device": _device(body)}
     from parity.suites import spec
 
     try:

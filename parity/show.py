@@ -88,6 +88,12 @@ def _table(rows: list[dict], out: TextIO, title: str) -> None:
     table(HEAD + (["problem"] if any(r["problem"] for r in rows) else []), _rows(rows), out, title=title)
 
 
+def _is_output(name: str) -> bool:
+    """A model output row (`output`, `output:<name>`, `plain:output...`: parity.store.is_output,
+    without importing pyarrow), which metrics.json's layer counts leave out."""
+    return name.removeprefix("plain:").split(":")[0] == "output"
+
+
 def render(v: dict, out: TextIO = sys.stdout) -> None:
     how = f"by {v['verdict_mode']}" if v["verdict_mode"] else ""
     counts = f"{v['layers_failed']} of {v['layers']} layers fail" if v["layers"] is not None else ""
@@ -108,7 +114,9 @@ def render(v: dict, out: TextIO = sys.stdout) -> None:
         print(f"output: max_abs {num(o['max_abs'])}, rel_l2 {num(o['rel_l2'])}", file=out)
     if v["failing_layers"]:
         print(file=out)
-        _table(v["failing_layers"], out, f"failing layers ({len(v['failing_layers'])}): worst element = largest "
+        n_out = sum(_is_output(r["layer"]) for r in v["failing_layers"])  # the counts above are of layers only
+        n = f"{len(v['failing_layers']) - n_out}" + (f", and {n_out} output(s)" if n_out else "")
+        _table(v["failing_layers"], out, f"failing layers ({n}): worst element = largest "
                                           "|actual - expected| / allowed, allowed = atol + rtol |expected|")
     if v["failing_own"]:
         print(file=out)

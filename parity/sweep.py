@@ -61,18 +61,46 @@ def keys_of(overrides: list[str]) -> list[str]:
     return [o.partition("=")[0].lstrip("+~") for o in overrides]
 
 
-def _env() -> dict:
+IDENTITY = ("parity sweep", "parity-sweep@localhost")  # who commits experiments when git knows nobody
+
+
+def _git_config(key: str, cwd: str) -> str:
+    try:
+        p = subprocess.run(["git", "config", "--get", key], cwd=cwd, capture_output=True, text=True,
+                           stdin=subprocess.DEVNULL)
+    except OSError:
+        return ""
+    return p.stdout.strip() if p.returncode == 0 else ""
+
+
+def git_identity(cwd: str = ".") -> dict[str, str]:
+    """GIT_AUTHOR_* / GIT_COMMITTER_* for DVC's experiment commits when git has no user.name or
+    user.email (a fresh machine or container; DVC then fails with "Git user name and email must be
+    configured"): what is configured, the rest from IDENTITY. {} when git has both, in its config or
+    in those variables. Set only in the environment of the dvc processes parity starts."""
+    if all(os.environ.get(f"GIT_{w}_{k}") for w in ("AUTHOR", "COMMITTER") for k in ("NAME", "EMAIL")):
+        return {}
+    name, email = _git_config("user.name", cwd), _git_config("user.email", cwd)
+    if name and email:
+        return {}
+    return {f"GIT_{w}_{k}": os.environ.get(f"GIT_{w}_{k}") or v or dflt
+            for w in ("AUTHOR", "COMMITTER") for k, v, dflt in (("NAME", name, IDENTITY[0]),
+                                                                ("EMAIL", email, IDENTITY[1]))}
+
+
+def _env(cwd: str = ".") -> dict:
     """PATH starts with this interpreter's bin dir: the queue worker DVC spawns runs `dvc` from PATH,
-    and dvc.yaml's `python` is this (virtualenv) python."""
+    and dvc.yaml's `python` is this (virtualenv) python. A git identity when none is configured."""
     e = dict(os.environ)
     e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"
     e.setdefault("DVC_NO_ANALYTICS", "1")
+    e.update(git_identity(cwd))
     return e
 
 
 def _dvc(args: list[str], cwd: str) -> str:
     p = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, env=_env())
+                       stdin=subprocess.DEVNULL, env=_env(cwd))
     if p.returncode != 0:
         raise RuntimeError(f"`dvc {' '.join(args)}` failed:\n{(p.stderr or p.stdout).strip()}")
     return p.stdout
@@ -83,7 +111,7 @@ def _dvc_detached(args: list[str], cwd: str) -> str:
     waiting for the command does not wait for the child that holds its output open."""
     with tempfile.TemporaryFile("w+") as f:
         p = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, text=True, env=_env())
+                           stdin=subprocess.DEVNULL, text=True, env=_env(cwd))
         f.seek(0)
         out = f.read()
     if p.returncode != 0:
@@ -125,9 +153,13 @@ def _sets(combo: list[str]) -> list[str]:
 class Queue:
     """DVC's experiment queue, read in-process (no `dvc` process per poll)."""
 
-    def __init__(self, cwd: str):
+    def __init__(self, cwd: str, since: float | None = None):
         self.cwd = str(Path(cwd).resolve())
-        self._files: dict[str, dict] = {}  # running experiment's workspace -> its cells' files
+        # running experiment's workspace -> (its params.yaml's mtime, its cells' files)
+        self._files: dict[str, tuple[int, dict]] = {}
+        # a verdict is live when its file was written after this (the sweep's start): an experiment's
+        # workspace starts with the base commit's outputs, other cells' and stale ones
+        self.since = time.time() - 1.0 if since is None else since
 
     def _repo(self):
         from dvc.repo import Repo
@@ -157,16 +189,24 @@ class Queue:
             return len(repo.experiments.celery_queue.worker_status())
 
     def live_verdicts(self, workspace: str) -> dict[str, str | None]:
-        """{cell: verdict or None (not diffed yet)} in a running experiment's workspace."""
-        if workspace not in self._files:
+        """{cell: verdict or None (not diffed yet)} in a running experiment's workspace: its cells as
+        its params.yaml names them (resolved again when DVC writes the experiment's params), each
+        verdict from a metrics file written since the sweep started (a diff restored from DVC's
+        run-cache keeps its old time and shows at the end only)."""
+        try:
+            stamp = (Path(workspace) / "params.yaml").stat().st_mtime_ns
+        except OSError:
+            return {}
+        if self._files.get(workspace, (None,))[0] != stamp:
             try:
-                self._files[workspace] = results.cell_files(workspace)
+                self._files[workspace] = (stamp, results.cell_files(workspace))
             except Exception:  # the workspace is being set up or already gone: try again next poll
                 return {}
         out = {}
-        for cell, f in self._files[workspace].items():
+        for cell, f in self._files[workspace][1].items():
             try:
-                out[cell] = results.verdict(json.loads(f.metrics.read_text()))
+                fresh = f.metrics.stat().st_mtime >= self.since
+                out[cell] = results.verdict(json.loads(f.metrics.read_text())) if fresh else None
             except (OSError, ValueError):
                 out[cell] = None
         return out
@@ -211,7 +251,7 @@ def _run_first(combo: list[str], cwd: str, prog: Progress) -> str:
     """`dvc exp run --temp` in the foreground, its stages printed as they start; its name."""
     p = subprocess.Popen([sys.executable, "-m", "dvc", "exp", "run", "--temp", *_sets(combo)], cwd=cwd,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                         env=_env())
+                         env=_env(cwd))
     lines = []
     for line in p.stdout:
         lines.append(line)
@@ -290,6 +330,11 @@ def sweep(overrides: list[str], jobs: int = 1, cwd: str = ".", poll: float = 2.0
     prog = Progress(len(combos), err, "parity sweep", every=4.0)
     try:
         prog.line(f"parity sweep: {len(combos)} experiments over {', '.join(keys)} with {jobs} worker(s)")
+        ident = git_identity(cwd)
+        if ident:
+            prog.line(f"parity sweep: git has no user.name/user.email here: DVC commits the experiments as "
+                      f"'{ident['GIT_AUTHOR_NAME']} <{ident['GIT_AUTHOR_EMAIL']}>' (`git config user.name NAME` "
+                      f"and `git config user.email EMAIL` to use yours)")
         names, by_name, first = [], {}, {}
         rest = combos
         q = Queue(cwd)

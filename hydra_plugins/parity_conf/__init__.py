@@ -200,7 +200,7 @@ def _wrap_missing_option_error() -> None:
         except MissingConfigException as e:
             path = e.missing_cfg_file or ""
             group, _, option = path.rpartition("/")
-            if not group or "Available options" in str(e):
+            if not group or str(e).startswith("parity:"):  # Hydra's own text ends with its search path
                 raise
             options = repo.get_group_options(group, ObjectType.CONFIG)
             msg = (f"parity: config error: unknown {group} option '{option}' (no conf/{path}.yaml). "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,14 @@ from parity.metrics import worst_ratio
 if TYPE_CHECKING:
     from parity.analysis import diffcell
 
-PLOT_FIELDS = ("order", "layer", "max_abs", "rel_l2", "tol_ratio", "excess", "bits_lost", "own_excess", "passed")
+# layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/plot_layers.json): `ratio` is what the
+# verdict judges over its limit (oracle: excess / k; tolerance: tol_ratio), so 1 is the limit in both;
+# `own_ratio` the same for the layer's own error. Every number is finite (a log axis and Vega's
+# scales need it): a non-finite or larger ratio is drawn at PLOT_CAP and `note` says so; a zero ratio
+# (exact) is left empty, off the log axis.
+PLOT_FIELDS = ("order", "layer", "ratio", "own_ratio", "passed", "max_abs", "rel_l2", "tol_ratio", "excess",
+               "bits_lost", "own_excess", "note")
+PLOT_CAP = 1.0e6
 
 
 def _output_metrics(d) -> dict:
@@ -92,18 +100,33 @@ def where(name: str, layers_json: dict) -> str:
 
 
 def _num(v) -> str:
-    return "" if v is None else repr(v)
+    return "" if v is None or not math.isfinite(v) else repr(v)
 
 
-def plot_csv(cd: diffcell.CellDiff) -> str:
+def _ratio(v) -> tuple[str, str]:
+    """(plotted ratio, note) for a ratio to the limit: capped, finite, empty when zero or unknown."""
+    if v is None:
+        return "", ""
+    if not math.isfinite(v) or v > PLOT_CAP:
+        return repr(PLOT_CAP), f"{v!r}, drawn at {PLOT_CAP:g}"
+    return ("", "") if v <= 0 else (repr(v), "")
+
+
+def plot_csv(cd: diffcell.CellDiff, k: float) -> str:
+    """layers.csv: one row per layer in execution order, the verdict's ratio to its limit (1) first."""
     own = {r["layer"]: r["excess"] for r in cd.own if r["kind"] == "leaf"}
+    oracle = cd.mode == "oracle"
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(PLOT_FIELDS)
     for d in cd.layers:
         o = d.oracle or {}
-        w.writerow([d.order, d.name, _num(d.max_abs), _num(d.rel_l2), _num(d.tol_ratio), _num(o.get("excess")),
-                    _num(o.get("bits_lost")), _num(own.get(d.name)), int(d.passed)])
+        ex, own_ex = o.get("excess"), own.get(d.name)
+        ratio, note = _ratio((ex / k if ex is not None and k > 0 else None) if oracle else d.tol_ratio)
+        own_ratio, own_note = _ratio(own_ex / k if oracle and own_ex is not None and k > 0 else None)
+        w.writerow([d.order, d.name, ratio, own_ratio, int(d.passed), _num(d.max_abs), _num(d.rel_l2),
+                    _num(d.tol_ratio), _num(ex), _num(o.get("bits_lost")), _num(own_ex),
+                    "; ".join(n for n in (note, own_note and f"own {own_note}") if n)])
     return buf.getvalue()
 
 
@@ -148,5 +171,5 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
                                      "settings": cd.status.get("settings") or {}, "layer_causes": cd.layer_causes,
                                      "layers": [d.as_dict() for d in cd.layers], "own": cd.own, **extra},
                sort_keys=False)
-    write_text(out / "layers.csv", plot_csv(cd))
+    write_text(out / "layers.csv", plot_csv(cd, k))
     return f"diff@{key}: {summary_line(m, cd)}"
