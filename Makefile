@@ -17,14 +17,9 @@ TORCH_INDEX ?=
 T0 := $(shell date +%s)
 TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: setup remote plots kernel push run lock-note test test-all bench clean
+.PHONY: setup remote plots push run lock-note test test-all bench clean
 
-setup: $(VENV)/.installed remote plots kernel
-
-# the compare's C loop (parity/ckernel.py), built once per machine into ~/.cache/parity; without a C
-# compiler the compare runs on numpy with the same results
-kernel: $(VENV)/.installed
-	@$(BIN)/python -m parity.ckernel
+setup: $(VENV)/.installed remote plots
 
 # offline `dvc plots show/diff`: a page template with Vega inlined (parity/plots.py), set in the
 # git-ignored .dvc/config.local like the remote (DVC's own page loads Vega from a CDN)

@@ -26,9 +26,7 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
   diff     in process: parity.compare.compare_layer over every layer of the cell (capture vs fp32
            reference, as the diff stage pairs them) vs one numpy pass (np.add.reduce) over the same
            arrays, in GB/s of compared bytes (both float32 arrays); and the diff stage as a whole
-           process (command from dvc.yaml), so compare_layer's share of the stage is known. Where
-           parity.ckernel's C loop is built, the same compare and the same stage without it
-           (numpy path; PARITY_NO_CKERNEL=1 for the stage) in the same runs.
+           process (command from dvc.yaml), so compare_layer's share of the stage is known.
   help     `python -m stages.<s> --help` of the light stages (env, inputs, diff, report) vs a bare
            `python -c pass`.
   parallel every cell of the default config (8: mlp + resnet18 x fp32, fp16 x torch_cpu, ort_cpu)
@@ -369,24 +367,11 @@ def bench_diff(repo: Path, runs: int) -> dict:
             pairs.setdefault(name, []).append((s, t.array, r.array))
     nbytes = sum(a.nbytes + b.nbytes for ps in pairs.values() for _, a, b in ps)
 
-    kernel = compare._kernel() if hasattr(compare, "_kernel") else None  # parity.ckernel, when built
-
     def fused():
         t0 = time.perf_counter()
         for i, (name, ps) in enumerate(pairs.items()):
             compare.compare_layer(name, i, ps, 1e-5, 1e-3, "bench")
         return {"compare_layer, every layer": time.perf_counter() - t0}
-
-    def numpy_path():  # the same compare without the C kernel (its fallback), same run
-        saved = list(compare._KERNEL)
-        compare._KERNEL[:] = [None]
-        try:
-            t0 = time.perf_counter()
-            for i, (name, ps) in enumerate(pairs.items()):
-                compare.compare_layer(name, i, ps, 1e-5, 1e-3, "bench")
-            return {"compare_layer, numpy path": time.perf_counter() - t0}
-        finally:
-            compare._KERNEL[:] = saved
 
     def one_pass():
         t0 = time.perf_counter()
@@ -397,22 +382,16 @@ def bench_diff(repo: Path, runs: int) -> dict:
         return {"one numpy pass (np.add.reduce)": time.perf_counter() - t0}
 
     try:
-        sides = {"fused": fused, "pass": one_pass}
-        if kernel is not None:  # and the stage process without it (PARITY_NO_CKERNEL=1: the same bytes)
-            sides["numpy"] = numpy_path
-            sides["stage_np"] = lambda: {"diff stage, numpy path": sh("PARITY_NO_CKERNEL=1 " + cmd, repo)}
-        res = paired(runs, {**sides,
+        res = paired(runs, {"fused": fused, "pass": one_pass,
                             "stage": lambda: {"diff stage (whole process)": sh(cmd, repo)}},
                      "diff stage (whole process)")
     finally:
         restore(repo, f"diff@{CELL}")
-    shown = [k for k in ("compare_layer, every layer", "compare_layer, numpy path", "one numpy pass (np.add.reduce)")
-             if k in res]
+    shown = [k for k in ("compare_layer, every layer", "one numpy pass (np.add.reduce)") if k in res]
     for k in shown:
         res[k]["GB/s"] = stats([nbytes / t / 1e9 for t in res[k]["runs"]])
     table(f"3b. diff of {CELL}: {len(pairs)} layers, {nbytes / 1e6:.1f} MB compared "
           "(s; ratio = share of the diff stage process)", res, "s", "share")
-    print(f"  C kernel (parity.ckernel): {'in use' if kernel is not None else 'not built: numpy path only'}")
     for k in shown:
         g = res[k]["GB/s"]
         print(f"  {k}: {g['median']:.2f} GB/s [{g['min']:.2f}-{g['max']:.2f}]")

@@ -292,67 +292,15 @@ def compare_arrays(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: 
     s = _Sample(int(a.size))
     step = min(CHUNK, max(int(a.size), 1))
     buf = _work(5, step)
-    kernel = _kernel()
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf/NaN are handled below
         for lo in range(0, a.size, step):
             hi = min(lo + step, a.size)
             xy = buf[:2, :hi - lo]
-            if kernel is not None and _c_block(kernel, s, a, b, lo, hi, buf, atol, rtol):
-                continue
             np.copyto(xy[0], a[lo:hi], casting="unsafe")
             np.copyto(xy[1], b[lo:hi], casting="unsafe")
             if not _block(s, xy, buf[2:], lo, atol, rtol):
                 _block_nonfinite(s, xy[0], xy[1], lo, atol, rtol)
     return s.result()
-
-
-_KERNEL: list = []
-
-
-def _kernel():
-    """parity.ckernel's compiled block function (None: numpy only), loaded once per process."""
-    if not _KERNEL:
-        from parity import ckernel
-        fns = ckernel.load() if _ONE is not None else None
-        _KERNEL.append(None if fns is None else (fns, ckernel.Block(), np.array(HIST_EDGES, dtype=np.float64)))
-    return _KERNEL[0]
-
-
-def _c_block(kernel, s: _Sample, a: np.ndarray, b: np.ndarray, lo: int, hi: int, buf: np.ndarray,
-             atol: float, rtol: float) -> bool:
-    """One block through the C kernel: the same values as _block, bit for bit (parity/ckernel.py).
-    False, with nothing added, where _block would not take the block (a sum that is not finite) or a
-    ratio is NaN: the numpy path takes those."""
-    import ctypes
-    (f32, f64), o, edges = kernel
-    n = hi - lo
-    best = s.tol_ratio
-    if a.dtype == np.float32 and b.dtype == np.float32 and a.flags.c_contiguous and b.flags.c_contiguous:
-        f32(a.ctypes.data + 4 * lo, b.ctypes.data + 4 * lo, n, atol, rtol, edges.ctypes.data, best, ctypes.byref(o))
-    else:
-        np.copyto(buf[0, :n], a[lo:hi], casting="unsafe")
-        np.copyto(buf[1, :n], b[lo:hi], casting="unsafe")
-        f64(buf[0].ctypes.data, buf[1].ctypes.data, n, atol, rtol, edges.ctypes.data, best, ctypes.byref(o))
-    saa, sbb, sdd = o.aa, o.bb, o.dd
-    if o.bad or not math.isfinite(saa + sbb + sdd):
-        return False
-    s.sq_act += saa
-    s.sq_ref += sbb
-    s.sq_diff += sdd
-    s.prod += (saa + sbb - sdd) / 2 if sdd <= (saa + sbb) / 4 else o.ab
-    if o.worst >= 0:
-        s.tol_ratio, s.worst = o.max_ratio, lo + o.worst
-    above = o.above
-    for k in range(len(HIST_EDGES)):
-        s.above[k] += above[k]
-    if _ONE is not None:
-        s.n_out += above[_ONE]
-    s.max_abs = max(s.max_abs, o.max_abs)
-    s.sum_abs += o.ad
-    s.n_both += n
-    if o.any_rel and o.max_rel > s.max_rel:
-        s.max_rel = o.max_rel
-    return True
 
 
 def compare_layer(name: str, order: int, pairs: list[tuple[int, np.ndarray, np.ndarray]],
