@@ -179,9 +179,11 @@ def read_metadata(path: str | Path) -> dict[str, str]:
 def read(path: str | Path) -> Iterator[Tensor]:
     """Yield tensors in file order; each array is a read-only view of its row group's Arrow value
     buffer. Row groups are decoded one at a time (a streamed file holds several), so a reader that
-    does not keep the arrays holds one row group's values at most."""
+    does not keep the arrays holds one row group's values at most. Read, not memory-mapped: the
+    pages of a mapped file stay in the process's RSS until the file is closed (a 1 GB fp64 reference
+    read sample by sample counted whole: resnet50's baseline peaked at 2.9 GiB, 1.5 GiB read)."""
     try:
-        f = pq.ParquetFile(path, memory_map=True)
+        f = pq.ParquetFile(path, memory_map=False)
         for g in range(f.num_row_groups):
             yield from _tensors(f.read_row_group(g))
     except FileNotFoundError:

@@ -427,12 +427,15 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
         if n != len(feeds):
             res.own_reason = f"{job.reference} has {n} samples, the inputs {len(feeds)}"
             return
-        for (k, gold), f in zip(gold_samples(Path(job.reference)), feeds):
+        golds = gold_samples(Path(job.reference))
+        for f in feeds:
+            k, gold = next(golds)
             own = runner.infer_own(f, gold)
             if own is None:
                 res.own_reason = runner.own_unsupported or "not measured"
                 return
             sink.own(k, [(n, np.asarray(v)) for n, v in own], gold)
+            del gold, own  # one sample of the fp64 reference (and its own values) at a time, not two
     except Exception as e:
         res.own_reason = "own-error run failed: " + _reason(e)
         return

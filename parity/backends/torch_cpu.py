@@ -162,15 +162,16 @@ class TorchRunner(Runner):
 
     own_unsupported = None
 
-    def _ref(self, ref: dict, prefix: str) -> dict:
+    def _ref(self, ref: dict, prefix: str) -> "_Feed":
         """Reference values whose names start with `prefix` (or, for "", every leaf output), by call
-        name, as fresh tensors (modules may modify them in place) at the model's dtype on its device."""
+        name, each made a tensor at the model's dtype on its device when a hook asks for it: a fresh
+        tensor per use (modules may modify them in place), one at a time (not a copy of the sample)."""
+        if prefix:
+            names = {n.removeprefix(prefix): n for n in ref if n.startswith(prefix)}
+        else:
+            names = {n: n for n in ref if not (store.is_pre(n) or store.is_output(n))}
         t = self.torch
-        out = {}
-        for n, v in ref.items():
-            if (n.startswith(prefix) if prefix else not (store.is_pre(n) or store.is_output(n))):
-                out[n.removeprefix(prefix)] = t.from_numpy(np.array(v)).to(self.dev, self.dtype)
-        return out
+        return _Feed(names, lambda n: t.from_numpy(np.array(ref[n])).to(self.dev, self.dtype))
 
     def infer_own(self, feeds, ref):
         rec = self.rec
@@ -224,6 +225,19 @@ class TorchRunner(Runner):
 
 class TorchCpuRunner(TorchRunner):
     op_gradcheck = True  # float64 gradcheck cases (suites) run on the CPU
+
+
+class _Feed:
+    """{call name: tensor} for LayerRecorder.feed_inputs / feed_outputs, converted on lookup."""
+
+    def __init__(self, names: dict[str, str], make):
+        self._names, self._make = names, make
+
+    def __contains__(self, key) -> bool:
+        return key in self._names
+
+    def __getitem__(self, key):
+        return self._make(self._names[key])
 
 
 def _run_at(torch, module, dtype, out_dtype, device: str, amp=None) -> None:
