@@ -32,21 +32,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from parity import dtypes
 from parity.compare import sq_error, sum_sq
 
-UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 DEFAULT_K = 4.0
 # precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
 BASELINE_MODES = ("cast", "autocast")
 
 
 def unit_roundoff(dtype_cfg: dict) -> float:
-    """u of the precision a cell computes in: the cast/autocast dtype, 2**-11 for tf32 (10-bit
-    mantissa), the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
+    """u of the precision a cell computes in (parity.dtypes): the cast/autocast dtype, tf32's (10-bit
+    mantissa) for tf32, the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
     mode = dtype_cfg.get("mode", "cast")
-    if mode == "tf32":
-        return 2.0 ** -11
-    return UNIT_ROUNDOFF.get(dtype_cfg.get("torch", "float32"), 2.0 ** -24)
+    return dtypes.facts("tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")).u
 
 
 def limits(dtype_cfg: dict) -> tuple[float, float, float]:
