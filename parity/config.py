@@ -270,7 +270,8 @@ def _dtypes(p: dict) -> None:
         _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode", "oracle"}, required=("torch", "tol", "oracle"))
         _check_keys(f"dtypes.{name}.oracle", d["oracle"], {"k", "slack"}, required=("k",))
         _num(f"dtypes.{name}.oracle.k", d["oracle"]["k"], lo=1)
-        _num(f"dtypes.{name}.oracle.slack", d["oracle"].get("slack", 0.0), lo=0)
+        if "slack" in d["oracle"]:  # 0 unless given (parity.analysis.oracle.limits)
+            _num(f"dtypes.{name}.oracle.slack", d["oracle"]["slack"], lo=0)
         mode = d.get("mode", "cast")  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
         if d["torch"] not in TORCH_DTYPES:
             raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")

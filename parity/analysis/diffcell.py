@@ -58,14 +58,6 @@ def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | 
     return "oracle", "diff.verdict: oracle"
 
 
-def _k(p: dict, dtype: str) -> float:
-    return oracle.limits(p["dtypes"][dtype])[1]
-
-
-def _slack(p: dict, dtype: str) -> float:
-    return oracle.limits(p["dtypes"][dtype])[2]
-
-
 def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
               baseline_dir: Path | None = None, samples: range | None = None, status: dict | None = None) -> CellDiff:
     """`samples`: only these samples, renumbered from 0 (one shape's sample set, parity.analysis.shapes),
@@ -82,7 +74,8 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
     cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
     gold = own = None
     if mode == "oracle":
-        u, lim = oracle.unit_roundoff(p["dtypes"][dtype]), (_k(p, dtype), _slack(p, dtype))  # (k, slack)
+        u, k, slack = oracle.limits(p["dtypes"][dtype])
+        lim = (k, slack)
         cs, bs = sums.load(capture_dir), sums.load(baseline_dir)
         if cs is not None and bs is not None:  # the producers' sums: no fp64 or own.parquet read
             _judge_from_sums(cd, cs, bs, u, lim, samples)
@@ -264,8 +257,9 @@ def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: 
         return None
     limit = None
     if rec and rec.get("ref_rms"):
-        floor = max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"])
-        limit = _k(p, dtype) * floor / rec["ref_rms"] + _slack(p, dtype)  # the slack is relative
+        u, k, slack = oracle.limits(p["dtypes"][dtype])
+        floor = max(rec["floor_rmse"] or 0.0, u * rec["ref_rms"])
+        limit = k * floor / rec["ref_rms"] + slack  # the slack is relative
     return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit,
                                    inputs=_inputs(gold, name, samples)).as_dict()
 

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from parity import dtypes
 from parity.compare import sq_error, sum_sq
 
-DEFAULT_K = 4.0
 # precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
 BASELINE_MODES = ("cast", "autocast")
 
@@ -47,11 +47,18 @@ def unit_roundoff(dtype_cfg: dict) -> float:
     return dtypes.facts("tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")).u
 
 
-def limits(dtype_cfg: dict) -> tuple[float, float, float]:
+class Limits(NamedTuple):
+    u: float      # the dtype's unit roundoff (unit_roundoff)
+    k: float      # dtypes.<d>.oracle.k: required (parity.config)
+    slack: float  # dtypes.<d>.oracle.slack: 0 unless given
+
+
+def limits(dtype_cfg: dict) -> Limits:
     """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
-    layer (parity.analysis.diffcell) or a suite case (parity.suites.diff), is judged by."""
-    o = dtype_cfg.get("oracle") or {}
-    return unit_roundoff(dtype_cfg), float(o.get("k", DEFAULT_K)), float(o.get("slack", 0.0))
+    layer (parity.analysis.diffcell), a suite case (parity.suites.diff), a generation step, a
+    reduction or the report's limit line, is judged by. The one place these keys are read."""
+    o = dtype_cfg["oracle"]
+    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", 0.0)))
 
 
 def has_baseline(dtype_cfg: dict) -> bool:
@@ -84,7 +91,7 @@ class Sq:
         return math.sqrt(self.ref / self.n) if self.n else 0.0
 
 
-def excess(err: Sq, floor: Sq | None, u: float, k: float = DEFAULT_K, slack: float = 0.0) -> float:
+def excess(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> float:
     noise = u * err.rms_ref
     denom = max(floor.rmse if floor is not None else 0.0, noise) + slack * err.rms_ref / k
     return err.rmse / max(denom, 1e-300)

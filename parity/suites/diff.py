@@ -87,7 +87,7 @@ def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict
         res.update(status="OK" if ok else "MISMATCH", reason="" if ok else "gradcheck: " + row["gradcheck"]["reason"])
         return res
     use_oracle = (p.get("diff") or {}).get("verdict", "oracle") == "oracle" and bool(gold)
-    ctx = {"gold": gold or {}, "floor": _floors(row, outs, refs, floor), "lim": oracle.limits(p["dtypes"][dtype]),
+    ctx = {"gold": gold or {}, "floor": _floors(row, outs, refs, floor), "lim": oracle.limits(p["dtypes"][dtype]) if use_oracle else None,
            "oracle": use_oracle, "worst": {"out": (-1.0, None), "grad": (-1.0, None)}, "excess": {}}
     problems, nan_both = [], 0
     for name in row["outputs"]:
