@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import compare, config, store
+from parity import compare, config, store, tolerance
 from parity.analysis import oracle, sums
 from parity.io import read_json
 
@@ -41,7 +41,7 @@ class CellDiff:
 
 
 def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
-    want = (p.get("diff") or {}).get("verdict", "oracle")
+    want = tolerance.verdict(p)
     if want != "oracle":
         return "tolerance", "diff.verdict: tolerance"
     if not (reference_dir / "fp64.parquet").exists():
@@ -146,7 +146,7 @@ def _names(ref: dict, act: dict) -> list[str]:
 
 
 def _tolerance_layers(p, model, dtype, names, act, ref) -> list:
-    max_mismatch = float((p.get("diff") or {}).get("max_mismatch", 0.0))
+    max_mismatch = tolerance.max_mismatch(p)
     samples = sorted({s for s, _ in ref})
     layers = []
     for order, name in enumerate(names):
