@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from parity import codedeps, inputspec
+from parity import codedeps, inputspec, tolerance
 
 PARAMS_FILE = "params.yaml"
 
@@ -85,7 +85,6 @@ DTYPE_MODES = {
     "int4_weight": ("float32",),       # 4-bit block-quantized MatMul weights, float32 activations (ORT)
     "fp8": ("float32",),               # TensorRT FP8 builder flag
 }
-VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict (parity.analysis.diffcell)
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
@@ -259,10 +258,12 @@ def _sections(p: dict) -> None:
     _num("capture.warmup", cap.get("warmup", 0), lo=0, integer=True)
     _num("capture.repeats", cap.get("repeats", 1), lo=1, integer=True)
     _num("capture.threads", cap.get("threads", 0), lo=0, integer=True)
-    _num("diff.max_mismatch", p.get("diff", {}).get("max_mismatch", 0.0), lo=0, hi=1)
-    verdict = p.get("diff", {}).get("verdict", "oracle")
-    if verdict not in VERDICT_MODES:
-        raise ConfigError(f"diff.verdict: unknown verdict mode {verdict!r}. Valid: {_choices(VERDICT_MODES)}")
+    if "max_mismatch" in (p.get("diff") or {}):  # 0 unless given (parity.tolerance.max_mismatch)
+        _num("diff.max_mismatch", p["diff"]["max_mismatch"], lo=0, hi=1)
+    verdict = tolerance.verdict(p)
+    if verdict not in tolerance.VERDICT_MODES:
+        raise ConfigError(f"diff.verdict: unknown verdict mode {verdict!r}. "
+                          f"Valid: {_choices(tolerance.VERDICT_MODES)}")
 
 
 def _dtypes(p: dict) -> None:
@@ -270,7 +271,8 @@ def _dtypes(p: dict) -> None:
         _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode", "oracle"}, required=("torch", "tol", "oracle"))
         _check_keys(f"dtypes.{name}.oracle", d["oracle"], {"k", "slack"}, required=("k",))
         _num(f"dtypes.{name}.oracle.k", d["oracle"]["k"], lo=1)
-        _num(f"dtypes.{name}.oracle.slack", d["oracle"].get("slack", 0.0), lo=0)
+        if "slack" in d["oracle"]:  # 0 unless given (parity.analysis.oracle.limits)
+            _num(f"dtypes.{name}.oracle.slack", d["oracle"]["slack"], lo=0)
         mode = d.get("mode", "cast")  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
         if d["torch"] not in TORCH_DTYPES:
             raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")
@@ -663,8 +665,6 @@ def die(err: Exception, code: int = 2):
 
 def tolerance_for(p: dict, model: str, dtype: str, layer: str) -> tuple[float, float, str]:
     """(atol, rtol, source-key) for a layer: dtype default, then model rules in order (last wins)."""
-    from parity import tolerance
-
     return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["models"][model].get("tolerances"),
                              f"models.{model}.tolerances", dtype, layer=layer)
 

@@ -372,7 +372,7 @@ def curve_series(c: dict) -> tuple[list[tuple[str, str, list]], float, str]:
     layers = c["layers"]
     if metric(c["metrics"], "verdict_mode") == "oracle":
         own = {r["layer"]: r["excess"] for r in c.get("own") or [] if r["kind"] == "leaf"}
-        k = c.get("k") or 4.0
+        k = c["k"]  # dtypes.<d>.oracle.k (parity.pipeline.report.cell_entry)
         series = [("accumulated excess", "#0969da", [(d.get("oracle") or {}).get("excess") for d in layers])]
         if own:
             series.append(("own excess", "#1a7f37", [own.get(d["name"]) for d in layers]))

@@ -20,6 +20,7 @@ import yaml
 
 from parity import history, paths, report
 from parity import report_svg as svg
+from parity.analysis import oracle
 from parity.io import write_text
 
 COLOURS = ("#8c959f", "#0969da")  # REV_A, REV_B
@@ -59,7 +60,9 @@ def _metric_of(lj: dict, params: dict, dtype: str) -> tuple[str, list, float, st
     accumulated excess against k in oracle mode, tol_ratio against 1 otherwise."""
     layers = lj.get("layers") or []
     if lj.get("verdict_mode") == "oracle":
-        k = float((((params.get("dtypes") or {}).get(dtype) or {}).get("oracle") or {}).get("k", 4.0))
+        dc = (params.get("dtypes") or {}).get(dtype)
+        # that revision's dtypes.<d>.oracle.k; 4 (conf/dtypes' value) only when its params.yaml is unreadable
+        k = oracle.limits(dc).k if dc else 4.0
         return "accumulated excess", [(d.get("oracle") or {}).get("excess") for d in layers], k, f"limit k = {k:g}"
     return "tol_ratio", [d.get("tol_ratio") for d in layers], 1.0, "tolerance (tol_ratio = 1)"
 

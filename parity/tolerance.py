@@ -1,10 +1,28 @@
 """The one tolerance resolver (core): a dtype's default (atol, rtol), then an ordered list of rules,
 the last matching one winning (torch.testing's dtype table, overridable per model layer or per suite
-case). Every result names the key it came from (`tol_source`), so a user can find it."""
+case). Every result names the key it came from (`tol_source`), so a user can find it.
+
+Beside it, the one verdict resolver: `diff.verdict` (oracle | tolerance) and `diff.max_mismatch`, the
+settings every model cell (parity.analysis.diffcell) and suite case (parity.suites.diff) is judged by,
+read here and nowhere else."""
 
 from __future__ import annotations
 
 import fnmatch
+
+VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict
+
+
+def verdict(p: dict) -> str:
+    """diff.verdict: the verdict mode asked for, oracle unless given (a cell whose oracle cannot run is
+    judged by tolerance: parity.analysis.diffcell.verdict_mode says why)."""
+    return (p.get("diff") or {}).get("verdict", "oracle")
+
+
+def max_mismatch(p: dict) -> float:
+    """diff.max_mismatch: the fraction of a layer's (or tensor's) elements allowed outside (atol, rtol),
+    0 unless given (as torch.testing.assert_close)."""
+    return float((p.get("diff") or {}).get("max_mismatch", 0.0))
 
 
 def resolve(default: dict, default_key: str, rules: list | None, rules_key: str, dtype: str, kind: str = "out",

@@ -22,10 +22,9 @@ def diff_cell(p: dict, suite: str, dtype: str, run_dir: Path) -> list[dict]:
         for t in store.read(f) if f.exists() else ():
             cid, _, name = t.name.partition("/")
             got.setdefault(stem, {}).setdefault(cid, {})[name] = t.array
-    mm = float((p.get("diff") or {}).get("max_mismatch", 0.0))
     by = {stem: got.get(stem, {}) for stem in ("outputs", "reference", "gold", "floor")}
     return [diff.diff_case(p, suite, dtype, row, by["outputs"].get(row["id"], {}), by["reference"].get(row["id"], {}),
-                           mm, gold=by["gold"].get(row["id"]), floor=by["floor"].get(row["id"]))
+                           gold=by["gold"].get(row["id"]), floor=by["floor"].get(row["id"]))
             for row in run["cases"]]
 
 

@@ -100,10 +100,11 @@ def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path,
         "suite_coverage: depends on but never imports: parity/history.py"], out
     assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote dvc.yaml\n")
     after = dvc_yaml.read_text()
-    old = "".join(f"      - parity/{m}.py\n" for m in ("config", "imports", "inputspec", "io", "memory", "metrics"))
+    old = "".join(f"      - parity/{m}.py\n" for m in ("config", "dtypes", "imports", "inputspec", "io", "memory",
+                                                             "metrics"))
     assert before.count(old) == 1  # the diff stage's
     assert after == before.replace("      - parity/history.py\n", "").replace(
-        old, old.replace("config.py\n", "config.py\n      - parity/fingerprint.py\n"))
+        old, old.replace("dtypes.py\n", "dtypes.py\n      - parity/fingerprint.py\n"))
     assert _deps_cli(capsys, "--check", "--root", str(root))[0] == 0
     assert "up to date" in _deps_cli(capsys, "--write", "--root", str(root))[1]
     assert dvc_yaml.read_text() == after

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 
 from conftest import BIN, Repo, make_repo
-from parity import compare, metrics, status
+from parity import compare, dtypes, metrics, status
 from parity.analysis import exercised, oracle
 from parity.pipeline.diff import cell_verdict
 
-U32 = oracle.UNIT_ROUNDOFF["float32"]
-U16 = oracle.UNIT_ROUNDOFF["float16"]
+U32 = dtypes.FP32.u
+U16 = dtypes.FP16.u
 FP32_SLACK = 1e-6  # conf/dtypes/fp32.yaml oracle.slack
 
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from conftest import make_repo
+from parity import dtypes
 from parity.analysis import oracle
 from test_drift_origin import weight_of
 
-U16 = oracle.UNIT_ROUNDOFF["float16"]
+U16 = dtypes.FP16.u
 
 
 def fp16_round(x):

@@ -35,9 +35,10 @@ import math
 
 import numpy as np
 
+from parity import dtypes
 from parity.compare import dot as _dot
 
-NARROW = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # narrowest first: a bf16 number in range is an fp16 one too
+NARROW = {f: dtypes.facts(f).u for f in ("bf16", "fp16")}  # narrowest first: a bf16 number in range is an fp16 one too
 COARSE_BITS = 4            # values rounded to a format fit 4 significand bits fewer about 1 time in 16; when
 COARSE_SHARE = 0.25        # more than this share do (small integers, masks), they are no evidence of it
 NARROW_SHARE = 0.999       # share of nonzero values representable in the narrower format

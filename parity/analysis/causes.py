@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from parity import dtypes
 from parity.analysis import cause_patterns as patterns
 from parity.compare import dot as _dot
 
@@ -76,23 +77,6 @@ PRECISION_K = 8.0          # default limit: rel_l2 <= 8 u
 LAYOUT_SAMPLE = 4096
 LIST_MAX = 8
 
-FP32_MAX = float(np.finfo(np.float32).max)
-# unit roundoff, largest finite value
-FORMATS = {
-    "fp64": (2.0 ** -53, float(np.finfo(np.float64).max)),
-    "fp32": (2.0 ** -24, FP32_MAX),
-    "tf32": (2.0 ** -11, FP32_MAX),
-    "fp16": (2.0 ** -11, 65504.0),
-    "bf16": (2.0 ** -8, 3.3895313892515355e38),
-    "fp8_e4m3": (2.0 ** -4, 448.0),
-    "int8": (2.0 ** -8, FP32_MAX),  # graph I/O stays fp32; u relative to the quantized range
-    "int4": (2.0 ** -4, FP32_MAX),  # weight-only (int4_weight): u relative to each weight block's range
-}
-ALIASES = {
-    "float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32", "float16": "fp16",
-    "half": "fp16", "bfloat16": "bf16", "amp_fp16": "fp16", "amp_bf16": "bf16",
-    "int8_static": "int8", "int8_dynamic": "int8", "int4_weight": "int4",
-}
 PERM_NAMES = {
     (0, 1, 3, 2): "H<->W", (0, 2, 3, 1): "NCHW->NHWC", (0, 3, 1, 2): "NHWC->NCHW",
     (0, 2, 1): "(B,C,T)<->(B,T,C)", (1, 0): "transpose",
@@ -110,11 +94,10 @@ class Cause:
 
 
 def dtype_format(dtype: str) -> tuple[str, float, float]:
-    """(canonical name, unit roundoff, largest finite value) of a conf/dtypes name or a torch name."""
-    name = ALIASES.get(str(dtype), str(dtype))
-    if name not in FORMATS:
-        raise ValueError(f"unknown dtype {dtype!r}: expected one of {sorted(FORMATS) + sorted(ALIASES)}")
-    return (name, *FORMATS[name])
+    """(canonical name, unit roundoff, largest finite value) of a conf/dtypes name or a torch name
+    (parity.dtypes)."""
+    f = dtypes.facts(dtype)
+    return f.name, f.u, f.max
 
 
 def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: float | None = None,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import compare, config, store
+from parity import compare, config, store, tolerance
 from parity.analysis import oracle, sums
 from parity.io import read_json
 
@@ -41,7 +41,7 @@ class CellDiff:
 
 
 def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
-    want = (p.get("diff") or {}).get("verdict", "oracle")
+    want = tolerance.verdict(p)
     if want != "oracle":
         return "tolerance", "diff.verdict: tolerance"
     if not (reference_dir / "fp64.parquet").exists():
@@ -56,14 +56,6 @@ def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | 
     if st.get("status") != "OK":
         return "tolerance", f"baseline did not run ({st.get('status', 'missing')}: {st.get('reason', '')})"
     return "oracle", "diff.verdict: oracle"
-
-
-def _k(p: dict, dtype: str) -> float:
-    return oracle.limits(p["dtypes"][dtype])[1]
-
-
-def _slack(p: dict, dtype: str) -> float:
-    return oracle.limits(p["dtypes"][dtype])[2]
 
 
 def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
@@ -82,7 +74,8 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
     cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
     gold = own = None
     if mode == "oracle":
-        u, lim = oracle.unit_roundoff(p["dtypes"][dtype]), (_k(p, dtype), _slack(p, dtype))  # (k, slack)
+        u, k, slack = oracle.limits(p["dtypes"][dtype])
+        lim = (k, slack)
         cs, bs = sums.load(capture_dir), sums.load(baseline_dir)
         if cs is not None and bs is not None:  # the producers' sums: no fp64 or own.parquet read
             _judge_from_sums(cd, cs, bs, u, lim, samples)
@@ -153,7 +146,7 @@ def _names(ref: dict, act: dict) -> list[str]:
 
 
 def _tolerance_layers(p, model, dtype, names, act, ref) -> list:
-    max_mismatch = float((p.get("diff") or {}).get("max_mismatch", 0.0))
+    max_mismatch = tolerance.max_mismatch(p)
     samples = sorted({s for s, _ in ref})
     layers = []
     for order, name in enumerate(names):
@@ -264,8 +257,9 @@ def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: 
         return None
     limit = None
     if rec and rec.get("ref_rms"):
-        floor = max(rec["floor_rmse"] or 0.0, oracle.unit_roundoff(p["dtypes"][dtype]) * rec["ref_rms"])
-        limit = _k(p, dtype) * floor / rec["ref_rms"] + _slack(p, dtype)  # the slack is relative
+        u, k, slack = oracle.limits(p["dtypes"][dtype])
+        floor = max(rec["floor_rmse"] or 0.0, u * rec["ref_rms"])
+        limit = k * floor / rec["ref_rms"] + slack  # the slack is relative
     return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit,
                                    inputs=_inputs(gold, name, samples)).as_dict()
 

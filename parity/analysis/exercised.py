@@ -20,13 +20,9 @@ excess is 1 by construction and it cannot fail, so its verdict is BASELINE, not 
 
 from __future__ import annotations
 
+from parity import dtypes
 from parity.store import is_output
 
-# the unit roundoff of each reduced format (parity.analysis.diffcell.cause_dtype's names): for the
-# integer formats, one quantisation step relative to the tensor's range
-ROUNDING_U = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "tf32": 2.0 ** -11, "fp8_e4m3": 2.0 ** -4,
-              "int8": 2.0 ** -8, "int4": 2.0 ** -4}
-LABEL = {"float16": "fp16", "bfloat16": "bf16"}
 SHOWS = 1.0 / 16  # a layer shows the rounding when rel_l2 >= u * SHOWS
 
 
@@ -43,14 +39,15 @@ def _rel(d) -> float | None:
 def precision(layers: list, fmt: str, mode: str) -> dict | None:
     """{format, u, layers, rounded, exercised, largest_rel_l2, evidence} of a cell computing in `fmt`
     (None for fp32/fp64, or when no layer has values). `layers`: compare.LayerDiff with .oracle."""
-    u = ROUNDING_U.get(fmt)
-    if u is None:
+    f = dtypes.reduced(fmt)  # parity.analysis.diffcell.cause_dtype's names
+    if f is None:
         return None
+    u = f.u
     inner = [d for d in layers if not is_output(d.name)] or layers  # the layers `layers` counts
     rels = [r for d in inner if not d.problem and (r := _rel(d)) is not None]
     if not rels:
         return None
-    label = LABEL.get(fmt, fmt)
+    label = f.name
     vs = "fp64" if mode == "oracle" else "the fp32 reference"
     rounded = sum(r >= u * SHOWS for r in rels)
     ev = (f"{rounded} of {len(rels)} layers show {label} rounding (rel_l2 vs {vs} >= u/16 = {u * SHOWS:.2g}; "

@@ -29,15 +29,12 @@ import re
 import numpy as np
 import yaml
 
+from parity import dtypes
 from parity.suites import spec
 
 # statuses that count as a fuzzing failure (OK, INVALID: the reference fails too, UNSUPPORTED and
 # UNAVAILABLE, NAN_IN_REFERENCE do not)
 FAIL_STATUSES = ("MISMATCH", "NAN_IN_OUTPUT", "CRASH", "TIMEOUT", "INFER_FAIL", "EXPORT_FAIL", "COMPILE_FAIL")
-# (largest finite, smallest normal) magnitude per torch dtype
-DTYPE_RANGE = {"float16": (65504.0, 6.103515625e-05), "bfloat16": (3.3895313892515355e38, 1.1754943508222875e-38),
-               "float32": (3.4028234663852886e38, 1.1754943508222875e-38),
-               "float64": (1.7976931348623157e308, 2.2250738585072014e-308)}
 VALUE_CLASSES = ("normal", "mixed", "large", "tiny")
 VALUE_P = (0.4, 0.25, 0.15, 0.2)
 DIM_CLASSES = ("same", "one", "empty", "odd", "random", "large")
@@ -151,7 +148,8 @@ def _values(p: dict, cls: str, rng, torch_dtype: str) -> dict:
     name, prm = (init, None) if isinstance(init, str) else next(iter(init.items()))
     if p.get("dtype", "float") != "float" or name not in ("normal", "uniform") or cls == "normal":
         return p
-    big, tiny = DTYPE_RANGE.get(torch_dtype, DTYPE_RANGE["float32"])
+    f = dtypes.find(torch_dtype) or dtypes.FP32  # largest finite, smallest normal magnitude
+    big, tiny = f.max, f.tiny
     if cls == "large":
         target = big * 10 ** rng.uniform(-3, np.log10(0.5))
     elif cls == "tiny":

@@ -29,31 +29,36 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from parity import dtypes
 from parity.compare import sq_error, sum_sq
 
-UNIT_ROUNDOFF = {"float64": 2.0 ** -53, "float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
-DEFAULT_K = 4.0
 # precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
 BASELINE_MODES = ("cast", "autocast")
 
 
 def unit_roundoff(dtype_cfg: dict) -> float:
-    """u of the precision a cell computes in: the cast/autocast dtype, 2**-11 for tf32 (10-bit
-    mantissa), the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
+    """u of the precision a cell computes in (parity.dtypes): the cast/autocast dtype, tf32's (10-bit
+    mantissa) for tf32, the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
     mode = dtype_cfg.get("mode", "cast")
-    if mode == "tf32":
-        return 2.0 ** -11
-    return UNIT_ROUNDOFF.get(dtype_cfg.get("torch", "float32"), 2.0 ** -24)
+    return dtypes.facts("tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")).u
 
 
-def limits(dtype_cfg: dict) -> tuple[float, float, float]:
+class Limits(NamedTuple):
+    u: float      # the dtype's unit roundoff (unit_roundoff)
+    k: float      # dtypes.<d>.oracle.k: required (parity.config)
+    slack: float  # dtypes.<d>.oracle.slack: 0 unless given
+
+
+def limits(dtype_cfg: dict) -> Limits:
     """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
-    layer (parity.analysis.diffcell) or a suite case (parity.suites.diff), is judged by."""
-    o = dtype_cfg.get("oracle") or {}
-    return unit_roundoff(dtype_cfg), float(o.get("k", DEFAULT_K)), float(o.get("slack", 0.0))
+    layer (parity.analysis.diffcell), a suite case (parity.suites.diff), a generation step, a
+    reduction or the report's limit line, is judged by. The one place these keys are read."""
+    o = dtype_cfg["oracle"]
+    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", 0.0)))
 
 
 def has_baseline(dtype_cfg: dict) -> bool:
@@ -86,7 +91,7 @@ class Sq:
         return math.sqrt(self.ref / self.n) if self.n else 0.0
 
 
-def excess(err: Sq, floor: Sq | None, u: float, k: float = DEFAULT_K, slack: float = 0.0) -> float:
+def excess(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> float:
     noise = u * err.rms_ref
     denom = max(floor.rmse if floor is not None else 0.0, noise) + slack * err.rms_ref / k
     return err.rmse / max(denom, 1e-300)

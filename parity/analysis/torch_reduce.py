@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import store
+from parity import dtypes, store
 
-U_FP32 = 2.0 ** -24
+U_FP32 = dtypes.FP32.u
 GRAPHS = ("layers.onnx", "model.onnx")
 
 

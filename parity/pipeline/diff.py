@@ -154,7 +154,7 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
     key = config.cell_key(model, dtype, provider)
     lj = model_dir / "layers.json" if model_dir else None
     layers_json = read_json(lj) if lj and lj.exists() else {}
-    k = float((p["dtypes"][dtype].get("oracle") or {}).get("k", oracle.DEFAULT_K))
+    k = oracle.limits(p["dtypes"][dtype]).k
     per_shape = shapes.cell_diffs(p, model, dtype, capture, reference, baseline)  # models.<m>.shapes: per shape
     if per_shape is None:
         cd = diffcell.diff_cell(p, model, dtype, capture, reference, baseline)

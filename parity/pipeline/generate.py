@@ -146,9 +146,7 @@ def compare_run(step, prompt_ids, tokens, gold: np.ndarray) -> list[dict]:
 
 def step_rows(prov: list[dict], base: list[dict], tokens, margins, dtype_cfg: dict) -> list[dict]:
     """The per-step records of a cell (values only, JSON-safe)."""
-    u = oracle.unit_roundoff(dtype_cfg)
-    o = dtype_cfg.get("oracle") or {}
-    k, slack = float(o.get("k", oracle.DEFAULT_K)), float(o.get("slack", 0.0))
+    u, k, slack = oracle.limits(dtype_cfg)
     out = []
     for t, (pv, bv) in enumerate(zip(prov, base)):
         j = oracle.judge(pv["sq"], bv["sq"], u, k, slack)
@@ -260,9 +258,7 @@ def drift_origin(p: dict, model: str, dtype: str, side: str, runner, export_dir:
         sess = session(runner, export_dir / "decoder_layers.onnx")
         values = sess.run(names, ort_feeds(prefix, None, 0, info))
         sqs = {n: oracle.Sq().add(v, gold[n]) for n, v in zip(names, values)}
-    u = oracle.unit_roundoff(dc)
-    o = dc.get("oracle") or {}
-    k, slack = float(o.get("k", oracle.DEFAULT_K)), float(o.get("slack", 0.0))
+    u, k, slack = oracle.limits(dc)
     rows = []
     for n, sq in sqs.items():
         j = oracle.judge(sq, floors[n], u, k, slack)

@@ -39,8 +39,7 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
         why = "the baseline measured no own error (own.parquet): no torch floor per layer"
     if why:
         return {"status": "NOT_CHECKED", "against": "torch", "reason": why}
-    k = float((dcfg.get("oracle") or {}).get("k", oracle.DEFAULT_K))
-    slack = float((dcfg.get("oracle") or {}).get("slack", 0.0))
+    _, k, slack = oracle.limits(dcfg)
     samples, gold, base_own = torch_reduce.load(inputs, reference, baseline)
     threads = p.get("capture", {}).get("threads", 0)
     res = torch_reduce.reduce_against_torch(model_dir, samples, base_own, gold, k, slack,

@@ -32,7 +32,7 @@ from collections import Counter
 
 import numpy as np
 
-from parity import compare, status
+from parity import compare, status, tolerance
 from parity.analysis import oracle
 from parity.suites import spec
 
@@ -71,8 +71,8 @@ def _floors(row: dict, outs: dict, refs: dict, floor: dict | None) -> dict | Non
     return {"reference": refs, "floor": floor or {}, "none": None}.get(src, floor or {})
 
 
-def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict, max_mismatch: float = 0.0,
-              gold: dict | None = None, floor: dict | None = None) -> dict:
+def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict, gold: dict | None = None,
+              floor: dict | None = None) -> dict:
     """row: the run stage's result row; outs/refs/gold/floor: tensor name -> array for this case (the
     provider's, the fp32 reference's, the float64 run's, the trusted backend's at the cell's dtype)."""
     res = {"id": row["id"], "label": row["label"], "kind": row["kind"], "status": row["status"],
@@ -86,12 +86,13 @@ def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict
         ok = row["gradcheck"]["passed"]
         res.update(status="OK" if ok else "MISMATCH", reason="" if ok else "gradcheck: " + row["gradcheck"]["reason"])
         return res
-    use_oracle = (p.get("diff") or {}).get("verdict", "oracle") == "oracle" and bool(gold)
-    ctx = {"gold": gold or {}, "floor": _floors(row, outs, refs, floor), "lim": oracle.limits(p["dtypes"][dtype]),
-           "oracle": use_oracle, "worst": {"out": (-1.0, None), "grad": (-1.0, None)}, "excess": {}}
-    problems, nan_both = [], 0
+    use_oracle = tolerance.verdict(p) == "oracle" and bool(gold)
+    ctx = {"gold": gold or {}, "floor": _floors(row, outs, refs, floor), "oracle": use_oracle,
+           "lim": oracle.limits(p["dtypes"][dtype]) if use_oracle else None,
+           "worst": {"out": (-1.0, None), "grad": (-1.0, None)}, "excess": {}}
+    problems, nan_both, mm = [], 0, tolerance.max_mismatch(p)
     for name in row["outputs"]:
-        nan_both += _diff_tensor(p, suite, dtype, row["id"], name, outs.get(name), refs.get(name), max_mismatch,
+        nan_both += _diff_tensor(p, suite, dtype, row["id"], name, outs.get(name), refs.get(name), mm,
                                  ctx, problems)
     _summarise(res, row, ctx)
     if problems:

@@ -258,13 +258,14 @@ def exercised(fmt: str, got: list, plain32: list, rounded32: list) -> dict | Non
     outputs rounded to fmt. `exercised`: True (computed at fmt), False (fp32 kernels), None (cannot
     tell: only the storage rounding shows, as an fp32 kernel between casts or an exactly rounded op
     gives). None without float outputs."""
-    from parity.analysis.exercised import LABEL, ROUNDING_U, SHOWS
+    from parity import dtypes
+    from parity.analysis.exercised import SHOWS
 
-    u = ROUNDING_U.get(fmt)
+    f = dtypes.reduced(fmt)
     pairs = [(g, p, r) for g, p, r in zip(got, plain32, rounded32) if g.dtype.kind == "f" and g.size]
-    if u is None or not pairs:
+    if f is None or not pairs:
         return None
-    label = LABEL.get(fmt, fmt)
+    u, label = f.u, f.name
     rel = max(_rel_l2(g, p) for g, p, _ in pairs)
     rel_r = max(_rel_l2(r, p) for _, p, r in pairs)  # what rounding to the format alone does here
     if rel_r < u * SHOWS or all(np.array_equal(r, p, equal_nan=True) for _, p, r in pairs):

@@ -1,0 +1,71 @@
+"""The number formats parity reasons about (core): unit roundoff, largest finite value, smallest normal.
+
+The one table of dtype facts. The float formats' come from their finfo (numpy's for float64/32/16,
+ml_dtypes' for bfloat16 and float8_e4m3fn: ml_dtypes comes with onnx); the others are built from
+those: tf32 has float32's exponent and float16's 10-bit mantissa; the integer formats (int8, int4)
+keep float32 graph I/O and round to one step of a tensor's (or weight block's) range, 2**-bits.
+
+A format is named by its short name (`fp16`) or an alias: a torch dtype name (`float16`, `half`) or a
+conf/dtypes precision mode (`amp_fp16`, `int8_static`)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+
+class Format(NamedTuple):
+    name: str     # short name: fp64, fp32, tf32, fp16, bf16, fp8_e4m3, int8, int4
+    u: float      # unit roundoff: 2**-(mantissa bits + 1); an integer format's: one step of the range
+    max: float    # largest finite value
+    tiny: float   # smallest positive normal value
+
+
+def _float(name: str, t) -> Format:
+    f = ml_dtypes.finfo(t)
+    return Format(name, math.ldexp(1.0, -(int(f.nmant) + 1)), float(f.max), float(f.smallest_normal))
+
+
+def _int(name: str, t, io: Format) -> Format:
+    return Format(name, math.ldexp(1.0, -int(ml_dtypes.iinfo(t).bits)), io.max, io.tiny)
+
+
+FP64 = _float("fp64", np.float64)
+FP32 = _float("fp32", np.float32)
+FP16 = _float("fp16", np.float16)
+FORMATS = {f.name: f for f in (
+    FP64, FP32, FP16,
+    Format("tf32", FP16.u, FP32.max, FP32.tiny),
+    _float("bf16", ml_dtypes.bfloat16),
+    _float("fp8_e4m3", ml_dtypes.float8_e4m3fn),
+    _int("int8", np.int8, FP32),
+    _int("int4", ml_dtypes.int4, FP32),  # weight-only (int4_weight): relative to each weight block's range
+)}
+ALIASES = {
+    "float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32", "float16": "fp16",
+    "half": "fp16", "bfloat16": "bf16", "amp_fp16": "fp16", "amp_bf16": "bf16",
+    "int8_static": "int8", "int8_dynamic": "int8", "int4_weight": "int4",
+}
+
+
+def find(name: str) -> Format | None:
+    """The format of a short name or an alias; None when unknown."""
+    return FORMATS.get(ALIASES.get(str(name), str(name)))
+
+
+def facts(name: str) -> Format:
+    """The format of a short name or an alias; ValueError naming the valid ones when unknown."""
+    f = find(name)
+    if f is None:
+        raise ValueError(f"unknown dtype {name!r}: expected one of {sorted(FORMATS) + sorted(ALIASES)}")
+    return f
+
+
+def reduced(name: str) -> Format | None:
+    """The format when it computes below float32 (rounds coarser than fp32's u), else None (fp32,
+    fp64, unknown names)."""
+    f = find(name)
+    return f if f is not None and f.u > FP32.u else None
