@@ -127,11 +127,11 @@ def main() -> int:
         s.add_argument("cells", nargs="+")
         s.add_argument("--k", type=float, default=4.0)
         s.add_argument("--old", type=float, default=1e-5, help="the absolute slack (an RMSE)")
-        s.add_argument("--new", type=float, default=1e-6, help="the relative slack (x the layer's rms)")
+        s.add_argument("--new", type=float, default=3e-6, help="the relative slack (x the layer's rms; conf/dtypes/fp32.yaml)")
     f = sub.add_parser("fault")
     f.add_argument("--k", type=float, default=4.0)
     f.add_argument("--old", type=float, default=1e-5, help="the absolute slack (an RMSE)")
-    f.add_argument("--new", type=float, default=1e-6, help="the relative slack (x the layer's rms)")
+    f.add_argument("--new", type=float, default=3e-6, help="the relative slack (x the layer's rms; conf/dtypes/fp32.yaml)")
     for arg in ("--model", "--dtype", "--node"):
         f.add_argument(arg, required=True)
     f.add_argument("--scale", type=float, required=True)
