@@ -168,6 +168,7 @@ class Queue:
 
     def status(self) -> tuple[dict[str, str], dict[str, str]]:
         """({name: Queued|Running|Success|Failed}, {name of a running experiment: its workspace})."""
+        from dvc.exceptions import DvcException
         from dvc.repo.experiments.executor.base import ExecutorInfo
 
         with warnings.catch_warnings(), self._repo() as repo:
@@ -178,7 +179,9 @@ class Queue:
             for entry in q.iter_active():
                 try:
                     where[entry.name] = ExecutorInfo.load_json(q.get_infofile_path(entry.stash_rev)).root_dir
-                except (OSError, ValueError, TypeError, KeyError):
+                except (OSError, ValueError, TypeError, KeyError, DvcException):
+                    # the info file is written in place by the running executor: a read in the middle
+                    # of that write is a JSONFileCorruptedError (a DvcException); the next poll reads it
                     pass
         return st, where
 

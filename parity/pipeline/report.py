@@ -8,7 +8,7 @@ from pathlib import Path
 
 from parity import config, metrics
 from parity import report as render
-from parity.analysis import fuzz_report, generate_report, oracle
+from parity.analysis import fuzz_report, generate_report
 from parity.io import read_json, write_json, write_text
 
 BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
@@ -29,10 +29,19 @@ def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dic
             "layers": lj_cell.get("layers", []), "own": lj_cell.get("own", []),
             "cause": lj_cell.get("drift_origin_cause"), "hist_edges": lj_cell.get("hist_edges"),
             "settings": lj_cell.get("settings") or {}, "layer_causes": lj_cell.get("layer_causes") or {},
-            "k": oracle.limits(p["dtypes"][dtype]).k,
+            "k": _k(p, dtype),
             "timing": read_json(tp) if tp.exists() else {},
             "modules": {x["name"]: x["module"] for x in read_json(lj)["layers"]} if lj.exists() else {},
             "plan": _plan(p, plan), "reduce": _reduce(p, art / "reduce" / key / "reduce.json")}
+
+
+def _k(p: dict, dtype: str) -> float:
+    """The oracle's k for a dtype (oracle.limits, the one reader). Imported here, not at the top:
+    parity.analysis.oracle imports numpy (~100 ms), and `python -m stages.report --help` must answer
+    without it (tests/test_light_stages.py)."""
+    from parity.analysis import oracle
+
+    return oracle.limits(p["dtypes"][dtype]).k
 
 
 def model_entry(art: Path, model: str) -> dict:
