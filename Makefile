@@ -21,12 +21,12 @@ TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)".*/\1/p' p
 
 setup: $(VENV)/.installed remote plots
 
-# offline `dvc plots show/diff`: a page template with Vega inlined (parity/plots.py), set in the
+# offline `dvc plots show/diff`: a page template with Vega inlined (parity/commands/plots.py), set in the
 # git-ignored .dvc/config.local like the remote (DVC's own page loads Vega from a CDN)
 plots: .dvc/parity-plots.html
 	@$(BIN)/dvc config --local plots.html_template parity-plots.html
-.dvc/parity-plots.html: $(VENV)/.installed parity/plots.py
-	$(BIN)/python -m parity.plots --out $@
+.dvc/parity-plots.html: $(VENV)/.installed parity/commands/plots.py
+	$(BIN)/python -m parity.commands.plots --out $@
 
 $(VENV)/.installed: pyproject.toml
 	@echo "parity: installing the pinned dependencies into $(VENV) ($(TORCH_PINS) from \

@@ -11,7 +11,7 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
            per-layer run of the same plain ONNX (`polygraphy run model.onnx --onnxrt --onnx-outputs
            mark all --save-outputs`, pinned in the dev extra) and a plain onnxruntime inference of
            it as one process. Ratios against Polygraphy.
-  store    in process: parity.store write/read of the real resnet18 reference tensors (~60 layers x
+  store    in process: parity.core.store write/read of the real resnet18 reference tensors (~60 layers x
            2 samples) vs np.savez (uncompressed .npz) / np.load of the same arrays. Throughput in
            MB/s (1 MB = 1e6 bytes of tensor data); "touch" reads one element per tensor, "sum" runs
            np.sum over every tensor (forces a full read). Files sit in the page cache (warm reads).
@@ -23,14 +23,14 @@ timed with time.perf_counter around subprocess.run. Nothing here asserts a timin
            cannot restore it, and the script checks DVC's log that diff@<cell> ran ("Running
            stage", not "is cached - skipping run"). params.yaml is restored and the cell re-synced
            at the end.
-  diff     in process: parity.compare.compare_layer over every layer of the cell (capture vs fp32
+  diff     in process: parity.core.compare.compare_layer over every layer of the cell (capture vs fp32
            reference, as the diff stage pairs them) vs one numpy pass (np.add.reduce) over the same
            arrays, in GB/s of compared bytes (both float32 arrays); and the diff stage as a whole
            process (command from dvc.yaml), so compare_layer's share of the stage is known.
   help     `python -m stages.<s> --help` of the light stages (env, inputs, diff, report) vs a bare
            `python -c pass`.
   parallel every cell of the default config (8: mlp + resnet18 x fp32, fp16 x torch_cpu, ort_cpu)
-           re-run by a sequential `dvc repro` vs `python -m parity.parallel -j 2` (what
+           re-run by a sequential `dvc repro` vs `python -m parity.commands.parallel -j 2` (what
            `parity repro -j 2` runs). Each run first sets capture.warmup and diff.max_mismatch in
            params.yaml to new values and empties DVC's run-cache (.dvc/cache/runs, so nothing is
            restored): every capture and diff re-runs, plus env and the report; upstream does not.
@@ -212,7 +212,7 @@ def bench_store(repo: Path, runs: int) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(repo))
-    from parity import store
+    from parity.core import store
 
     src = repo / "artifacts" / "reference" / "resnet18" / "fp32.parquet"
     tensors = [store.Tensor(t.sample, t.name, t.order, np.array(t.array)) for t in store.read(src)]
@@ -353,7 +353,7 @@ def bench_diff(repo: Path, runs: int) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(repo))
-    from parity import compare, store
+    from parity.core import compare, store
 
     cmd, _ = stage(repo, f"diff@{CELL}")
     args = shlex.split(cmd)
@@ -436,7 +436,7 @@ def bench_parallel(repo: Path, runs: int) -> dict:
 
     def par():
         stale_cells()
-        return {"parity repro -j 2": sh(["python", "-m", "parity.parallel", "-j", "2"], repo)}
+        return {"parity repro -j 2": sh(["python", "-m", "parity.commands.parallel", "-j", "2"], repo)}
 
     try:
         res = paired(runs, {"seq": seq, "par": par}, "dvc repro (sequential)")

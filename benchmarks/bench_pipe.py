@@ -7,7 +7,7 @@
   capture  `python -m stages.capture` of one cell (command line as dvc.yaml writes it, outputs to a
            temp dir) in each --repo with its own code and params (capture.latency per --latency;
            code that predates the key always times), interleaved; ratio second repo / first.
-  store    in process: parity.store.write vs the earlier write (each tensor's bytes copied into a
+  store    in process: parity.core.store.write vs the earlier write (each tensor's bytes copied into a
            Python `bytes`, then again into Arrow's column) of the same tensors: --parquet's tensors
            if given, else 2 x 60 float32 tensors of resnet18's layer sizes. Page cache, tmpfs-like.
   export   `python -m stages.export` + `python -m stages.reference` of one model (two processes, as
@@ -130,7 +130,7 @@ def _copying_write(path, tensors, metadata):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from parity import store
+    from parity.core import store
 
     cols = {k: [] for k in store.SCHEMA.names}
     for t in tensors:
@@ -146,7 +146,7 @@ def store_bench(runs: int, parquet: Path | None) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from parity import store
+    from parity.core import store
 
     if parquet:
         ts = [store.Tensor(t.sample, t.name, t.order, np.array(t.array)) for t in store.read(parquet)]

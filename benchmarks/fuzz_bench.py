@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from parity import fuzz_cli  # noqa: E402
+from parity.commands import fuzz_cli  # noqa: E402
 from parity.analysis import fuzz_campaign as fc  # noqa: E402
 
 

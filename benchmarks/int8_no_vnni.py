@@ -64,8 +64,8 @@ def _export(d: Path, feeds, calib) -> None:
     import onnx
     import torch
 
-    from parity import store
-    from parity.export import export_layers
+    from parity.core import store
+    from parity.pipeline.layer_export import export_layers
     from parity.models import build
 
     export_layers(build(ARCH, 0), (torch.from_numpy(feeds[0]),), ["input"], d / "layers.onnx", "dynamo", 18)

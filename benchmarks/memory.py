@@ -127,7 +127,7 @@ def weight_bytes(model_dir: Path) -> int:
 
 def sa_bytes(path: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from parity import store
+    from parity.core import store
 
     return sum(t.array.nbytes for t in store.read(path) if not store.is_output(t.name))
 

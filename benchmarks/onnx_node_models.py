@@ -70,7 +70,7 @@ def first_error(text: str) -> str:
 
 def outputs_vs_expected(repo: Path, name: str, test: Path) -> str:
     """max |capture - expected| over the model outputs, and whether ONNX's rule holds."""
-    from parity import store
+    from parity.core import store
     from parity.suites.onnxcase import data_sets, plain
 
     _, want = data_sets(test)[0]

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parity import store  # noqa: E402
+from parity.core import store  # noqa: E402
 from parity.suites import diff, onnximport  # noqa: E402
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 
 
 def main(argv=None) -> int:
@@ -24,11 +24,11 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--reference", help="fp64.parquet of the reference stage: each layer's own error")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.memory), apart from the values")
+    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.core.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity import memory
+    from parity.core import memory
     from parity.pipeline import memsize
 
     key = f"{a.model}-{a.dtype}"
@@ -46,6 +46,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from parity.io import exit_now
+    from parity.core.io import exit_now
 
     exit_now(main())  # outputs are in place; skip torch's interpreter teardown

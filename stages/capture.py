@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 
 
 def main(argv=None) -> int:
@@ -34,7 +34,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity import memory
+    from parity.core import memory
 
     key = config.cell_key(a.model, a.dtype, a.provider)
     # W: the exported graph's initialisers; SA: the reference's fp32 values (beside --reference)
@@ -55,6 +55,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from parity.io import exit_now
+    from parity.core.io import exit_now
 
     exit_now(main())  # outputs are in place; skip torch's interpreter teardown

@@ -4,7 +4,7 @@
 
 Writes, under --out: metrics.json (verdict and its mode, drift_origin with its cause, worst layer,
 worst_ratio, output-level metrics; a plain output: the report's summary.json is the DVC metric,
-parity.metrics), layers.json (every layer's metrics, the tolerance key that
+parity.core.metrics), layers.json (every layer's metrics, the tolerance key that
 applied, the worst element's index and values, a histogram of |a - b| / allowed per decade
 (`hist_edges`), the oracle's excess/bits_lost, each layer's own error, the capture's `settings` and the
 causes they explain per failing layer) and layers.csv (DVC plot data).
@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 
-# numpy/pyarrow (parity.compare, store, analysis) are imported where used, so `--help` starts
+# numpy/pyarrow (parity.core.compare, store, analysis) are imported where used, so `--help` starts
 # in a fraction of the time (tests/test_light_stages.py)
 
 
@@ -29,12 +29,12 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", help="baseline@model-dtype output (the oracle's trusted backend)")
     ap.add_argument("--model-dir", help="export output: layers.json names the ops between leaves")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--timing", help="peak RSS (parity.memory), apart from the values")
+    ap.add_argument("--timing", help="peak RSS (parity.core.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity import memory
-    from parity.io import Corrupt
+    from parity.core import memory
+    from parity.core.io import Corrupt
     from parity.pipeline.diff import diff_and_write
 
     try:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config
-from parity.io import write_json
+from parity.config import params as config
+from parity.core.io import write_json
 
 
 def main(argv=None) -> int:

@@ -1,11 +1,11 @@
 """env: fingerprint every backend component, cheaply (no torch import). always_changed in dvc.yaml.
 
 Writes, under --out:
-  <component>.json         versions / device identity of one component (parity.fingerprint.COMPONENTS)
+  <component>.json         versions / device identity of one component (parity.backends.fingerprint.COMPONENTS)
   provider-<name>.json     what one provider's cells depend on (its `uses:` components)
-  stage-<name>.json        what a shared stage depends on (parity.fingerprint.STAGE_USES)
+  stage-<name>.json        what a shared stage depends on (parity.backends.fingerprint.STAGE_USES)
   host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
-and under --code, <model>.json: the sha256 of an `import` model's source files (parity.codedeps), a
+and under --code, <model>.json: the sha256 of an `import` model's source files (parity.core.codedeps), a
 dependency of that model's stages, so editing the user's model code re-runs exactly those;
 provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
 code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import codedeps, config
-from parity.io import write_json
+from parity.core import codedeps
+from parity.config import params as config
+from parity.core.io import write_json
 from parity.suites import code as suite_code
 
 
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="artifacts/env")
     ap.add_argument("--code", help="folder for the import models' code hashes (default: code/ beside --out)")
     a = ap.parse_args(argv)
-    from parity import fingerprint  # importlib.metadata: not needed for --help
+    from parity.backends import fingerprint  # importlib.metadata: not needed for --help
 
     p = config.load_or_die(a.params)
     out = Path(a.out)

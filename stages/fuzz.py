@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 from parity.analysis import fuzz_campaign
-from parity.io import exit_now, write_json
+from parity.core.io import exit_now, write_json
 from parity.suites import spec
 
 

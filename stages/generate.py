@@ -14,8 +14,8 @@ import resource
 import time
 from pathlib import Path
 
-from parity import config
-from parity.io import exit_now, write_json
+from parity.config import params as config
+from parity.core.io import exit_now, write_json
 
 SUMMARY = ("model", "dtype", "provider", "status", "reason", "verdict", "steps", "agreement", "first_divergence",
            "first_fail", "worst_excess")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import config
-from parity.io import exit_now
+from parity.config import params as config
+from parity.core.io import exit_now
 
 
 def main(argv=None) -> int:

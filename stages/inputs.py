@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from parity import config
+from parity.config import params as config
 from parity.pipeline import inputs
 
 
@@ -21,9 +21,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", help="also write the INT8 calibration samples (inputs.calibration) here")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity import store
+    from parity.core import store
 
-    from parity.inputfiles import InputError
+    from parity.pipeline.inputfiles import InputError
 
     try:  # a real input file (init: file) that does not fit its spec: named, nothing written
         rows = inputs.rows(p, a.model)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import config
-from parity.io import write_json, write_text
+from parity.config import params as config
+from parity.core.io import write_json, write_text
 
 
 def main(argv=None) -> int:
@@ -51,6 +51,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from parity.io import exit_now
+    from parity.core.io import exit_now
 
     exit_now(main())  # outputs are in place; skip torch's interpreter teardown

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 
 
 def main(argv=None) -> int:
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity.io import write_json
+    from parity.core.io import write_json
     from parity.pipeline.reduce_cell import reduce_cell
 
     key = config.cell_key(a.model, a.dtype, a.provider)
@@ -44,6 +44,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from parity.io import exit_now
+    from parity.core.io import exit_now
 
     exit_now(main())

@@ -16,17 +16,17 @@ from parity.pipeline import reference
 
 
 def main(argv=None) -> int:
-    from parity import config
+    from parity.config import params as config
 
     ap = config.stage_parser("stages.reference", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.memory), apart from the values")
+    ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.core.memory), apart from the values")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity import memory
+    from parity.core import memory
     from parity.pipeline import memsize
 
     sized = memsize.guard("reference", a.model, p, a.model)
@@ -55,6 +55,6 @@ def _run(p: dict, a) -> int:
 
 
 if __name__ == "__main__":
-    from parity.io import exit_now
+    from parity.core.io import exit_now
 
     exit_now(main())  # outputs are in place; skip torch's interpreter teardown

@@ -1,7 +1,7 @@
 """report: one summary across every configured cell (read from params, not globbed: dvc.lock keeps
 stages that left the matrix). Writes report.md, report.html (self-contained: inline SVG, no
 scripts, no network), summary.json (the DVC metric: totals and per cell its verdict, worst error
-ratio and drift origin, parity.metrics; byte-stable, so `dvc metrics diff` shows no timing noise) and latency.json (a plain output: measured latency per cell, its ratio to
+ratio and drift origin, parity.core.metrics; byte-stable, so `dvc metrics diff` shows no timing noise) and latency.json (a plain output: measured latency per cell, its ratio to
 torch_cpu fp32). With `strict: true`, fails naming every cell that did not run (UNAVAILABLE,
 UNSUPPORTED, EXPORT_FAIL, INFER_FAIL) and every NOT_EXERCISED cell with its evidence."""
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from parity import config, status
+from parity.config import params as config
+from parity.core import status
 from parity.pipeline.report import write_report
 
 
@@ -21,7 +22,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     out = Path(a.out)
-    from parity.io import Corrupt
+    from parity.core.io import Corrupt
 
     try:
         summary, cells = write_report(p, Path(a.artifacts), out)

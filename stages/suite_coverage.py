@@ -9,9 +9,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 from parity.backends import load_runner
-from parity.io import write_json, write_text
+from parity.core.io import write_json, write_text
 from parity.suites import coverage, spec
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from parity import config, store
-from parity.io import read_json, write_json
+from parity.config import params as config
+from parity.core import store
+from parity.core.io import read_json, write_json
 from parity.suites import diff, spec
 
 

@@ -15,8 +15,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from parity import config, store
-from parity.io import exit_now, write_json
+from parity.config import params as config
+from parity.core import store
+from parity.core.io import exit_now, write_json
 from parity.pipeline.suite_run import run_cell
 from parity.suites import spec
 

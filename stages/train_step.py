@@ -5,9 +5,9 @@ Writes --out (JSON): the loss of each run, per-parameter gradient rel_l2 / max_a
 
 from __future__ import annotations
 
-from parity import config
+from parity.config import params as config
 from parity.analysis import train_step
-from parity.io import exit_now, write_json
+from parity.core.io import exit_now, write_json
 
 
 def main(argv=None) -> int:

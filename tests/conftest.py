@@ -56,10 +56,10 @@ def composed(*overrides) -> dict:
 
 
 def config_error(params: dict, mutate) -> str:
-    """The ConfigError message parity.config.validate gives for a mutated copy of `params`."""
+    """The ConfigError message parity.config.params.validate gives for a mutated copy of `params`."""
     import copy
 
-    from parity import config
+    from parity.config import params as config
 
     p = copy.deepcopy(params)
     mutate(p)

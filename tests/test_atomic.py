@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import env, make_repo
-from parity.io import atomic_path, is_temp
+from parity.core.io import atomic_path, is_temp
 
 NO_EXPORT_MODEL = '''\
 """Runs eagerly, cannot be exported: a custom op with no ONNX translation."""
@@ -133,7 +133,7 @@ def kill_at(cmd: list[str], cwd: Path, delay: float) -> None:
 WRITER = """\
 import sys
 import numpy as np
-from parity import io, store
+from parity.core import io, store
 out = sys.argv[1]
 rng = np.random.default_rng(0)
 for i in range(10_000):
@@ -143,7 +143,7 @@ for i in range(10_000):
 
 
 def test_a_writer_killed_at_random_points_never_publishes_a_partial_file(tmp_path):
-    """Dense: a process that does nothing but write JSON and Parquet through parity.io/store,
+    """Dense: a process that does nothing but write JSON and Parquet through parity.core.io/store,
     killed at random delays, so kills land inside writes."""
     rnd = random.Random(8)
     script = tmp_path / "writer.py"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from parity import store
+from parity.core import store
 from parity.backends import STATUSES, CaptureJob, Runner, load_runner, run_capture
 from parity.backends.base import CompileError
 from parity.backends.base import Unavailable as UnavailableError
@@ -42,7 +42,7 @@ def contract_dtype(provider) -> str:
 def exported(tmp_path_factory) -> Path:
     import onnx
 
-    from parity.export import export_layers, prune_outputs
+    from parity.pipeline.layer_export import export_layers, prune_outputs
     from parity.models import build
 
     import torch
@@ -177,7 +177,7 @@ def test_a_bad_runner_path_names_the_problem():
     with pytest.raises(ValueError, match="not a parity.backends.base.Runner"):
         load_runner("parity.backends.base:CaptureJob")
     with pytest.raises(ValueError, match="not a parity backend .* declares no `import:`"):
-        load_runner("parity.store:Tensor")  # outside the registry, undeclared: refused before importing
+        load_runner("parity.core.store:Tensor")  # outside the registry, undeclared: refused before importing
 
 
 def test_a_real_torch_compile_failure_is_compile_fail_not_a_crash(exported):

@@ -175,7 +175,7 @@ def test_nonfinite_oracle_and_huge_shapes_are_config_errors():
     ("os:system", "'os' is the Python standard library, not a model"),
     ("builtins:eval", "'builtins' is the Python standard library"),
     ("subprocess:Popen", "'subprocess' is the Python standard library"),
-    ("parity.sweep:sweep", "'parity.sweep' is parity's own code"),
+    ("parity.commands.sweep:sweep", "'parity.commands.sweep' is parity's own code"),
     ("yaml:safe_load", "'yaml' ("),
 ])
 def test_import_models_are_narrowed_to_the_repo_and_declared_packages(name, says):
@@ -262,7 +262,7 @@ def test_worker_and_repro_give_up_on_a_closed_port(repo):
 
 
 def test_a_second_repro_says_the_repository_is_locked(repo):
-    from parity.parallel import repo_lock
+    from parity.commands.parallel import repo_lock
 
     with repo_lock(repo.path):
         before = state(repo)
@@ -298,7 +298,7 @@ def test_corrupt_metrics_are_named_with_how_to_restore_them(repo):
 
 
 def test_a_corrupt_parquet_names_the_artifact_and_its_stage(tmp_path, monkeypatch):
-    from parity import io, store
+    from parity.core import io, store
 
     monkeypatch.chdir(tmp_path)
     f = Path("artifacts/capture/m-fp32-ort_cpu/layers.parquet")

@@ -154,7 +154,7 @@ def test_the_diff_hands_the_layers_recorded_input(ref):
     """diffcell gives classify the fp64 reference's pre:<call> of a leaf call, per sample, and nothing
     for a between: region, a model output or a layer without a recorded input."""
     from parity.analysis.diffcell import _inputs
-    from parity.store import Tensor
+    from parity.core.store import Tensor
 
     gold = {(s, n): Tensor(s, n, 0, ref[s:s + 1]) for s in range(2) for n in ("pre:act", "act", "output")}
     got = _inputs(gold, "act", [0, 1])

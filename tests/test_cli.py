@@ -55,7 +55,7 @@ def test_version_completion_and_suite_verbs():
     listed = parity("suite", "list").stdout.split()
     assert "critical" in listed and "selftest" in listed  # no argument: the suites there are
     help_ = parity("suite", "--help").stdout
-    assert help_.startswith("usage: parity suite") and "python -m parity.suites.cli" not in help_
+    assert help_.startswith("usage: parity suite") and "python -m parity.commands.suite_cli" not in help_
 
 
 def test_a_reader_that_stops_early_gets_no_traceback():
@@ -119,7 +119,7 @@ def test_a_failed_experiment_is_named_with_the_tail_of_its_log(tmp_path):
 def test_sweep_expansion_is_dvcs(overrides, n):
     from dvc.utils.hydra import get_hydra_sweeps
 
-    from parity.sweep import expand
+    from parity.commands.sweep import expand
 
     combos = expand(overrides)
     assert len(combos) == n

@@ -319,7 +319,7 @@ def test_worker_resources_come_from_the_env_probe():
     res = json.loads(p.stdout)
     assert {"provider:torch_cpu", "provider:ort_cpu", "provider:ort_int8", "provider:torch_compile"} <= set(res)
     assert "provider:trt" not in res
-    from parity.cluster import node_resources
+    from parity.commands.cluster import node_resources
 
     _, missing = node_resources(Path(__file__).resolve().parents[1])
     assert "TensorRT" in missing["trt"]

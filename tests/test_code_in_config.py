@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import BIN, ROOT, composed, config_error, env
-from parity import config, imports
+from parity.config import params as config, imports
 from parity.suites import spec
 
 EVIL = """\
@@ -115,7 +115,7 @@ def test_compose_time_suite_check_imports_neither_torch_nor_user_code(proj):
 
 @pytest.mark.parametrize("case, expected", [
     ({"op": "os.system"}, "op 'os.system' is not in the torch namespaces"),
-    ({"op": "parity.sweep:sweep"}, "would import and run 'parity.sweep'; declare it"),
+    ({"op": "parity.commands.sweep:sweep"}, "would import and run 'parity.commands.sweep'; declare it"),
     ({"op": "torch.load"}, "op 'torch.load' reads/writes files or loads code"),
     ({"op": "torch.nn.Linear"}, "torch.nn.<Module> classes are for module cases"),
     ({"module": "collections:OrderedDict"}, "module 'collections:OrderedDict' is not in the torch namespaces"),

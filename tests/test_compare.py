@@ -10,7 +10,7 @@ import sys
 import numpy as np
 from conftest import ROOT, env
 
-from parity import compare
+from parity.core import compare
 
 
 def layer(name, order, actual, expected, atol=1e-5, rtol=1e-3, max_mismatch=0.0):

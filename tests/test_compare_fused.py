@@ -1,7 +1,7 @@
-"""The fused, blocked compare (parity.compare.compare_layer) against the implementation it replaced
+"""The fused, blocked compare (parity.core.compare.compare_layer) against the implementation it replaced
 (kept below, verbatim, as the oracle) on random and adversarial arrays.
 
-Documented precision (parity.compare.compare_arrays): max_abs, max_rel, tol_ratio, n_outside,
+Documented precision (parity.core.compare.compare_arrays): max_abs, max_rel, tol_ratio, n_outside,
 frac_outside, hist, the NaN/Inf counts, the worst element's sample, index and values, passed: bit
 for bit.
 mean_abs, rel_l2 and cosine (sums added block by block, in another order): relative 1e-12."""
@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from conftest import ROOT, env
 
-from parity import compare
+from parity.core import compare
 
 EXACT = ("max_abs", "max_rel", "tol_ratio", "n_outside", "frac_outside", "numel", "nan_actual", "inf_actual",
          "nan_expected", "inf_expected", "worst_index", "worst_sample", "worst_actual", "worst_expected", "hist",
          "passed", "problem", "shape")
 
 
-# ---- the oracle: parity/compare.py's compare_arrays/compare_layer before the fused compare (as of
+# ---- the oracle: parity/core/compare.py's compare_arrays/compare_layer before the fused compare (as of
 # main 2115912, with the ratio histogram and the worst element's values) ----
 def _old_dot(x, y):
     return float(np.einsum("i,i->", x, y))

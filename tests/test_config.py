@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, composed, config_error, options
-from parity import config
+from parity.config import params as config
 
 
 @pytest.fixture(scope="module")

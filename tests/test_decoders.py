@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, composed, config_error, make_repo, run
-from parity import config, store
+from parity.config import params as config
+from parity.core import store
 
 # one decoder layer's leaf modules, in call order (layers.json and the captured Parquet)
 DECODER_LAYER = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",

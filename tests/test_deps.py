@@ -1,6 +1,6 @@
 """Every stage depends on exactly the code it runs, and on nothing Python generates.
 
-- each stage's code deps in dvc.yaml equal its import closure, found statically (parity.codedeps):
+- each stage's code deps in dvc.yaml equal its import closure, found statically (parity.core.codedeps):
   imports at any depth (inside functions too), parent packages' __init__.py, modules named in strings
   (`python -m parity.suites.worker`), plus the modules conf/ names (providers' `runner:` for the
   stages that load runners, suite ops for suite_run);
@@ -22,10 +22,11 @@ import pytest
 import yaml
 
 from conftest import BIN, ENV, ROOT, composed, config_error, env, make_repo, ran_stages
-from parity import codedeps, stagedeps
+from parity.core import codedeps
+from parity.commands import stagedeps
 
 def closure(root: Path, module: str) -> set[str]:
-    """Project files (relative) `python -m <module>` runs, statically (parity.stagedeps)."""
+    """Project files (relative) `python -m <module>` runs, statically (parity.commands.stagedeps)."""
     return stagedeps.closure(root, module)
 
 
@@ -56,7 +57,7 @@ def test_deps_check_passes():
 
 def test_closure_follows_lazy_imports_strings_and_conf():
     c = closure(ROOT, "stages.export")
-    assert {"parity/store.py", "parity/pipeline/inputs.py", "parity/io.py", "parity/models/layers.py",
+    assert {"parity/core/store.py", "parity/pipeline/inputs.py", "parity/core/io.py", "parity/models/layers.py",
             "parity/__init__.py", "stages/__init__.py"} <= c  # imported inside main()
     assert "parity/backends/base.py" not in c
     runners = {"parity/backends/ort_int8.py", "parity/backends/trt.py"}
@@ -77,7 +78,7 @@ def _code_tree(dst: Path) -> Path:
 
 
 def _deps_cli(capsys, *args) -> tuple[int, str]:
-    from parity import cli
+    from parity.commands import cli
 
     rc = cli.main(["deps", *args])
     return rc, capsys.readouterr().out
@@ -92,19 +93,19 @@ def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path,
     diff_py.write_text(diff_py.read_text().replace("from parity import config\n",
                                                    "from parity import config, fingerprint\n", 1))
     before = dvc_yaml.read_text().replace("      - stages/suite_coverage.py\n",
-                                          "      - stages/suite_coverage.py\n      - parity/history.py\n")
+                                          "      - stages/suite_coverage.py\n      - parity/commands/history.py\n")
     dvc_yaml.write_text(before)
     rc, out = _deps_cli(capsys, "--check", "--root", str(root))
     assert rc == 1 and out.splitlines()[:2] == [
-        "diff: imports but does not depend on: parity/fingerprint.py",
-        "suite_coverage: depends on but never imports: parity/history.py"], out
+        "diff: imports but does not depend on: parity/backends/fingerprint.py",
+        "suite_coverage: depends on but never imports: parity/commands/history.py"], out
     assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote dvc.yaml\n")
     after = dvc_yaml.read_text()
     old = "".join(f"      - parity/{m}.py\n" for m in ("config", "dtypes", "imports", "inputspec", "io", "memory",
                                                              "metrics"))
     assert before.count(old) == 1  # the diff stage's
-    assert after == before.replace("      - parity/history.py\n", "").replace(
-        old, old.replace("dtypes.py\n", "dtypes.py\n      - parity/fingerprint.py\n"))
+    assert after == before.replace("      - parity/commands/history.py\n", "").replace(
+        old, old.replace("dtypes.py\n", "dtypes.py\n      - parity/backends/fingerprint.py\n"))
     assert _deps_cli(capsys, "--check", "--root", str(root))[0] == 0
     assert "up to date" in _deps_cli(capsys, "--write", "--root", str(root))[1]
     assert dvc_yaml.read_text() == after
@@ -275,8 +276,8 @@ def test_editing_a_user_model_makes_exactly_its_stages_stale(two_models):
         repo.repro("-s", ENV)
 
 
-@pytest.mark.parametrize("rel", ["parity/io.py", "parity/pipeline/inputs.py", "parity/store.py", "parity/export.py",
-                                 "parity/suites/render.py", "parity/backends/trt.py", "parity/fingerprint.py"])
+@pytest.mark.parametrize("rel", ["parity/core/io.py", "parity/pipeline/inputs.py", "parity/core/store.py", "parity/pipeline/layer_export.py",
+                                 "parity/suites/render.py", "parity/backends/trt.py", "parity/backends/fingerprint.py"])
 def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
     """Over every stage of the repo: stale after the edit == the stages whose closure holds the file."""
     repo = two_models
@@ -290,8 +291,8 @@ def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
         assert status(repo) == want
     finally:
         repo.run(["git", "checkout", "--", rel])
-    if rel == "parity/io.py":
-        assert want == set(lock) - {ENV}  # every stage writes through parity.io
+    if rel == "parity/core/io.py":
+        assert want == set(lock) - {ENV}  # every stage writes through parity.core.io
 
 
 def test_a_runner_or_the_suite_format_reruns_only_the_cells_that_run_it(two_models):

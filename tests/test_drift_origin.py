@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import make_repo
-from parity import store
+from parity.core import store
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""parity.dtypes: the one table of dtype facts, from numpy.finfo / ml_dtypes (in-process, no pipeline)."""
+"""parity.core.dtypes: the one table of dtype facts, from numpy.finfo / ml_dtypes (in-process, no pipeline)."""
 
 import pytest
 
-from parity import dtypes
+from parity.core import dtypes
 
 
 def test_facts_are_the_formats_ieee_values():

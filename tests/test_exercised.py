@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from conftest import BIN, Repo, make_repo
-from parity import compare, dtypes, metrics, status
+from parity.core import compare, dtypes, metrics, status
 from parity.analysis import exercised, oracle
 from parity.pipeline.diff import cell_verdict
 
@@ -128,7 +128,7 @@ def test_an_ort_fp16_cell_that_runs_fp32_kernels_is_not_exercised_and_strict_fai
 
 
 def test_compare_counts_pass_to_not_exercised_as_a_regression_and_pass_to_baseline_as_none():
-    from parity.history import Change, evidence
+    from parity.commands.history import Change, evidence
 
     def change(a, b, **new):
         return Change("m-fp16-p", {"verdict": a}, {"verdict": b, **new})

@@ -85,7 +85,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
 def test_dvc_plots_show_with_the_set_up_template_loads_nothing_from_the_network(exps, tmp_path):
-    exps.run([f"{BIN}/python", "-m", "parity.plots", "--out", ".dvc/parity-plots.html"])
+    exps.run([f"{BIN}/python", "-m", "parity.commands.plots", "--out", ".dvc/parity-plots.html"])
     exps.run(["dvc", "config", "--local", "plots.html_template", "parity-plots.html"])  # as make setup does
     exps.run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")])
     page = tmp_path / "plots" / "index.html"

@@ -1,6 +1,6 @@
 """Fault injection into an exported model: each fault changes its target's output and nothing upstream,
 on onnxruntime, in both layers.onnx and model.onnx. The model is a tiny net holding every op the
-faults act on, exported with the project's own dynamo export path (parity.export)."""
+faults act on, exported with the project's own dynamo export path (parity.pipeline.layer_export)."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def model_dir(tmp_path_factory):
     """An export directory as the export stage writes it (layers.onnx, model.onnx, layers.json)."""
     import torch
 
-    from parity.export import export_layers, prune_outputs, strip_paths
-    from parity.store import is_output
+    from parity.pipeline.layer_export import export_layers, prune_outputs, strip_paths
+    from parity.core.store import is_output
 
     d = tmp_path_factory.mktemp("tiny")
     names = export_layers(tiny_net(), (torch.randn(1, 3, 6, 6),), ["input"], d / "layers.onnx", "dynamo", 18)

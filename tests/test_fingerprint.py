@@ -1,4 +1,4 @@
-"""Machine identity: the CPU fingerprint (parity.fingerprint.cpu_identity) and what a different CPU
+"""Machine identity: the CPU fingerprint (parity.backends.fingerprint.cpu_identity) and what a different CPU
 re-runs. The CPU comes from recorded /proc/cpuinfo files (tests/data), so the tests do not depend on
 the CPU they run on: an AVX2-only CPU without VNNI and an AVX-512 + VNNI one."""
 
@@ -10,7 +10,7 @@ from html import escape
 
 from conftest import BIN, ENV, ROOT, env, make_repo, ran_stages
 
-from parity import fingerprint
+from parity.backends import fingerprint
 
 AVX2 = ROOT / "tests/data/cpuinfo-avx2.txt"
 AVX512 = ROOT / "tests/data/cpuinfo-avx512-vnni.txt"

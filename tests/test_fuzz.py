@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from parity import fuzz_cli
+from parity.commands import fuzz_cli
 from parity.analysis import fuzz
-from parity.suites import cli as suite_cli
+from parity.commands import suite_cli
 from parity.suites import pool, spec
 
 # A user's kernel that is wrong for last dim > 64 (forward and so backward), a correct one, one

@@ -118,7 +118,7 @@ def test_generate_config_is_validated_at_compose():
 def test_report_draws_each_generate_cell(gen_repo, tmp_path):
     """The report's generation section: a line and a chart per cell (excess/rel_l2 per step, the
     agreement strip), summary.json's `generate` entries; a cell not run says so."""
-    from parity import config
+    from parity.config import params as config
     from parity.pipeline.report import write_report
 
     gen_repo.repro("generate@gen_llama-fp32-ort_cpu")

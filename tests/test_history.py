@@ -157,7 +157,7 @@ def test_sweep_rejects_a_malformed_override(tmp_path):
 
 
 def test_a_verdict_mode_or_tolerance_change_in_the_metrics_is_named_not_its_measurements():
-    from parity.history import Change, tolerance_moved
+    from parity.commands.history import Change, tolerance_moved
 
     params = {"dtypes.fp16.tol.atol": (1e-5, 1e-3), "models.other.tolerances": ([], [{}])}
     c = Change("mlp-fp16-ort_cpu", {"verdict": "FAIL", "verdict_mode": "all_layers", "output.tol_ratio": 2.0},

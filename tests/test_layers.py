@@ -60,7 +60,7 @@ def test_inplace_relu_does_not_corrupt_captured_batchnorm_outputs(resnet18, x):
 def test_exported_graph_exposes_the_same_pre_relu_values(resnet18, x, tmp_path):
     import onnxruntime as ort
 
-    from parity.export import export_layers
+    from parity.pipeline.layer_export import export_layers
 
     names = export_layers(resnet18, (x,), ["input"], tmp_path / "layers.onnx", "dynamo", 18)
     sess = ort.InferenceSession(str(tmp_path / "layers.onnx"), providers=["CPUExecutionProvider"])
@@ -97,7 +97,7 @@ def test_the_fp64_reference_run_leaf_by_leaf_gives_the_whole_model_double_values
     """The fp64 golden run converts one leaf at a time (a 1.1B model has no room for an fp64 copy):
     its values, leaf outputs and recorded inputs, are the bytes a whole-model .double() gives, and the
     model is float32 again afterwards."""
-    from parity import store
+    from parity.core import store
     from parity.pipeline import reference
 
     tokens = arch != "mha" and arch["source"] == "hf"

@@ -12,7 +12,7 @@ from conftest import ROOT, env
 
 
 @pytest.mark.parametrize("module", ["stages.env", "stages.inputs", "stages.diff", "stages.report",
-                                    "parity.backends.ort_cpu", "parity.cli"])
+                                    "parity.backends.ort_cpu", "parity.commands.cli"])
 def test_light_modules_do_not_import_torch(module):
     code = (f"import sys, importlib; importlib.import_module({module!r}); "
             "heavy = [m for m in ('torch', 'torchvision', 'onnxscript') if m in sys.modules]; "

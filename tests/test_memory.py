@@ -1,4 +1,4 @@
-"""Know before you run out (parity/memory.py): a heavy stage refuses a cell whose estimated peak exceeds
+"""Know before you run out (parity/core/memory.py): a heavy stage refuses a cell whose estimated peak exceeds
 the memory available, before it writes anything; every stage records its peak RSS apart from the values;
 a stage killed before its output is published leaves no output file; DVC's cache shares bytes with the
 workspace (links) and stages still replace their outputs."""
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import env, make_repo, tree_digest
 
-from parity import memory
+from parity.core import memory
 
 MODEL, CELL = "tiny_mlp", "tiny_mlp-fp32-ort_cpu"
 STAGES = {  # each heavy stage's command, as dvc.yaml gives it (outputs under a scratch folder here)
@@ -161,10 +161,10 @@ def test_the_report_works_without_timing_files(repo, tmp_path):
 
 def test_a_stage_killed_before_its_output_is_published_leaves_no_output_file(repo):
     """SIGKILL while reference's fp32.parquet is written but not yet renamed into place: no fp32.parquet,
-    only the hidden temp file parity.io.is_temp recognises; the next run publishes complete files, and
+    only the hidden temp file parity.core.io.is_temp recognises; the next run publishes complete files, and
     `dvc repro` of the stage clears a temp file left in its output folder."""
-    from parity import store
-    from parity.io import PAUSE_ENV, is_temp
+    from parity.core import store
+    from parity.core.io import PAUSE_ENV, is_temp
 
     out = repo.path / "artifacts/killed"
     shutil.rmtree(out, ignore_errors=True)

@@ -29,7 +29,7 @@ MAKE = shutil.which("make")
 # -- 25: `parity list providers` shows where each provider runs ------------------------------------
 
 def test_list_providers_reads_the_device_from_each_providers_options():
-    from parity import listing
+    from parity.commands import listing
 
     dev = {r["name"]: r["device"] for r in listing.options("providers", ROOT)}
     assert dev["torch_cuda"] == "cuda" and dev["torch_compile_cuda"] == "cuda"  # options.device
@@ -91,7 +91,7 @@ def test_sweep_commits_experiments_with_a_stand_in_identity_when_git_has_none(tm
     """DVC commits every experiment it runs; on a machine where git knows nobody that fails. The sweep's
     dvc processes get a stand-in identity (and only when none is configured). A one-stage DVC project
     stands in for the pipeline: the identity is DVC's and git's business, not the stages'."""
-    from parity import sweep
+    from parity.commands import sweep
 
     env = no_identity(tmp_path / "home")
     for k in [k for k in os.environ if k.startswith("GIT_") or k == "EMAIL"]:
@@ -171,7 +171,7 @@ def test_layers_csv_plots_the_verdicts_ratio_per_named_layer_and_only_finite_num
 
 
 def test_dvc_draws_layers_csv_with_the_projects_template_log_scale_and_limit_line():
-    """dvc.yaml's plot names parity/plot_layers.json; DVC's renderer fills it with layer names on x."""
+    """dvc.yaml's plot names parity/pipeline/plot_layers.json; DVC's renderer fills it with layer names on x."""
     from dvc_render.vega import VegaRenderer
 
     from parity.pipeline.diff import PLOT_FIELDS, plot_csv
@@ -240,7 +240,7 @@ def test_make_run_ends_saying_which_lock_files_changed_and_stages_nothing(tmp_pa
 # -- 26: `parity show`'s counts agree: "3 of 3 layers fail", then the 3 layers and the 2 outputs -----
 
 def test_show_counts_the_failing_outputs_apart_from_the_layers():
-    from parity.show import render
+    from parity.commands.show import render
 
     def row(name):
         return {"layer": name, "n_outside": 1, "numel": 2, "max_abs": 1e-4, "worst_sample": 0, "worst_index": [0, 0],
@@ -263,7 +263,7 @@ def test_show_counts_the_failing_outputs_apart_from_the_layers():
 def test_sweep_shows_only_verdicts_written_since_it_started_for_the_experiments_cells(tmp_path):
     """An experiment's workspace starts with the base commit's outputs (cells it does not have, stale
     verdicts): the sweep printed those as if they were the experiment's."""
-    from parity.sweep import Queue
+    from parity.commands.sweep import Queue
 
     ws = make_repo(tmp_path / "ws", dtypes=("fp32",), providers=("ort_cpu",))
     q = Queue(str(tmp_path), since=time.time() - 1.0)

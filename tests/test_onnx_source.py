@@ -66,7 +66,7 @@ def onnx_repo(path: Path, providers=("torch_cpu", "ort_cpu"), model=None) -> Rep
 
 
 def test_onnx_file_runs_per_node_on_ort_and_torch_says_unsupported(tmp_path):
-    from parity import store
+    from parity.core import store
 
     r = onnx_repo(tmp_path / "repo")
     r.repro()
@@ -146,7 +146,7 @@ def test_torchvision_onnx_as_a_file_runs_per_node(tmp_path):
     """resnet18 exported by the pipeline, then used as a plain .onnx file (arch.source: onnx)."""
     import shutil
 
-    from parity import store
+    from parity.core import store
 
     r = make_repo(tmp_path / "repo", models=("resnet18",), dtypes=("fp32",), providers=("ort_cpu",))
     r.repro("export@resnet18")

@@ -49,7 +49,7 @@ wrc:
 def test_bool_negative_and_rank0_inputs_and_a_newer_ir_stamp_run_with_the_fp64_golden(tmp_path):
     import onnx
 
-    from parity import store
+    from parity.core import store
 
     m = where_reduce_cumsum()
     assert m.ir_version > 13  # onnx 1.23 stamps IR 14; onnxruntime 1.31 reads <= 13
@@ -82,7 +82,7 @@ def test_bool_negative_and_rank0_inputs_and_a_newer_ir_stamp_run_with_the_fp64_g
 
 
 def test_store_keeps_rank0_and_files_without_it_keep_their_bytes(tmp_path):
-    from parity import store
+    from parity.core import store
 
     store.write(tmp_path / "a.parquet", [store.Tensor(0, "s", 0, np.array(3, np.int64)),
                                          store.Tensor(0, "m", 1, np.array([True, False]))])
@@ -102,7 +102,8 @@ V_MD5 = "dffc622a8f262cd927833d25a86ccef5"  # what the store wrote before rank 0
 
 
 def test_negative_ints_need_a_vocabulary_to_be_refused_and_bool_inits(tmp_path, monkeypatch):
-    from parity import inputfiles, inputspec
+    from parity.pipeline import inputfiles
+    from parity.config import inputspec
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data/inputs").mkdir(parents=True)

@@ -91,7 +91,7 @@ tests:
 def test_import_opdiff_converts_validates_and_says_per_case(tmp_path):
     src = tmp_path / "od.yaml"
     src.write_text(OPDIFF)
-    p = subprocess.run([sys.executable, "-m", "parity.suites.cli", "import-opdiff", str(src)], cwd=tmp_path,
+    p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "import-opdiff", str(src)], cwd=tmp_path,
                        env=env(), capture_output=True, text=True)
     lines = dict(line.split("\t", 1) for line in p.stdout.splitlines() if "\t" in line)
     assert p.returncode == 1, p.stdout + p.stderr  # one test could not be converted
@@ -106,11 +106,11 @@ def test_import_opdiff_converts_validates_and_says_per_case(tmp_path):
     assert cases["fft"]["args"][2] == {"randint": [-2, 2]}  # opdiff's int scalar range is inclusive
     assert cases["clamp_opt"]["kwargs"]["max"] == {"optional": 0.25, "p_none": 0.5}
     assert suite["spec"]["presets"]["c6"]["init"] == {"fixed": [-7.0, -3.0, -0.5, 0.25, 2.0, 11.0]}
-    v = subprocess.run([sys.executable, "-m", "parity.suites.cli", "validate", "od"], cwd=tmp_path, env=env(),
+    v = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "validate", "od"], cwd=tmp_path, env=env(),
                        capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
     # opdiff's expanded ids: <id>__k=v__k=v with the keys sorted; `cases` restricts the product
-    ids = subprocess.run([sys.executable, "-m", "parity.suites.cli", "list", "od"], cwd=tmp_path, env=env(),
+    ids = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "list", "od"], cwd=tmp_path, env=env(),
                          capture_output=True, text=True).stdout.split()
     assert "lin__bias=True__in_features=N__out_features=3" in ids and len([i for i in ids if i.startswith("lin__")]) == 4
     assert [i for i in ids if i.startswith("lin_cases")] == ["lin_cases__in_features=4__inp=x__out_features=2"]

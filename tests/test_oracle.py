@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import make_repo
-from parity import dtypes
+from parity.core import dtypes
 from parity.analysis import oracle
 from test_drift_origin import weight_of
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import make_repo
-from parity import store
+from parity.core import store
 from parity.analysis import diffcell, sums
 
 
@@ -68,7 +68,7 @@ def test_verdicts_from_sums_equal_verdicts_from_arrays(built, tmp_path, strict, 
 def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
     """models.<m>.shapes: the diff judges each shape's sample set (a slice of the sums) exactly as from
     that shape's arrays, own-error records included."""
-    from parity import inputspec
+    from parity.config import inputspec
 
     r = make_repo(tmp_path / "repo", models=("transformer_seq",), dtypes=("fp32",), providers=("ort_cpu",))
     r.repro()

@@ -69,7 +69,7 @@ def test_plan_names_the_weight_matmuls_to_keep_and_applying_it_passes(repo):
     import onnx
     import onnxruntime as ort
 
-    from parity import store
+    from parity.core import store
     from parity.backends import ort_int4
 
     repo.exp_run("analysis.plan=true", "analysis.plan_target={atol:0.05,rtol:0.05}")

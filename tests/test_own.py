@@ -17,12 +17,12 @@ import torch
 from onnx import helper, numpy_helper
 from torch import nn
 
-from parity import store
+from parity.core import store
 from parity.backends.base import CaptureJob, run_capture
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.backends.torch_compile import TorchCompileRunner
 from parity.backends.torch_cpu import TorchCpuRunner
-from parity.export import export_layers, layer_regions, prune_outputs, strip_paths
+from parity.pipeline.layer_export import export_layers, layer_regions, prune_outputs, strip_paths
 from parity.models import build, onnx_cut
 from parity.models.layers import LayerRecorder
 from conftest import BIN, make_repo

@@ -1,4 +1,4 @@
-"""Parallel cells (parity.parallel, behind `parity repro -j N`): the same dvc.lock and metrics as a
+"""Parallel cells (parity.commands.parallel, behind `parity repro -j N`): the same dvc.lock and metrics as a
 sequential `dvc repro`, filters that run only some cells, and a failing cell that does not stop the
 others. Real DVC, tiny model, 4 cells (fp32/fp16 x torch_cpu/ort_cpu); two repos: one sequential, one
 parallel (the later tests build on the parallel one, in order).
@@ -40,7 +40,7 @@ def metrics(root) -> dict:
 
 
 def prepro(repo, *args, **kw):
-    from parity import parallel
+    from parity.commands import parallel
 
     buf = io.StringIO()
     res = parallel.repro(*args, root=repo.path, progress=buf, **kw)

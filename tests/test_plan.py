@@ -90,7 +90,7 @@ def test_ort_keep_list_applies_as_keep_yaml_says(repo):
     import onnx
     import onnxruntime as ort
 
-    from parity import store
+    from parity.core import store
     from parity.backends.ort_cpu import mixed_fp16
 
     k = keep_yaml(repo, "fp16", "ort_cpu")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import CONF, composed, config_error, make_repo, options
-from parity import config
+from parity.config import params as config
 
 
 def test_every_provider_and_precision_mode_composes_and_validates():

@@ -79,7 +79,7 @@ def test_second_repro_runs_only_env(repo):
 
 
 def test_calibration_samples_are_separate_from_evaluated_samples(repo):
-    from parity import store
+    from parity.core import store
 
     ev = store.read_dict(repo.path / "artifacts/inputs/tiny_mlp.parquet")
     cal = store.read_dict(repo.path / "artifacts/inputs/tiny_mlp.calibration.parquet")

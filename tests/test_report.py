@@ -9,7 +9,7 @@ import sys
 
 from conftest import ROOT, env
 
-from parity import report
+from parity.pipeline import report_render as report
 
 
 def layer(name, order, atol, rtol, src, passed=False):

@@ -150,7 +150,7 @@ def two_commits(tmp_path_factory):
 def test_failing_layers_show_mismatch_counts_and_the_worst_element(two_commits, browser):
     from selenium.webdriver.common.by import By
 
-    from parity import store
+    from parity.core import store
 
     r, cell = two_commits, "tiny_mlp-fp16-ort_cpu"
     page = r.path / "artifacts/report/report.html"

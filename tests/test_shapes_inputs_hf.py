@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import make_repo
-from parity import store
+from parity.core import store
 
 TINY_BLOCK = """\
 tiny_block:
@@ -197,7 +197,7 @@ def test_real_inputs_from_a_file_are_the_samples_and_a_dependency(tmp_path):
 def test_file_formats_and_token_bounds(tmp_path, monkeypatch):
     """.npy / .npz / Parquet (tensor store and a plain column) load the same samples; token ids
     outside the vocabulary are refused, naming the file."""
-    from parity import inputfiles
+    from parity.pipeline import inputfiles
 
     monkeypatch.chdir(tmp_path)
     d = tmp_path / "data/inputs"

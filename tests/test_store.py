@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from parity import store
+from parity.core import store
 
 
 def tensors(seed=0):
@@ -64,7 +64,7 @@ def test_failed_write_leaves_no_file(tmp_path):
 
 
 def test_interrupted_write_keeps_the_previous_file_whole(tmp_path):
-    from parity.io import atomic_path
+    from parity.core.io import atomic_path
 
     store.write(tmp_path / "t.parquet", tensors())
     good = (tmp_path / "t.parquet").read_bytes()

@@ -79,7 +79,7 @@ def feat_repo(tmp_path_factory):
 
 def test_each_feature_validates(feat_repo, monkeypatch):
     monkeypatch.chdir(feat_repo)
-    p = subprocess.run([sys.executable, "-m", "parity.suites.cli", "validate", "feat"], cwd=feat_repo, env=env(),
+    p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "validate", "feat"], cwd=feat_repo, env=env(),
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "feat: OK, 14 cases" in p.stdout
@@ -98,7 +98,7 @@ def test_validate_sees_the_helpers_the_workers_see_from_any_directory(feat_repo,
         "      - {id: b, module: 'file:suitehelp/toy.py::Scale', args: [{construct: torch.nn.ReLU}], inputs: [x]}\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    p = subprocess.run([sys.executable, "-m", "parity.suites.cli", "validate", str(feat_repo / "conf/suites/decl.yaml")],
+    p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "validate", str(feat_repo / "conf/suites/decl.yaml")],
                        cwd=elsewhere, env=env(), capture_output=True, text=True)
     (feat_repo / "conf" / "suites" / "decl.yaml").unlink()
     assert p.returncode == 0 and "decl.yaml: OK, 2 cases" in p.stdout, p.stdout + p.stderr
@@ -134,8 +134,8 @@ def _run(p, provider, dtype):
     import tempfile
     from pathlib import Path
 
-    from parity import store
-    from parity.io import write_json
+    from parity.core import store
+    from parity.core.io import write_json
 
     rows, outs, refs, timing, _ = run_cell(p, "feat", dtype, provider, workers=2)
     d = Path(tempfile.mkdtemp(dir="."))
@@ -194,8 +194,8 @@ def test_dtypes_random_values_and_samples_are_explicit(feat_results):
 
 
 def test_suite_show_prints_one_case_in_every_cell(feat_results, feat_repo, monkeypatch, capsys):
-    from parity.io import write_json
-    from parity.suites import show
+    from parity.core.io import write_json
+    from parity.commands import suite_show as show
 
     monkeypatch.chdir(feat_repo)
     for (prov, dt), (_, diffed, _) in feat_results.items():

@@ -137,7 +137,7 @@ def test_opdiff_toy_layernorm_cases_pass_at_fp16_and_a_wrong_epsilon_fails(tmp_p
     (tmp_path / "examples/__init__.py").write_text("")
     (tmp_path / "examples/toy.py").write_text(TOY)
     (tmp_path / "od.yaml").write_text(OPDIFF)
-    c = subprocess.run([sys.executable, "-m", "parity.suites.cli", "import-opdiff", "od.yaml", "--name", "od"],
+    c = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "import-opdiff", "od.yaml", "--name", "od"],
                        cwd=tmp_path, env=env(), capture_output=True, text=True)
     assert c.returncode == 0, c.stdout + c.stderr
     monkeypatch.chdir(tmp_path)

@@ -52,7 +52,7 @@ def test_validate_names_file_case_and_key_and_runs_nothing(tmp_path, name):
     text, expected = BAD[name]
     f = tmp_path / "bad.yaml"
     f.write_text(text)
-    p = subprocess.run([sys.executable, "-m", "parity.suites.cli", "validate", str(f)], cwd=tmp_path, env=env(),
+    p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "validate", str(f)], cwd=tmp_path, env=env(),
                        capture_output=True, text=True)
     assert p.returncode == 2, p.stdout + p.stderr
     assert f"bad.yaml: {expected}" in p.stderr, p.stderr  # the file, the case and the key
@@ -149,7 +149,7 @@ def test_statuses_from_the_diff(selftest_fp16):
 
 def test_coverage_matrix_and_html(selftest_fp16, tmp_path):
     res, _, _ = selftest_fp16
-    from parity.io import write_json
+    from parity.core.io import write_json
 
     write_json(tmp_path / "diff" / "fp16-torch_cpu" / "results.json", {"cases": list(res.values())}, sort_keys=False)
     cov = coverage.build("selftest", [("fp16", "torch_cpu"), ("fp16", "ort_cpu")], tmp_path / "diff", None, 17,
@@ -176,8 +176,8 @@ def test_coverage_matrix_and_html(selftest_fp16, tmp_path):
 
 
 @pytest.mark.parametrize("module", ["stages.suite_run", "stages.suite_diff", "stages.suite_coverage",
-                                    "parity.suites.render", "parity.suites.coverage", "parity.suites.cli",
-                                    "parity.suites.pool", "parity.config"])
+                                    "parity.suites.render", "parity.suites.coverage", "parity.commands.suite_cli",
+                                    "parity.suites.pool", "parity.config.params"])
 def test_light_suite_modules_do_not_import_torch(module):
     code = (f"import sys, importlib; importlib.import_module({module!r}); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")

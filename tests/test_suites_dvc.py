@@ -20,7 +20,7 @@ def test_tolerance_change_reruns_only_that_suites_diffs(tmp_path):
     m = json.loads((repo.path / "artifacts/suites/diff/critical/fp16-torch_cpu/metrics.json").read_text())
     assert m["cases"] >= 18 and m["grad_checked"] >= 15
     assert (repo.path / "artifacts/suites/coverage/critical.csv").read_text().startswith("op,case,")
-    # the DVC metric (summary.json) carries each suite cell's counts, compactly (parity.metrics)
+    # the DVC metric (summary.json) carries each suite cell's counts, compactly (parity.core.metrics)
     s = json.loads((repo.path / "artifacts/report/summary.json").read_text())["suites"]
     assert s["critical-fp16-torch_cpu"] == {"cases": m["cases"], "ok": m["ok"]} and "modules-fp16-torch_cpu" in s
     # keep the selection in conf/ (a queued/next `dvc exp run` composes from conf/ defaults)

@@ -1,17 +1,17 @@
 """The verdict settings (diff.verdict, diff.max_mismatch) and the oracle limits (dtypes.<d>.oracle) are
-read in one place each: parity.tolerance and parity.analysis.oracle.limits (in-process, no pipeline)."""
+read in one place each: parity.core.tolerance and parity.analysis.oracle.limits (in-process, no pipeline)."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from parity import tolerance
+from parity.core import tolerance
 from parity.analysis import oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 # a read with its default restated (the config keys, not the result field "verdict" of metrics)
-READS = {"parity/tolerance.py": re.compile(r"get\(\"(verdict|max_mismatch)\", "),
+READS = {"parity/core/tolerance.py": re.compile(r"get\(\"(verdict|max_mismatch)\", "),
          "parity/analysis/oracle.py": re.compile(r"get\(\"(k|slack)\", |DEFAULT_K")}
 
 

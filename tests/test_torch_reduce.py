@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from parity import store  # noqa: E402
+from parity.core import store  # noqa: E402
 from parity.analysis import torch_reduce  # noqa: E402
 from parity.analysis.faults import inject, inject_dir  # noqa: E402
 
@@ -76,8 +76,8 @@ def plain_only(src: Path, dst: Path, target: str, value: float) -> None:
     x value while layers.onnx stays as exported."""
     import shutil
 
-    from parity.export import prune_outputs
-    from parity.io import atomic_path
+    from parity.pipeline.layer_export import prune_outputs
+    from parity.core.io import atomic_path
     from parity.models import onnx_weights
 
     shutil.copytree(src, dst)

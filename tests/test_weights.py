@@ -161,7 +161,7 @@ def test_a_model_over_2_gib_exports_and_captures_on_ort_cpu(tmp_path):
     several GiB of memory: run it alone."""
     import yaml
 
-    from parity import store
+    from parity.core import store
 
     big = {"arch": {"source": "parity", "name": "mlp",
                     "kwargs": {"in_features": 8192, "hidden": 33000, "out_features": 8192}},

@@ -5,7 +5,7 @@ the repo root (`hydra.plugins_path`, default ""). Hydra imports every module in 
 namespace package, so importing this one:
 
 1. registers the `${parity_validate:}` resolver used by conf/config.yaml. It runs
-   parity.config.validate on the whole composed config and parity.suites.spec.check_selected on the
+   parity.config.params.validate on the whole composed config and parity.suites.spec.check_selected on the
    selected suites (kept apart, so no model stage depends on the suite format), so an unknown key or
    bad value fails the compose, before DVC writes params.yaml or runs any stage;
 2. registers `${parity_coverage_dep:}`: the report stage's dependency for the op-coverage matrix
@@ -78,7 +78,7 @@ def _available(group: str) -> str:
 
 def _check_loaded(p: dict) -> None:
     """Every option of a group came from the conf file of the same name, keyed by that name."""
-    from parity.config import ConfigError
+    from parity.config.params import ConfigError
 
     for source, (file, keys) in sorted(_LOADED.items()):
         group, _, option = source.rpartition("/")
@@ -91,7 +91,7 @@ def _check_loaded(p: dict) -> None:
 
 
 def _validate(*, _root_) -> str:
-    from parity import config
+    from parity.config import params as config
     from parity.suites import spec
 
     p = OmegaConf.to_container(_root_, resolve=False)
@@ -112,7 +112,7 @@ def _validate(*, _root_) -> str:
 def _coverage_dep(*, _root_) -> str:
     """The report's coverage input: the suites' coverage folder when suites are selected, else
     conf/suites (DVC needs every dependency to exist; that folder always does)."""
-    from parity import paths
+    from parity.core import paths
 
     return paths.SUITES_COVERAGE if _root_.get("suites") else "conf/suites"
 
@@ -120,7 +120,7 @@ def _coverage_dep(*, _root_) -> str:
 def _plan_dep(*, _root_) -> str:
     """The report's plan input: the plan stages' folder with analysis.plan, else conf/dtypes (a
     path that always exists: DVC rejects a missing dependency)."""
-    from parity import paths
+    from parity.core import paths
 
     return paths.PLAN if (_root_.get("analysis") or {}).get("plan") is True else "conf/dtypes"
 
@@ -141,7 +141,7 @@ if not OmegaConf.has_resolver("parity_suite_tolerances"):
 
 def _reduce_dep(*, _root_) -> str:
     """The report's reduce input: the reduce stages' folder with analysis.reduce, else conf/dtypes."""
-    from parity import paths
+    from parity.core import paths
 
     return paths.REDUCE if (_root_.get("analysis") or {}).get("reduce") is True else "conf/dtypes"
 
@@ -152,21 +152,21 @@ if not OmegaConf.has_resolver("parity_reduce_dep"):
 
 def _fuzz_dep(*, _root_) -> str:
     """The report's fuzz input: artifacts/fuzz when fuzz.suites names one, else conf/suites."""
-    from parity import paths
+    from parity.core import paths
 
     return paths.FUZZ if (_root_.get("fuzz") or {}).get("suites") else "conf/suites"
 
 
 def _train_dep(*, _root_) -> str:
     """The report's training-step input: artifacts/train_step with train_step.models, else conf/models."""
-    from parity import paths
+    from parity.core import paths
 
     return paths.TRAIN_STEP if (_root_.get("train_step") or {}).get("models") else "conf/models"
 
 
 def _generate_dep(*, _root_) -> str:
     """The report's generation-drift input: artifacts/generate with generate.models, else conf/models."""
-    from parity import paths
+    from parity.core import paths
 
     return paths.GENERATE if (_root_.get("generate") or {}).get("models") else "conf/models"
 

@@ -11,8 +11,8 @@ matrices (conf/config.yaml):
   reduce_dtypes: ${parity_plan:reduce}             # analysis.reduce: true -> every selected dtype
 
 An empty list gives an empty DVC matrix, so no engine stage exists unless e.g. trt is selected, and
-no plan stage unless analysis.plan is true (parity.config.plan_dtypes).
-The split itself is parity.config.capture_providers / engine_providers. Hydra imports every module
+no plan stage unless analysis.plan is true (parity.config.params.plan_dtypes).
+The split itself is parity.config.params.capture_providers / engine_providers. Hydra imports every module
 under hydra_plugins when it composes (dvc exp run, parity compose, tests), which registers these.
 """
 
@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 
 def _providers(kind: str, *, _root_) -> list:
-    from parity import config
+    from parity.config import params as config
 
     # no provider selected (providers=[]): an empty split; ${parity_validate:} then says what is wrong
     p = {"providers": OmegaConf.to_container(_root_.providers, resolve=True) if "providers" in _root_ else {}}
@@ -33,7 +33,7 @@ def _providers(kind: str, *, _root_) -> list:
 
 
 def _models(kind: str, *, _root_) -> list:
-    from parity import config
+    from parity.config import params as config
 
     split = {"torch": config.torch_models, "onnx": config.onnx_models}
     if kind not in split:
@@ -43,7 +43,7 @@ def _models(kind: str, *, _root_) -> list:
 
 
 def _plan(kind: str, *, _root_) -> list:
-    from parity import config
+    from parity.config import params as config
 
     if kind not in ("dtypes", "reduce"):
         raise ValueError(f"parity_plan: unknown kind '{kind}' (valid: dtypes, reduce)")

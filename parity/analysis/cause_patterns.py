@@ -1,5 +1,5 @@
 """The cause labels that name a mechanism, each with the numbers that show it (parity.analysis.causes
-tries them in its order; see its docstring). numpy only; every sum in a fixed order (parity.compare.dot),
+tries them in its order; see its docstring). numpy only; every sum in a fixed order (parity.core.compare.dot),
 so the same arrays give the same evidence, byte for byte.
 
   narrow_format        the layer's values are numbers of a narrower format than the cell's (fp16 or bf16
@@ -35,8 +35,8 @@ import math
 
 import numpy as np
 
-from parity import dtypes
-from parity.compare import dot as _dot
+from parity.core import dtypes
+from parity.core.compare import dot as _dot
 
 NARROW = {f: dtypes.facts(f).u for f in ("bf16", "fp16")}  # narrowest first: a bf16 number in range is an fp16 one too
 COARSE_BITS = 4            # values rounded to a format fit 4 significand bits fewer about 1 time in 16; when

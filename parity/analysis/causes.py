@@ -58,9 +58,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from parity import dtypes
+from parity.core import dtypes
 from parity.analysis import cause_patterns as patterns
-from parity.compare import dot as _dot
+from parity.core.compare import dot as _dot
 
 LABELS = ("overflow", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",
           "offset", "channel_permutation", "channel", "unknown", "int8_saturation")
@@ -95,7 +95,7 @@ class Cause:
 
 def dtype_format(dtype: str) -> tuple[str, float, float]:
     """(canonical name, unit roundoff, largest finite value) of a conf/dtypes name or a torch name
-    (parity.dtypes)."""
+    (parity.core.dtypes)."""
     f = dtypes.facts(dtype)
     return f.name, f.u, f.max
 
@@ -162,7 +162,7 @@ def _axes(b: np.ndarray, axes) -> list[int]:
 
 def classify_samples(pairs, dtype: str = "fp32", inputs=None, **kwargs) -> Cause:
     """classify() over several samples of one layer: `pairs` of (actual, expected) arrays (or
-    (sample, actual, expected) as parity.compare.compare_layer takes them), concatenated on axis 0.
+    (sample, actual, expected) as parity.core.compare.compare_layer takes them), concatenated on axis 0.
     inputs: the layer's input per sample (same order), or None."""
     pairs = [p[-2:] for p in pairs]
     if not pairs:

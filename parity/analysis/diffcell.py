@@ -1,5 +1,5 @@
 """The diff of one cell: every layer of a capture against the fp32 reference (tolerance metrics,
-parity.compare) and against the fp64 run relative to the trusted baseline at the cell's dtype (the
+parity.core.compare) and against the fp64 run relative to the trusted baseline at the cell's dtype (the
 oracle, parity.analysis.oracle), plus each layer's own error where the capture measured it. numpy only.
 
 Verdict modes (`diff.verdict`):
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import compare, config, store, tolerance
+from parity.core import compare, store, tolerance
+from parity.config import params as config
 from parity.analysis import oracle, sums
-from parity.io import read_json
+from parity.core.io import read_json
 
 OWN = "own.parquet"
 BETWEEN = store.BETWEEN  # own value of the ops between leaves feeding <leaf> (compared with fp64 pre:<leaf>)

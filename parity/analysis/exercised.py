@@ -11,7 +11,7 @@ judged by tolerance) is compared with the format's unit roundoff u: a layer *sho
 its precision when rel_l2 >= u / 16 (bits_lost >= -4). One rounding of a value to the format alone
 gives rel_l2 ~ u / sqrt(3) (bits_lost ~ -0.8); an fp32 computation, even after 6 bits of accumulated
 fp32 noise (efficientnet_b0, docs/verdicts.md), stays below u_fp32 * 2^6 = 2^-18, 8x under fp16's
-u / 16 = 2^-15. A cell none of whose layers shows it is NOT_EXERCISED (parity.status).
+u / 16 = 2^-15. A cell none of whose layers shows it is NOT_EXERCISED (parity.core.status).
 
 A cell whose provider is the oracle's baseline backend (torch_cpu against the torch CPU eager
 baseline at its own dtype; ort_cpu_noopt for an ONNX-file model) is judged against itself: its
@@ -20,8 +20,8 @@ excess is 1 by construction and it cannot fail, so its verdict is BASELINE, not 
 
 from __future__ import annotations
 
-from parity import dtypes
-from parity.store import is_output
+from parity.core import dtypes
+from parity.core.store import is_output
 
 SHOWS = 1.0 / 16  # a layer shows the rounding when rel_l2 >= u * SHOWS
 

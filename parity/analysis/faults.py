@@ -440,8 +440,8 @@ def inject(model: onnx.ModelProto, fault: str, target: str, **options) -> tuple[
 
 def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
     """Write a faulty copy of an exported model directory (see the module docstring)."""
-    from parity.export import op_inventory, prune_outputs
-    from parity.io import atomic_path, read_json, write_json
+    from parity.pipeline.layer_export import op_inventory, prune_outputs
+    from parity.core.io import atomic_path, read_json, write_json
     from parity.models import onnx_weights
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -477,7 +477,7 @@ def main(argv=None) -> int:
     ap.add_argument("--channels", help="channel_swap: the two channels, comma-separated (0,1)")
     ap.add_argument("--out", required=True, help="directory to write (may be --model-dir itself)")
     a = ap.parse_args(argv)
-    from parity.io import dumps
+    from parity.core.io import dumps
 
     perm = [int(i) for i in a.perm.split(",")] if a.perm else None
     channels = [int(i) for i in a.channels.split(",")] if a.channels else None

@@ -29,7 +29,7 @@ import re
 import numpy as np
 import yaml
 
-from parity import dtypes
+from parity.core import dtypes
 from parity.suites import spec
 
 # statuses that count as a fuzzing failure (OK, INVALID: the reference fails too, UNSUPPORTED and

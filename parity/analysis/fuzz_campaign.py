@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import io
+from parity.core import io
 from parity.analysis import fuzz
 from parity.pipeline import suite_run
 from parity.suites import diff, pool, spec

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from parity import imports
+from parity.config import imports
 from parity.analysis import fuzz
 
 

@@ -11,7 +11,7 @@ import html
 import json
 from pathlib import Path
 
-from parity import paths
+from parity.core import paths
 
 SHOW_FAILURES = 25
 

@@ -15,8 +15,9 @@ import json
 import math
 from pathlib import Path
 
-from parity import config, paths
-from parity.report_svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, num, short
+from parity.config import params as config
+from parity.core import paths
+from parity.pipeline.report_svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, num, short
 
 DIVERGE_COLOUR = "#8250df"
 

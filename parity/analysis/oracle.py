@@ -33,15 +33,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from parity import dtypes
-from parity.compare import sq_error, sum_sq
+from parity.core import dtypes
+from parity.core.compare import sq_error, sum_sq
 
 # precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
 BASELINE_MODES = ("cast", "autocast")
 
 
 def unit_roundoff(dtype_cfg: dict) -> float:
-    """u of the precision a cell computes in (parity.dtypes): the cast/autocast dtype, tf32's (10-bit
+    """u of the precision a cell computes in (parity.core.dtypes): the cast/autocast dtype, tf32's (10-bit
     mantissa) for tf32, the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
     mode = dtype_cfg.get("mode", "cast")
     return dtypes.facts("tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")).u
@@ -49,7 +49,7 @@ def unit_roundoff(dtype_cfg: dict) -> float:
 
 class Limits(NamedTuple):
     u: float      # the dtype's unit roundoff (unit_roundoff)
-    k: float      # dtypes.<d>.oracle.k: required (parity.config)
+    k: float      # dtypes.<d>.oracle.k: required (parity.config.params)
     slack: float  # dtypes.<d>.oracle.slack: 0 unless given
 
 
@@ -74,7 +74,7 @@ class Sq:
     nonfinite: int = 0  # NaN/Inf in the actual where fp64 is finite
 
     def add(self, actual: np.ndarray, gold: np.ndarray, ref_sq: float | None = None) -> "Sq":
-        """Add one sample: float64 sums, block by block (parity.compare.sq_error, sum_sq)."""
+        """Add one sample: float64 sums, block by block (parity.core.compare.sq_error, sum_sq)."""
         err, bad = sq_error(actual, gold)
         self.err += err
         self.nonfinite += bad

@@ -32,13 +32,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from parity import compare, config, store
+from parity.core import compare, store
+from parity.config import params as config
 from parity.backends import CaptureJob, load_runner
 from parity.backends.base import _reason, latency_stats
 
 SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node
 MODULE_PREFIX = "model."  # the LayerRecorder wraps the model as `model`: scopes read model.layer1.0.conv1
-PLAN_DTYPES_HINT = "analysis.plan: true plans the selected reduced-precision dtypes (parity.config.plan_dtypes)"
+PLAN_DTYPES_HINT = "analysis.plan: true plans the selected reduced-precision dtypes (parity.config.params.plan_dtypes)"
 
 
 @dataclass
@@ -84,7 +85,7 @@ def output_error(outs: list[dict], refs: list[dict], t: Target) -> dict:
 def leaves(model_dir: Path) -> list[str]:
     """Leaf modules the model calls, in first-call order (export's layers.json: `fc1`, `relu#1`,
     `name:1` are calls and extra outputs of the leaves `fc1`, `relu`, `name`)."""
-    from parity.io import read_json
+    from parity.core.io import read_json
 
     out: list[str] = []
     for entry in read_json(model_dir / "layers.json")["layers"]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.io import atomic_path, write_text
+from parity.core.io import atomic_path, write_text
 
 REPRO = '''#!/usr/bin/env python3
 """Standalone repro written by parity's reduce stage for cell {cell}: numpy + onnxruntime only.

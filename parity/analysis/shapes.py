@@ -1,5 +1,5 @@
 """Per-shape results of a cell whose model lists several input shapes (`models.<m>.shapes`,
-parity.inputspec): every shape is a sample set of the same cell, diffed on its own (layers, verdict,
+parity.config.inputspec): every shape is a sample set of the same cell, diffed on its own (layers, verdict,
 drift origin), then combined into the cell's result.
 
 The cell passes when every shape passes. Otherwise its top-level metrics are those of the first shape
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import inputspec, status
+from parity.config import inputspec
+from parity.core import status
 from parity.analysis import diffcell
-from parity.io import read_json
+from parity.core.io import read_json
 
 # what metrics.json keeps per shape (the full per-layer tables are in layers.json `shapes`)
 SHAPE_KEYS = ("verdict", "status", "reason", "passed", "layers", "layers_failed", "drift_origin", "worst_layer",

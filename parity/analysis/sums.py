@@ -10,7 +10,7 @@ reference and both own.parquet files again (about 550 of the 670 MB it read for 
 those arrays only to explain a drift origin, or when a producer wrote no sums (older artifacts).
 
 The sums come from the same functions on the same arrays as the diff's own computation
-(parity.compare.sq_error, sum_sq), one entry per sample, added in sample order by `sq`: the verdicts
+(parity.core.compare.sq_error, sum_sq), one entry per sample, added in sample order by `sq`: the verdicts
 and metrics are the same bytes either way (tests/test_oracle_sums.py). JSON keeps every float
 exactly (repr round-trips). numpy only.
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import store
+from parity.core import store
 from parity.analysis.oracle import Sq
-from parity.compare import sq_error, sum_sq
-from parity.io import read_json, write_json
+from parity.core.compare import sq_error, sum_sq
+from parity.core.io import read_json, write_json
 
 FILE = "oracle_sums.json"
 VERSION = 1

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import dtypes, store
+from parity.core import dtypes, store
 
 U_FP32 = dtypes.FP32.u
 GRAPHS = ("layers.onnx", "model.onnx")
@@ -355,7 +355,7 @@ def write_bundle(out: Path, cell: str, res: TorchReduction, k: float) -> None:
     import onnx
 
     from parity.analysis.repro import write_npz
-    from parity.io import atomic_path, write_text
+    from parity.core.io import atomic_path, write_text
 
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "reduced.onnx") as tmp:
@@ -401,7 +401,7 @@ def main(argv=None) -> int:
         print(f"torch_reduce: {e}", file=sys.stderr)
         return 2
     if res.model is not None:
-        from parity.io import write_json
+        from parity.core.io import write_json
 
         write_bundle(Path(a.out), Path(a.model_dir).name, res, a.k)
         write_json(Path(a.out) / "torch_reduce.json", summary(Path(a.model_dir).name, res), sort_keys=False)
@@ -410,6 +410,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from parity.io import exit_now
+    from parity.core.io import exit_now
 
     exit_now(main())

@@ -11,9 +11,9 @@ from parity.backends.base import STATUSES, CaptureJob, CaptureResult, Runner, ru
 
 def load_runner(path: str, imports=None) -> type[Runner]:
     """The Runner class `path` ('package.module:Class') names. Only parity.backends.* is imported
-    unless `imports` (the provider's `import:`) declares the module as code to run; parity.config
+    unless `imports` (the provider's `import:`) declares the module as code to run; parity.config.params
     checked the same rule at compose, without importing."""
-    from parity import imports as code
+    from parity.config import imports as code
 
     if not path.startswith(code.RUNNER_NAMESPACE) and not any(
             path.partition(":")[0] == d or path.startswith(d + ".") for d in code.declared(imports, "import")):

@@ -30,10 +30,11 @@ from typing import Collection
 
 import numpy as np
 
-from parity import config, status, store
-from parity.store import PLAIN
+from parity.config import params as config
+from parity.core import status, store
+from parity.core.store import PLAIN
 
-STATUSES = status.RUNNER  # the one vocabulary: parity.status
+STATUSES = status.RUNNER  # the one vocabulary: parity.core.status
 
 
 class Unavailable(RuntimeError):
@@ -121,7 +122,7 @@ class Runner:
     onnx_based: bool = False
     # conf dtypes `mode:` values it runs (config checks providers x dtypes against it at compose)
     precision_modes: tuple[str, ...] = ("cast",)
-    # fingerprint components of its own, beside the built-in ones (parity.fingerprint.PROBES) a conf's
+    # fingerprint components of its own, beside the built-in ones (parity.backends.fingerprint.PROBES) a conf's
     # `uses:` can name: {component: (distribution, ...)}, fingerprinted as those packages' versions.
     # A literal dict in the class body: compose reads it without importing the module.
     fingerprint_components: dict[str, tuple[str, ...]] = {}

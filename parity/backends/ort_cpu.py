@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity import store
+from parity.core import store
 from parity.backends.base import Runner, SessionError, Unavailable, interleave
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",

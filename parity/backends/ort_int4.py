@@ -8,7 +8,7 @@ and PV) and every other op are untouched.
 
 Precision mode (conf/dtypes `mode:`): int4_weight.
 
-Options (conf/providers/ort_int4.yaml, checked at compose by parity.config.RUNNER_OPTIONS):
+Options (conf/providers/ort_int4.yaml, checked at compose by parity.config.params.RUNNER_OPTIONS):
   block_size      16 | 32 | 64 | 128 | 256 (default 32: the ORT model builder's int4 default)
   accuracy_level  0..4: the minimum compute precision MatMulNBits may use for the activations
                   (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8: activations quantized per block to int8

@@ -18,7 +18,7 @@ reduce_range (7-bit weights). On x86 CPUs without VNNI, ONNX Runtime's u8 x s8 G
 of products in int16 with saturation, so full-range int8 weights can saturate (measured on the
 runner-contract mlp under an AVX2-only CPU: fc1 rel_l2 0.28 instead of 0.008); 7-bit weights cannot,
 and then give the same integers as the VNNI kernels. `auto` (the default) resolves to true on an x86
-CPU without VNNI and false otherwise (parity.fingerprint.int8_kernels, which reads the same
+CPU without VNNI and false otherwise (parity.backends.fingerprint.int8_kernels, which reads the same
 /proc/cpuinfo or $PARITY_CPUINFO fixture as the `cpu` fingerprint this provider's cells depend on).
 The resolved value, where it came from and the CPU's int8 features go to the capture's status.json
 (`settings`, see `settings()`). u8 x s8 is int8_dynamic (its activations are u8) and int8_static with
@@ -32,7 +32,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from parity import fingerprint
+from parity.backends import fingerprint
 from parity.backends.ort_cpu import OrtRunner
 
 INT8_MODES = ("int8_dynamic", "int8_static")
@@ -60,7 +60,7 @@ def int8_settings(provider: str, mode: str, opts: dict, kernels: dict) -> dict:
 
 def calibration_feeds(path) -> list[dict]:
     """The calibration samples written by the inputs stage: [{input name: array}, ...]."""
-    from parity import store
+    from parity.core import store
 
     by_sample: dict[int, dict] = {}
     for t in store.read(path):

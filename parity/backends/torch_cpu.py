@@ -18,7 +18,7 @@ import contextlib
 
 import numpy as np
 
-from parity import store
+from parity.core import store
 from parity.backends.base import Runner, interleave
 
 TORCH_MODES = ("cast", "tf32", "autocast")
@@ -127,7 +127,7 @@ class TorchRunner(Runner):
         t = self.torch
         out = []
         for n in self.input_names:
-            # parity.store hands out read-only views; torch needs a writable buffer (a copy only then)
+            # parity.core.store hands out read-only views; torch needs a writable buffer (a copy only then)
             x = t.from_numpy(np.require(feeds[n], requirements=["C", "W"])).to(self.dev)
             out.append(x.to(self.dtype) if x.is_floating_point() else x)
         return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.backends.base import Runner, Unavailable
-from parity.io import write_bytes
+from parity.core.io import write_bytes
 
 PLAIN, LAYERS, BUILD = "plain.plan", "layers.plan", "build.json"
 

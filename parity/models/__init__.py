@@ -36,7 +36,7 @@ def build(arch: dict, seed: int):
 
 def construct(arch: dict):
     """The model of `arch`, as its source builds it (no seeding, no re-initialisation, no calibration):
-    under `torch.device("meta")` it allocates nothing (parity.memory sizes a model that way)."""
+    under `torch.device("meta")` it allocates nothing (parity.core.memory sizes a model that way)."""
     source, name, kwargs = arch["source"], arch["name"], dict(arch.get("kwargs") or {})
     if source == "parity":
         from parity.models import zoo

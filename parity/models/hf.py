@@ -29,7 +29,7 @@ from __future__ import annotations
 
 # config keys that are not PretrainedConfig fields: they go to from_config
 FROM_CONFIG_KEYS = ("attn_implementation",)
-# arch.head -> the transformers Auto class that builds it (parity.config.HF_HEADS lists the same keys:
+# arch.head -> the transformers Auto class that builds it (parity.config.params.HF_HEADS lists the same keys:
 # config validates at compose without importing this layer; tests/test_decoders.py keeps them equal)
 HEADS = {"base": "AutoModel", "causal_lm": "AutoModelForCausalLM"}
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 OUTPUT = "output"
-PRE = "pre:"  # = parity.store.PRE (store is numpy-only; this module imports torch)
+PRE = "pre:"  # = parity.core.store.PRE (store is numpy-only; this module imports torch)
 
 
 def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:

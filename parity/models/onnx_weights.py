@@ -158,7 +158,7 @@ def check(path, full_check: bool = True) -> None:
 def write_checked(m: onnx.ModelProto, path, full_check: bool = True) -> None:
     """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file
     beside it (`full_check`: with strict shape inference; a user's ONNX file is checked as given)."""
-    from parity.io import atomic_path
+    from parity.core.io import atomic_path
 
     with atomic_path(path) as tmp:
         save_graph(m, tmp)

@@ -14,7 +14,7 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
                      reference: Path | None = None) -> str:
     """The trusted backend at `dtype` (layers.parquet, own.parquet, status.json under `out`): the
     oracle's yardstick. UNSUPPORTED for precision modes torch CPU eager does not reproduce."""
-    from parity import store
+    from parity.core import store
     from parity.analysis.oracle import has_baseline
     from parity.analysis import sums
     from parity.backends.base import CaptureJob, run_capture, write_own
@@ -63,7 +63,7 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
 
 
 def _done(out: Path, key: str, provider: str, res_status: str, reason: str, own: dict, n: int, t0: float) -> str:
-    from parity.io import write_json
+    from parity.core.io import write_json
 
     write_json(out / "status.json", {"baseline": key, "provider": provider, "status": res_status,
                                      "reason": reason, "own": own})

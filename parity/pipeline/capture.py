@@ -6,19 +6,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 
 def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path, out: Path,
                  timing: Path, calibration: Path | None = None, engine_dir: Path | None = None,
                  reference: Path | None = None) -> list[str]:
     """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
-    from parity import fingerprint, inputspec, store
     from parity.analysis.oracle import has_baseline
-    from parity.backends import CaptureJob, load_runner
-    from parity.backends.base import CaptureResult, latency_stats, write_own
-    from parity.io import write_json
-    from parity.pipeline.inputs import load
-    from parity.pipeline.shapes import capture_by_shape
+    from parity.backends import CaptureJob, fingerprint
+    from parity.backends.base import latency_stats, write_own
+    from parity.core import store
+    from parity.core.io import write_json
     from parity.pipeline.sink import StoreSink
 
     cap = p.get("capture", {})
@@ -33,21 +31,7 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     # the values stream to Parquet sample by sample (and the oracle's sums with them)
     sink = StoreSink(out, {"cell": key, "status": "OK"}, {"cell": key, "kind": "own"},
                      reference is not None and Path(reference).exists() and has_baseline(p["dtypes"][dtype]))
-    unavailable = fingerprint.cluster_unavailable(provider)  # parity repro --cluster: no node offers it
-    try:
-        cls = load_runner(pc["runner"], pc.get("import"))
-    except ValueError as e:
-        res, settings, by_shape = CaptureResult("UNAVAILABLE", f"{e} <providers.{provider}.runner>"), {}, None
-    else:
-        m = p["models"][model]  # several input shapes: a failure says which (parity.pipeline.shapes)
-        if unavailable:
-            res, by_shape = CaptureResult("UNAVAILABLE", unavailable), None
-        else:
-            res, by_shape = capture_by_shape(
-                cls, job, load(inputs), inputspec.sample_sets(m, p.get("inputs", {}).get("samples", 1)),
-                cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
-                lambda label: inputspec.describe(m, label), sink)
-        settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
+    res, settings, by_shape = _run(p, job, provider, inputs, sink, timed)
     if res.samples:  # the shapes ran one by one after a failure: their values were kept in memory
         rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
         store.write(out / "layers.parquet", rows, {"cell": key, "status": res.status})
@@ -72,10 +56,40 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     write_json(out / "status.json", status)
     lat = latency_stats(res.latency_ms)
     write_json(timing, {"cell": key, "status": res.status, "latency": timed, "warmup": res.warmup, **lat})
+    return _lines(key, res, n_layers, lat, status, settings, time.perf_counter() - t0)
+
+
+def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):
+    """The provider's runner on every input shape: (CaptureResult, runner settings, status by shape)."""
+    from parity.backends import fingerprint, load_runner
+    from parity.backends.base import CaptureResult
+    from parity.config import inputspec
+    from parity.pipeline.inputs import load
+    from parity.pipeline.shapes import capture_by_shape
+
+    cap, pc = p.get("capture", {}), p["providers"][provider]
+    unavailable = fingerprint.cluster_unavailable(provider)  # parity repro --cluster: no node offers it
+    try:
+        cls = load_runner(pc["runner"], pc.get("import"))
+    except ValueError as e:
+        return CaptureResult("UNAVAILABLE", f"{e} <providers.{provider}.runner>"), {}, None
+    m = p["models"][job.model]  # several input shapes: a failure says which (parity.pipeline.shapes)
+    if unavailable:
+        res, by_shape = CaptureResult("UNAVAILABLE", unavailable), None
+    else:
+        res, by_shape = capture_by_shape(
+            cls, job, load(inputs), inputspec.sample_sets(m, p.get("inputs", {}).get("samples", 1)),
+            cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
+            lambda label: inputspec.describe(m, label), sink)
+    settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
+    return res, settings, by_shape
+
+
+def _lines(key: str, res, n_layers: int, lat: dict, status: dict, settings: dict, seconds: float) -> list[str]:
     extra = f", median {lat['median_ms']:.3f} ms" if lat else ""
     lines = [f"capture@{key}: {res.status}{' (' + res.reason + ')' if res.reason else ''}, "
              f"{n_layers} layers{extra}, own error {'measured' if status['own']['measured'] else 'not measured'}, "
-             f"{time.perf_counter() - t0:.1f}s"]
+             f"{seconds:.1f}s"]
     if settings.get("reduce_range_from"):
         lines.append(f"capture@{key}: reduce_range={str(settings['reduce_range']).lower()} "
                      f"({settings['reduce_range_from']})")
@@ -84,7 +98,7 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
 
 def _engine_info(engine_dir: Path) -> dict:
     """Which engine each number comes from, and what fusion removed in the engine under test."""
-    from parity.io import read_json
+    from parity.core.io import read_json
 
     b = read_json(engine_dir / "build.json")
     return {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from", "fused_away_in_plain",

@@ -131,8 +131,8 @@ def export(lm: nn.Module, out_dir, opset: int = 18) -> dict:
 
     import onnx
 
-    from parity.export import prune_outputs, strip_paths
-    from parity.io import atomic_path
+    from parity.pipeline.layer_export import prune_outputs, strip_paths
+    from parity.core.io import atomic_path
 
     out_dir = Path(out_dir)
     n = int(lm.config.num_hidden_layers)
@@ -178,7 +178,7 @@ def externalize(m, out_dir, name: str) -> int:
 
     from onnx import TensorProto
 
-    from parity.io import atomic_path
+    from parity.core.io import atomic_path
 
     written = 0
     with atomic_path(Path(out_dir) / name, allow_empty=True) as tmp, open(tmp, "wb") as f:

@@ -10,14 +10,14 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from parity import config
-from parity.io import read_json, write_json, write_text
-from parity.metrics import worst_ratio
+from parity.config import params as config
+from parity.core.io import read_json, write_json, write_text
+from parity.core.metrics import worst_ratio
 
 if TYPE_CHECKING:
     from parity.analysis import diffcell
 
-# layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/plot_layers.json): `ratio` is what the
+# layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/pipeline/plot_layers.json): `ratio` is what the
 # verdict judges over its limit (oracle: excess / k; tolerance: tol_ratio), so 1 is the limit in both;
 # `own_ratio` the same for the layer's own error. Every number is finite (a log axis and Vega's
 # scales need it): a non-finite or larger ratio is drawn at PLOT_CAP and `note` says so; a zero ratio
@@ -28,7 +28,7 @@ PLOT_CAP = 1.0e6
 
 
 def _output_metrics(d) -> dict:
-    from parity import compare
+    from parity.core import compare
 
     if not d:
         return {}
@@ -40,7 +40,7 @@ def _output_metrics(d) -> dict:
 
 def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict, k: float = 4.0) -> dict:
     """metrics.json of a cell; k: the oracle's limit on excess (dtypes.<d>.oracle.k)."""
-    from parity import store
+    from parity.core import store
 
     status, summary = cd.status, cd.summary
     outputs = [d for d in cd.layers if store.is_output(d.name)]
@@ -74,7 +74,7 @@ def metrics_of(key: str, cd: diffcell.CellDiff, layers_json: dict, k: float = 4.
 
 def cell_verdict(summary: dict) -> str:
     """FAIL when a layer fails; else BASELINE (the oracle's baseline judged against itself),
-    NOT_EXERCISED (no layer shows the rounding of the cell's precision), or PASS (parity.status)."""
+    NOT_EXERCISED (no layer shows the rounding of the cell's precision), or PASS (parity.core.status)."""
     if not summary["passed"]:
         return "FAIL"
     if summary.get("baseline"):
@@ -148,7 +148,7 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
 def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path, reference: Path,
                    baseline: Path | None, model_dir: Path | None, out: Path) -> str:
     """Diff the cell, write metrics.json, layers.json and layers.csv under `out`; the summary line."""
-    from parity import compare
+    from parity.core import compare
     from parity.analysis import diffcell, oracle, shapes
 
     key = config.cell_key(model, dtype, provider)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import config
+from parity.config import params as config
 
 
 def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration: Path, out: Path,
@@ -18,14 +18,14 @@ def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration:
     if why:
         return {"status": "UNSUPPORTED", "reason": why}
     cls = load_runner(pc["runner"], pc.get("import"))
-    from parity.fingerprint import cluster_unavailable
+    from parity.backends.fingerprint import cluster_unavailable
 
     why = cluster_unavailable(provider) or cls.engine_availability()  # parity repro --cluster: no node offers it
     if why:
         return {"status": "UNAVAILABLE", "reason": why}
     from parity.backends.base import _reason
     from parity.backends.ort_int8 import calibration_feeds
-    from parity.io import read_json
+    from parity.core.io import read_json
 
     names = [x["name"] for x in read_json(Path(model_dir) / "layers.json")["layers"]]
     calib = calibration_feeds(calibration) if cls.engine_precision(dc) == "int8" else None

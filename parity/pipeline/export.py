@@ -1,13 +1,13 @@
 """The export of one model: torch -> ONNX with every leaf-module call as a named output, checked,
 plus the plain graph (model outputs only), layers.json and the op inventory (ops.json). The steps
-themselves live in parity.export; this is their order and what is written."""
+themselves live in parity.pipeline.layer_export; this is their order and what is written."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from parity import inputspec
+from parity.config import inputspec
 
 
 class ExportError(Exception):
@@ -17,11 +17,11 @@ class ExportError(Exception):
 def export_model(p: dict, model: str, out: Path) -> str:
     """Write layers.onnx, model.onnx (both pointing at one weights.bin), layers.json and ops.json under
     `out`; the summary line."""
-    from parity.export import ExportFailed, export_checked, op_inventory, prune_outputs
+    from parity.pipeline.layer_export import ExportFailed, export_checked, op_inventory, prune_outputs
     from parity.models.onnx_weights import write_checked
-    from parity.io import write_json
+    from parity.core.io import write_json
     from parity.models import build
-    from parity.store import is_output
+    from parity.core.store import is_output
 
     m = p["models"][model]
     if m["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
@@ -65,7 +65,7 @@ def export_model(p: dict, model: str, out: Path) -> str:
 def _checked_example(p: dict, model: str, net):
     """The example the export traces (the largest shape with `models.<m>.shapes`), after checking
     that the model takes every shape's inputs (a shape it cannot take is a config error)."""
-    from parity.export import NO_OUTPUT, input_error
+    from parity.pipeline.layer_export import NO_OUTPUT, input_error
     from parity.models import example_inputs
     from parity.pipeline.inputs import samples
 
@@ -84,7 +84,7 @@ def _checked_example(p: dict, model: str, net):
 
 
 def _layers_json(model: str, net, names: list, outputs: list, full, exporter: str, opset: int) -> dict:
-    from parity.export import layer_regions
+    from parity.pipeline.layer_export import layer_regions
     from parity.models.layers import module_types
 
     types = module_types(net)

@@ -51,7 +51,7 @@ def build_lm(model_cfg: dict, seed: int):
 
 def export_model(p: dict, model: str, out: Path) -> dict:
     """decoder.onnx, decoder_layers.onnx and decoder.json under `out` (parity.pipeline.decoder.export)."""
-    from parity.io import write_json
+    from parity.core.io import write_json
     from parity.pipeline import decoder
 
     lm = build_lm(p["models"][model], int(p.get("seed", 0)))
@@ -286,7 +286,7 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
     threads = int((p.get("capture") or {}).get("threads", 0))
     if threads:
         torch.set_num_threads(threads)
-    from parity.io import read_json
+    from parity.core.io import read_json
 
     info = read_json(export_dir / "decoder.json")
     lm = build_lm(p["models"][model], seed)

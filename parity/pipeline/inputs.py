@@ -39,22 +39,22 @@ def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool =
 
 def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     """Per sample {input name: array}; with `models.<m>.shapes`, one set of samples per shape label,
-    and `init: file` inputs from their files (parity.inputfiles, parity.inputspec)."""
-    from parity import inputfiles
+    and `init: file` inputs from their files (parity.pipeline.inputfiles, parity.config.inputspec)."""
+    from parity.pipeline import inputfiles
 
     return inputfiles.model_samples(p["models"][model], p.get("seed", 0), p.get("inputs", {}).get("samples", 1),
                                     generate)
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
-    from parity import inputfiles
+    from parity.pipeline import inputfiles
 
     return inputfiles.model_calibration(p["models"][model], p.get("seed", 0),
                                         p.get("inputs", {}).get("calibration", 0), generate)
 
 
 def load(path) -> list[dict[str, np.ndarray]]:
-    from parity import store
+    from parity.core import store
 
     by_sample: dict[int, dict[str, np.ndarray]] = {}
     for t in store.read(path):
@@ -64,7 +64,7 @@ def load(path) -> list[dict[str, np.ndarray]]:
 
 def rows(p: dict, model: str, calibration: bool = False) -> list:
     """The samples (or the calibration samples) as Parquet store rows."""
-    from parity import store
+    from parity.core import store
 
     specs = p["models"][model]["input"]
     made = calibration_samples(p, model) if calibration else samples(p, model)

@@ -1,4 +1,4 @@
-"""A model sized without allocating it (parity.memory's W and SA for the stages that build the model):
+"""A model sized without allocating it (parity.core.memory's W and SA for the stages that build the model):
 built on torch's `meta` device (no weight bytes) and run once on meta inputs through the layer recorder
 (every leaf call's output shape). torch is imported inside the functions."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import memory
+from parity.core import memory
 
 
 def guard(stage: str, cell: str, p: dict, model: str, sa: int | None = None) -> dict | None:
@@ -27,7 +27,7 @@ def sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[
         return (path.stat().st_size if path.is_file() else None), None
     import torch
 
-    from parity import inputspec
+    from parity.config import inputspec
     from parity.models import construct
 
     try:

@@ -34,7 +34,7 @@ def ort_capture(p: dict, model: str, feeds: list, dtype: str):
 
 def reference_rows(p: dict, model: str, feeds: list) -> list:
     """fp32 reference rows (model output, then every node output), per sample."""
-    from parity import store
+    from parity.core import store
 
     res = ort_capture(p, model, feeds, "fp32")
     if res.status != "OK":
@@ -48,7 +48,7 @@ def golden_rows(p: dict, model: str, feeds: list) -> tuple[list, str]:
     """(fp64 rows, "") from the ONNX reference evaluator on the graph cast to float64, or ([], why not)."""
     from onnx.reference import ReferenceEvaluator
 
-    from parity import store
+    from parity.core import store
 
     from parity.models.onnx_weights import with_data
 
@@ -73,7 +73,7 @@ def reference(p: dict, model: str, feeds: list, out: Path) -> int:
     reference.fp64, fp64.parquet from the evaluator when the graph allows it. Returns the exit code."""
     import sys
 
-    from parity import store
+    from parity.core import store
 
     try:
         rows = reference_rows(p, model, feeds)

@@ -106,7 +106,7 @@ def write_graphs(m, src_dir: Path, out: Path):
     """layers.onnx and model.onnx of graph `m` (weightless, loaded by load_checked from a file in
     `src_dir`) under `out`, both pointing at one `out`/weights.bin (its weights copied there, in graph
     order; parity.models.onnx_weights.pack), each checked by path. Returns instrument(m)."""
-    from parity.io import atomic_path
+    from parity.core.io import atomic_path
     from parity.models import onnx_weights
 
     out.mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,7 @@ def _produced(nodes) -> set:
 
 
 def output_names(n: int) -> list[str]:
-    """What the stages call the model's outputs (parity.store.is_output)."""
+    """What the stages call the model's outputs (parity.core.store.is_output)."""
     return ["output"] if n == 1 else [f"output:{i}" for i in range(n)]
 
 
@@ -237,7 +237,7 @@ def instrument(m):
     import onnx
     from onnx import helper
 
-    from parity.store import is_output
+    from parity.core.store import is_output
 
     m = topo_sorted(m)
     try:

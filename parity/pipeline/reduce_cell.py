@@ -16,7 +16,7 @@ NOOPT = {"runner": "parity.backends.ort_cpu:OrtCpuRunner", "dtypes": ["fp32"],
 
 def first_sample(path: Path) -> dict:
     """The inputs stage's sample 0, {input name: array}."""
-    from parity import store
+    from parity.core import store
 
     return {t.name: t.array for t in store.read(path) if t.sample == 0}
 
@@ -54,11 +54,11 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
 def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path,
                 diff_dir: Path, out: Path, reference: Path | None = None, baseline: Path | None = None) -> dict:
     """reduce.json's content, after writing it (and the bundle when REDUCED) under `out`."""
-    from parity import config
+    from parity.config import params as config
     from parity.analysis import reduce, repro
     from parity.backends import load_runner
     from parity.backends.base import CaptureJob
-    from parity.io import read_json, write_json
+    from parity.core.io import read_json, write_json
 
     key = config.cell_key(model, dtype, provider)
     shutil.rmtree(out, ignore_errors=True)  # a re-run never keeps an earlier bundle

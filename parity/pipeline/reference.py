@@ -35,7 +35,7 @@ def stream(p: dict, model_name: str, net, feeds: list, dtype: str, writer, input
     `writer` (store.Writer) as soon as that sample has run. Returns {output name: max |value|}."""
     import torch
 
-    from parity import store
+    from parity.core import store
     from parity.models.layers import LayerRecorder
 
     m = p["models"][model_name]
@@ -181,7 +181,7 @@ def tiny_outputs(peak: dict) -> dict:
 def write(p: dict, model_name: str, feeds: list, out, fp64: bool) -> str:
     """fp32.parquet (and fp64.parquet) under `out`, streamed; the summary line. TinyOutput when the
     model's output is too small to prove anything (nothing is published)."""
-    from parity import store
+    from parity.core import store
 
     net = build(p, model_name)
     with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}) as w:

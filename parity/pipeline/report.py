@@ -1,15 +1,16 @@
 """The report's assembly: every configured cell's diff, latency, plan and model export, the machine's
-fingerprints and the suites' coverage, read from the artifacts, into what parity.report renders and
-the DVC metric (summary.json, parity.metrics)."""
+fingerprints and the suites' coverage, read from the artifacts, into what parity.pipeline.report_render renders and
+the DVC metric (summary.json, parity.core.metrics)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from parity import config, metrics
-from parity import report as render
+from parity.config import params as config
+from parity.core import metrics
+from parity.pipeline import report_render as render
 from parity.analysis import fuzz_report, generate_report
-from parity.io import read_json, write_json, write_text
+from parity.core.io import read_json, write_json, write_text
 
 BASELINE = ("fp32", "torch_cpu")  # latency ratios are against torch_cpu fp32 of the same model
 
@@ -84,7 +85,7 @@ def _latency(cells: list[dict]) -> dict:
 
 def stage_peaks(p: dict, art: Path, cells: list[dict]) -> list[dict]:
     """Every heavy stage run of the configured cells with its timing file (peak RSS, estimate:
-    parity.memory), in pipeline order; `timing` None when the file is missing (an older run)."""
+    parity.core.memory), in pipeline order; `timing` None when the file is missing (an older run)."""
     def entry(stage: str, path: Path) -> dict:
         return {"stage": stage, "timing": read_json(path) if path.exists() else None}
 
@@ -108,7 +109,7 @@ def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     for suite in p.get("suites") or {}:
         f = art / "suites" / "coverage" / f"{suite}.json"
         coverage[suite] = read_json(f) if f.exists() else None
-    # the DVC metric: totals + one compact entry per cell and suite cell (layout: parity.metrics)
+    # the DVC metric: totals + one compact entry per cell and suite cell (layout: parity.core.metrics)
     summary = metrics.summary({c["key"]: metrics.cell_entry(c["metrics"], c["plan"]) for c in cells},
                               metrics.suite_entries(coverage))
     title = "parity report"

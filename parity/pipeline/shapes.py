@@ -1,4 +1,4 @@
-"""Capture of a model with several input shapes (`models.<m>.shapes`, parity.inputspec): one run
+"""Capture of a model with several input shapes (`models.<m>.shapes`, parity.config.inputspec): one run
 over every sample set, as for one shape; when it fails, each shape's samples are run alone, so the
 failure is attributed to the shape(s) it happens at and the other shapes still give their values.
 
@@ -16,7 +16,7 @@ SPLIT = ("INFER_FAIL", "COMPILE_FAIL")  # failures that can depend on the input 
 def capture_by_shape(cls: type[Runner], job: CaptureJob, feeds: list, sets: list, warmup: int, repeats: int,
                      describe, sink=None) -> tuple[CaptureResult, dict | None]:
     """(result, {label: {status, reason}} or None for a model without shapes). `sets`: (label, range)
-    per sample set (parity.inputspec.sample_sets); `describe(label)` names a shape in a reason. The
+    per sample set (parity.config.inputspec.sample_sets); `describe(label)` names a shape in a reason. The
     values go to `sink` (run_capture) unless the cell falls back to one run per shape: then the sink
     is aborted and the values are in result.samples, where a sample of a shape that failed is an
     empty list (sample numbers stay global)."""

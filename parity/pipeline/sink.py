@@ -1,5 +1,5 @@
 """Where the capture and baseline stages put a cell's values as the runner makes them: layers.parquet
-and own.parquet written sample by sample (parity.store.Writer: row groups of a bounded size) and the
+and own.parquet written sample by sample (parity.core.store.Writer: row groups of a bounded size) and the
 oracle's sums (oracle_sums.json) added up as they go, so a stage holds one sample of values and of
 the fp64 reference at a time, not every sample of both (issue 23: a 1B decoder's capture).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity import store
+from parity.core import store
 from parity.analysis import sums
 from parity.backends.base import CaptureResult, CaptureSink
 

@@ -4,7 +4,8 @@ Light: this process never imports torch (the workers do)."""
 
 from __future__ import annotations
 
-from parity import config, store
+from parity.config import params as config
+from parity.core import store
 from parity.suites import features, pool, spec
 
 

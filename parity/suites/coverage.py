@@ -21,10 +21,10 @@ import math
 import statistics
 from pathlib import Path
 
-from parity import status
+from parity.core import status
 
 # worst first: what an op's cell shows when its cases disagree
-SEVERITY = status.SEVERITY  # the one vocabulary: parity.status
+SEVERITY = status.SEVERITY  # the one vocabulary: parity.core.status
 RAN = status.CASE_RAN
 CASE_NUMBERS = ("max_abs", "rel_l2", "tol_ratio", "grad_max_abs", "grad_tol_ratio", "tol_source", "grad_tol_source",
                 "verdict", "excess", "grad_excess", "floor_from", "oracle_note", "note", "drawn", "exercised")

@@ -32,11 +32,11 @@ from collections import Counter
 
 import numpy as np
 
-from parity import compare, status, tolerance
+from parity.core import compare, status, tolerance
 from parity.analysis import oracle
 from parity.suites import spec
 
-STATUS_ORDER = status.CASE_ORDER  # the one vocabulary: parity.status
+STATUS_ORDER = status.CASE_ORDER  # the one vocabulary: parity.core.status
 
 
 def _nan_mask(a: np.ndarray) -> np.ndarray:

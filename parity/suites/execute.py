@@ -293,6 +293,7 @@ def _zero_output(case: dict, ref) -> str | None:
 
 
 def _run_sample(case: dict, cell: dict, sample: int) -> dict:
+    # long: one case's steps in order (build, reference, run, oracle), each failure mapped to its status
     seed = int(cell.get("seed", 0))
     try:
         if case["kind"] == "onnx":  # a whole ONNX model with its expected outputs (parity.suites.onnxcase)

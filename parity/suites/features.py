@@ -79,7 +79,7 @@ def file_module(path: str) -> str | None:
 def check_file_target(target: str, root: Path) -> Path:
     """The file of `file:path.py::Symbol` under root (the repository); raises ValueError if it is
     absolute, leaves the root, does not exist or does not bind Symbol (read, never imported)."""
-    from parity import imports
+    from parity.config import imports
 
     path, attr = split_file_target(target)
     p = Path(path)
@@ -264,11 +264,12 @@ def case_targets(case: dict) -> list[str]:
 def suite_code(cases: list[dict], root: Path, roots=None) -> dict:
     """What a suite's run stages depend on besides the suite spec: sha256 of every module the suite
     names (declared `import:` modules, file: modules, targets under them) and what those import from
-    the same source tree (parity.codedeps). Torch targets and parity's own test ops are not listed
+    the same source tree (parity.core.codedeps). Torch targets and parity's own test ops are not listed
     (their versions/files are fingerprinted or stage deps already)."""
     import hashlib
 
-    from parity import codedeps, imports
+    from parity.core import codedeps
+    from parity.config import imports
 
     roots = [root, *(codedeps.search_roots(root) if roots is None else roots)]
     mods, files = set(), {}

@@ -258,7 +258,7 @@ def exercised(fmt: str, got: list, plain32: list, rounded32: list) -> dict | Non
     outputs rounded to fmt. `exercised`: True (computed at fmt), False (fp32 kernels), None (cannot
     tell: only the storage rounding shows, as an fp32 kernel between casts or an exactly rounded op
     gives). None without float outputs."""
-    from parity import dtypes
+    from parity.core import dtypes
     from parity.analysis.exercised import SHOWS
 
     f = dtypes.reduced(fmt)

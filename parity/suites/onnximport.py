@@ -144,7 +144,7 @@ def run(src: Path | None, name: str, only: list[str], force: bool, root: Path = 
         raise
     shutil.rmtree(root / data, ignore_errors=True)
     tmp.rename(root / data)
-    from parity.io import atomic_path
+    from parity.core.io import atomic_path
 
     with atomic_path(target) as t:
         Path(t).write_text(f"# parity suite import-onnx: {len(names)} ONNX node tests (parity/suites/onnximport.py)\n"

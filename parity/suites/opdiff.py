@@ -366,7 +366,7 @@ def main(argv=None, prog: str = "parity suite import-opdiff") -> int:
     except Unconvertible as e:
         print(f"{prog}: error: {_one_line(src, e)}", file=sys.stderr)
         return 2
-    from parity.io import write_text
+    from parity.core.io import write_text
 
     head = (f"# converted from the opdiff suite {src.name} by `parity suite import-opdiff`\n"
             f"# file: paths are relative to the repository root\n")

@@ -118,6 +118,7 @@ class Pool:
         return _Worker(self.env, self.stderr)
 
     def run(self, cases: list[dict], cell: dict, timeout_s: float | list[float], progress=None) -> list[dict]:
+        # long: one select() loop whose closures share the worker, deadline and result state
         n = len(cases)
         limits = timeout_s if isinstance(timeout_s, list) else [float(timeout_s)] * n
         results: list[dict | None] = [None] * n

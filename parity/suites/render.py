@@ -24,7 +24,7 @@ SHORT = {"OK": "OK", "MISMATCH": "MISM", "NAN_IN_OUTPUT": "NaN out", "NAN_IN_REF
 
 
 def _fmt(x, spec=".2g") -> str:
-    """A number as `spec`; parity.io.write_json stores non-finite numbers as "inf"/"-inf"/"nan" strings."""
+    """A number as `spec`; parity.core.io.write_json stores non-finite numbers as "inf"/"-inf"/"nan" strings."""
     return "" if x is None else x if isinstance(x, str) else format(x, spec)
 
 

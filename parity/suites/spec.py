@@ -43,7 +43,7 @@ More keys (parity.suites.features): preset dtypes complex/float64/int32/...; ran
 Targets resolve only in torch namespaces (aten::, torch.*, torch.nn.functional.*, torch.special.*,
 torch.linalg.*, torch.fft.*; torch.nn.<Module> for module cases) and parity.suites.testops, unless
 the case or the suite's spec declares `import: <module>` (or a list): the module, and the packages
-under it, that the suite may import and run. Checking never imports it (parity.imports).
+under it, that the suite may import and run. Checking never imports it (parity.config.imports).
 
 Expansion gives plain JSON-able dicts (one per case). Errors are SuiteError naming the file, the
 case id and the key.
@@ -344,12 +344,7 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
     combos = _combos(raw, err)
     body = {k: v for k, v in raw.items() if k not in ("vars", "only", "skip")}
     if "vars" in raw:
-        used = set(_VAR.findall(yaml.safe_dump(body)))
-        for v in raw["vars"]:
-            if v not in used:
-                err(f"template variable '{v}' is never used", "vars")
-        if not set(raw["vars"]) <= set(_VAR.findall(rid)):
-            err("a template id must name every variable (e.g. 'softmax_d{dim}') so case ids are unique", "id")
+        _check_vars(raw["vars"], body, rid, err)
     out = []
     for env in combos:
         cid = _subst(rid, env, lambda m: err(m, "id"))
@@ -364,7 +359,6 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         c = {}
         for k, v in body.items():
             c[k] = _subst(v, env, lambda m, k=k: cerr(m, k))
-        dims, presets = ctx["dims"], ctx["presets"]
         implied = _strip_import_prefix(c, cerr)
         imports = _declared_imports(c, ctx, cerr)
         imports += [m for m in implied if m not in imports]
@@ -375,53 +369,7 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         case.update(features.options(c, ctx["spec"], cerr))
         if case["loss"] not in LOSSES:
             cerr(f"unknown loss '{case['loss']}'. Valid: {', '.join(LOSSES)}", "loss")
-        if kind == "onnx":
-            case.update(_onnx_case(c["onnx"], file, cerr))
-        elif kind == "opinfo":
-            oi = c["opinfo"]
-            if not isinstance(oi, dict) or "name" not in oi:
-                cerr("opinfo: expected {name, variant, sample}", "opinfo")
-            case["opinfo"] = {"name": oi["name"], "variant": oi.get("variant", ""), "sample": int(oi.get("sample", 0))}
-            case["label"] = "opinfo:" + oi["name"] + (f".{oi['variant']}" if oi.get("variant") else "")
-            case["grad"] = bool(c.get("grad", False))
-        else:
-            ins = _inputs(c, dims, presets, cerr)
-            args = c.get("args", [])
-            kwargs = c.get("kwargs", {})
-            if not isinstance(args, list):
-                cerr("args: expected a list", "args")
-            if not isinstance(kwargs, dict):
-                cerr("kwargs: expected a mapping", "kwargs")
-            args = _value(args, dims, presets, cerr, "args")
-            kwargs = _value(kwargs, dims, presets, cerr, "kwargs")
-            if kind == "module":
-                if not _is_path(c["module"]) or c["module"].startswith("aten::"):
-                    cerr(f"unknown module {c['module']!r}: expected a class import path", "module")
-                case.update(target=c["module"], ctor_args=args, ctor_kwargs=kwargs, call_args=ins, call_kwargs={})
-                case["label"] = c["module"]
-            elif kind in ("op", "gradcheck"):
-                if not _is_path(c[kind]):
-                    cerr(f"unknown {kind} {c[kind]!r}: expected aten::name[.overload] or a dotted import path", kind)
-                case.update(target=c[kind], call_args=ins + args, call_kwargs=kwargs)
-                case["label"] = c[kind]
-            else:  # pair
-                pr = c["pair"]
-                if not isinstance(pr, dict) or set(pr) != {"a", "b"}:
-                    cerr("pair: expected {a: {...}, b: {...}}", "pair")
-                sides = {}
-                for s in ("a", "b"):
-                    side = pr[s]
-                    if not isinstance(side, dict):
-                        cerr(f"pair.{s}: expected a mapping", f"pair.{s}")
-                    for k in side:
-                        if k not in PAIR_SIDE_KEYS:
-                            cerr(f"unknown key. Valid: {', '.join(sorted(PAIR_SIDE_KEYS))}", f"pair.{s}.{k}")
-                    d = _callable(side, cerr, f"pair.{s}")
-                    d["args"] = _value(side.get("args", []), dims, presets, cerr, f"pair.{s}.args")
-                    d["kwargs"] = _value(side.get("kwargs", {}), dims, presets, cerr, f"pair.{s}.kwargs")
-                    sides[s] = d
-                case.update(pair=sides, call_args=ins, call_kwargs={})
-                case["label"] = f"{sides['a']['target']} vs {sides['b']['target']}"
+        case.update(_kind_fields(kind, c, file, ctx, cerr))
         if "reference" in c:
             if kind != "op" or not _is_path(c["reference"]):
                 cerr("reference: an op case's reference implementation, import:pkg.mod:fn (numpy or torch, "
@@ -433,6 +381,75 @@ def _expand_case(raw: dict, ctx: dict, file: str, seen: dict) -> list[dict]:
         seen[cid] = file
         out.append(case)
     return out
+
+
+def _check_vars(names, body: dict, rid: str, err) -> None:
+    """A template's variables: each used in the case, each named in its id (ids stay unique)."""
+    used = set(_VAR.findall(yaml.safe_dump(body)))
+    for v in names:
+        if v not in used:
+            err(f"template variable '{v}' is never used", "vars")
+    if not set(names) <= set(_VAR.findall(rid)):
+        err("a template id must name every variable (e.g. 'softmax_d{dim}') so case ids are unique", "id")
+
+
+def _kind_fields(kind: str, c: dict, file: str, ctx: dict, cerr) -> dict:
+    """The fields of a case that depend on its kind (onnx, opinfo, module, op/gradcheck, pair)."""
+    dims, presets = ctx["dims"], ctx["presets"]
+    f: dict = {}
+    if kind == "onnx":
+        f.update(_onnx_case(c["onnx"], file, cerr))
+    elif kind == "opinfo":
+        oi = c["opinfo"]
+        if not isinstance(oi, dict) or "name" not in oi:
+            cerr("opinfo: expected {name, variant, sample}", "opinfo")
+        f["opinfo"] = {"name": oi["name"], "variant": oi.get("variant", ""), "sample": int(oi.get("sample", 0))}
+        f["label"] = "opinfo:" + oi["name"] + (f".{oi['variant']}" if oi.get("variant") else "")
+        f["grad"] = bool(c.get("grad", False))
+    else:
+        ins = _inputs(c, dims, presets, cerr)
+        args = c.get("args", [])
+        kwargs = c.get("kwargs", {})
+        if not isinstance(args, list):
+            cerr("args: expected a list", "args")
+        if not isinstance(kwargs, dict):
+            cerr("kwargs: expected a mapping", "kwargs")
+        args = _value(args, dims, presets, cerr, "args")
+        kwargs = _value(kwargs, dims, presets, cerr, "kwargs")
+        if kind == "module":
+            if not _is_path(c["module"]) or c["module"].startswith("aten::"):
+                cerr(f"unknown module {c['module']!r}: expected a class import path", "module")
+            f.update(target=c["module"], ctor_args=args, ctor_kwargs=kwargs, call_args=ins, call_kwargs={})
+            f["label"] = c["module"]
+        elif kind in ("op", "gradcheck"):
+            if not _is_path(c[kind]):
+                cerr(f"unknown {kind} {c[kind]!r}: expected aten::name[.overload] or a dotted import path", kind)
+            f.update(target=c[kind], call_args=ins + args, call_kwargs=kwargs)
+            f["label"] = c[kind]
+        else:  # pair
+            sides = _pair_sides(c["pair"], dims, presets, cerr)
+            f.update(pair=sides, call_args=ins, call_kwargs={})
+            f["label"] = f"{sides['a']['target']} vs {sides['b']['target']}"
+    return f
+
+
+def _pair_sides(pr, dims, presets, cerr) -> dict:
+    """`pair: {a: {...}, b: {...}}`: each side's callable and its args/kwargs."""
+    if not isinstance(pr, dict) or set(pr) != {"a", "b"}:
+        cerr("pair: expected {a: {...}, b: {...}}", "pair")
+    sides = {}
+    for s in ("a", "b"):
+        side = pr[s]
+        if not isinstance(side, dict):
+            cerr(f"pair.{s}: expected a mapping", f"pair.{s}")
+        for k in side:
+            if k not in PAIR_SIDE_KEYS:
+                cerr(f"unknown key. Valid: {', '.join(sorted(PAIR_SIDE_KEYS))}", f"pair.{s}.{k}")
+        d = _callable(side, cerr, f"pair.{s}")
+        d["args"] = _value(side.get("args", []), dims, presets, cerr, f"pair.{s}.args")
+        d["kwargs"] = _value(side.get("kwargs", {}), dims, presets, cerr, f"pair.{s}.kwargs")
+        sides[s] = d
+    return sides
 
 
 def _onnx_case(o, file: str, cerr) -> dict:
@@ -507,7 +524,7 @@ def expand_section(name: str, section: dict, file: str, root: Path | None = None
 # ------------------------------------------------------------------------------------ code in config
 def _spec_imports(spec: dict, file: str) -> list[str]:
     """The suite-wide `spec.import` declaration (modules its cases may import and run)."""
-    from parity import imports
+    from parity.config import imports
 
     try:
         return imports.declared(spec.get("import"), "spec.import")
@@ -533,7 +550,7 @@ def _strip_import_prefix(c: dict, cerr) -> list[str]:
 
 def _declared_imports(c: dict, ctx: dict, cerr) -> list[str]:
     """A case's `import:` plus its suite's."""
-    from parity import imports
+    from parity.config import imports
 
     try:
         own = imports.declared(c.get("import"), "import")
@@ -546,7 +563,7 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
     """Every target of an expanded case is in the torch namespaces or under a declared import (whose
     file is located and read for the name, never imported); the declaration travels with the case
     (`imports`) so the worker checks it again before importing."""
-    from parity import imports
+    from parity.config import imports
 
     if case["kind"] == "pair":
         targets = [(f"pair.{s}.{d['kind']}", d["kind"], d["target"]) for s, d in case["pair"].items()]
@@ -598,7 +615,7 @@ def check_tolerances(rules, file: str) -> None:
 def check_selected(p: dict) -> None:
     """Every suite selected in params `p` expands (structure only); raise SuiteError 'suites.<name>:
     ...' on the first that does not. Called where suites are handled (the Hydra plugin at compose,
-    `parity check`), not by parity.config, so no model stage depends on the suite format."""
+    `parity check`), not by parity.config.params, so no model stage depends on the suite format."""
     import copy
 
     suites = p.get("suites") or {}
@@ -618,9 +635,9 @@ def check_selected(p: dict) -> None:
 
 
 def load_or_die(path) -> dict:
-    """params.yaml for a suite stage: parity.config.load_or_die, then the selected suites checked
+    """params.yaml for a suite stage: parity.config.params.load_or_die, then the selected suites checked
     (check_selected), a bad one said in one line (exit 2) before the stage writes anything."""
-    from parity import config
+    from parity.config import params as config
 
     p = config.load_or_die(path)
     try:
@@ -642,7 +659,7 @@ def expand(name: str, section: dict | None = None, root: Path | None = None, def
 def tolerance_for(p: dict, suite: str, dtype: str, case_id: str, kind: str) -> tuple[float, float, str]:
     """(atol, rtol, source key): dtypes.<d>.tol, grads x suites_run.grad_tol_scale, then the suite's
     rules in order (last match wins)."""
-    from parity import tolerance
+    from parity.core import tolerance
 
     scale = float((p.get("suites_run") or {}).get("grad_tol_scale", 1.0)) if kind == "grad" else None
     return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["suites"][suite].get("tolerances"),

@@ -129,12 +129,12 @@ def load_file_target(target: str):
 def resolve(path: str, imports=(), kind: str = "op"):
     """aten::name[.overload] -> torch.ops.aten op; 'pkg.mod:attr' or 'pkg.mod.attr' -> the object.
     A module outside the torch namespaces is imported only if `imports` (the case's `import:`)
-    declares it (parity.imports; the suite was checked at compose, this is checked again here)."""
+    declares it (parity.config.imports; the suite was checked at compose, this is checked again here)."""
     if path.startswith("aten::"):
         name, _, ov = path[6:].partition(".")
         pkt = getattr(torch.ops.aten, name)
         return getattr(pkt, ov) if ov else pkt
-    from parity import imports as code
+    from parity.config import imports as code
 
     mod, attr = code.check_suite_target(path, kind, list(imports or ()), files=False)
     obj = importlib.import_module(mod)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from parity import codedeps, inputspec, tolerance
+from parity.core import codedeps, tolerance
+from parity.config import inputspec
 
 PARAMS_FILE = "params.yaml"
 
@@ -63,7 +64,7 @@ SECTION_KEYS = {
     "generate": {"models", "dtypes", "providers", "steps", "prompt_len"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
-MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/inputspec.py
+MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/config/inputspec.py
 MAX_INPUT_GIB = 4  # a model's input arrays (inputs.samples x shapes): more is refused at compose
 ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
 # `arch.head` of an hf model: base (AutoModel, the default) or causal_lm (AutoModelForCausalLM: lm_head,
@@ -72,7 +73,7 @@ HF_HEADS = ("base", "causal_lm")
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32", "bool")  # bool: Where conditions, masks
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set(),
-               "tokens": {"low", "high"}, "file": {"path", "key", "high"}}  # parity/inputspec.py
+               "tokens": {"low", "high"}, "file": {"path", "key", "high"}}  # parity/config/inputspec.py
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
 # Precision modes (conf/dtypes/<d>.yaml `mode:`) and the `torch:` dtypes each allows. `torch:` is the
 # cast dtype (cast), the autocast dtype (autocast), or the graph I/O dtype (the others).
@@ -88,7 +89,7 @@ DTYPE_MODES = {
 TOL_RULE_KEYS = {"dtype", "layer", "atol", "rtol"}
 PROVIDER_KEYS = {"runner", "dtypes", "uses", "options", "engine", "import"}
 # Backend components the env stage fingerprints; a provider's `uses:` picks from these.
-# the built-in fingerprint components (parity.fingerprint.PROBES); a runner declares more
+# the built-in fingerprint components (parity.backends.fingerprint.PROBES); a runner declares more
 # (Runner.fingerprint_components)
 COMPONENTS = ("numpy", "torch", "onnx", "onnxruntime", "cuda", "tensorrt", "cpu")
 
@@ -258,7 +259,7 @@ def _sections(p: dict) -> None:
     _num("capture.warmup", cap.get("warmup", 0), lo=0, integer=True)
     _num("capture.repeats", cap.get("repeats", 1), lo=1, integer=True)
     _num("capture.threads", cap.get("threads", 0), lo=0, integer=True)
-    if "max_mismatch" in (p.get("diff") or {}):  # 0 unless given (parity.tolerance.max_mismatch)
+    if "max_mismatch" in (p.get("diff") or {}):  # 0 unless given (parity.core.tolerance.max_mismatch)
         _num("diff.max_mismatch", p["diff"]["max_mismatch"], lo=0, hi=1)
     verdict = tolerance.verdict(p)
     if verdict not in tolerance.VERDICT_MODES:
@@ -409,11 +410,11 @@ def check_runner(where: str, prov: dict) -> None:
     """A provider's `runner:` is code: it must be a parity backend (parity.backends.*, the runners of
     conf/providers/*.yaml) unless the provider declares `import: <module>` (code of your own, to be
     reviewed as such). The module is located and read for the class, never imported here."""
-    from parity import imports
+    from parity.config import imports
 
     def valid() -> list[str]:  # the registry: runner values of conf/providers/*.yaml
         d = Path("conf/providers")
-        d = d if d.is_dir() else Path(__file__).resolve().parents[1] / "conf" / "providers"
+        d = d if d.is_dir() else Path(__file__).resolve().parents[2] / "conf" / "providers"
         found = set()
         for f in d.glob("*.yaml"):
             try:
@@ -436,7 +437,7 @@ def check_runner(where: str, prov: dict) -> None:
 def runner_components(prov: dict) -> dict:
     """Fingerprint components the provider's runner class declares (Runner.fingerprint_components,
     read from its source, never imported): {name: distributions}."""
-    from parity import imports
+    from parity.config import imports
 
     mod, _, cls = str(prov.get("runner", "")).partition(":")
     got = imports.class_literal(mod, cls, "fingerprint_components") if cls else None
@@ -448,7 +449,7 @@ def parity_zoo() -> tuple[str, ...]:
     not imported at compose), so a zoo model is a builder there plus its conf file."""
     import ast
 
-    tree = ast.parse((Path(__file__).parent / "models" / "zoo.py").read_text())
+    tree = ast.parse((Path(__file__).parents[1] / "models" / "zoo.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILDERS" for t in node.targets):
             return tuple(k.value for k in node.value.keys if isinstance(k, ast.Constant))
@@ -469,10 +470,10 @@ def check_import_model(where: str, name, declared=None) -> None:
     whose module is a source file under the repo root, or under a package the model declares with
     `arch.import: <package>` (an installed one); never the standard library, builtins or parity's own
     modules. Located without importing anything (validation never runs user code); its files are what
-    the env stage hashes into the model's code dependency (parity.codedeps)."""
+    the env stage hashes into the model's code dependency (parity.core.codedeps)."""
     import sys
 
-    from parity import imports
+    from parity.config import imports
 
     base = where.rpartition(".")[0]
     try:

@@ -2,7 +2,7 @@
 fetched) with, per cell, both revisions' per-layer curves on one chart (REV_A dashed, REV_B solid, REV_B's
 failing layers and drift origin marked), under a table of the verdict and drift-origin changes.
 
-The verdicts come from parity.history (DVC's metrics of both revisions: the same checks, the same
+The verdicts come from parity.commands.history (DVC's metrics of both revisions: the same checks, the same
 errors when a revision's metrics are not in the local cache); the per-layer values from each cell's
 diff output layers.json beside its metrics.json, read at the revision through DVC's file system (from
 the local cache) and from the workspace when REV_B is not given. A cell whose layers cannot be read at
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import yaml
 
-from parity import history, paths, report
-from parity import report_svg as svg
+from parity.commands import history
+from parity.core import paths
+from parity.pipeline import report_render as report
+from parity.pipeline import report_svg as svg
 from parity.analysis import oracle
-from parity.io import write_text
+from parity.core.io import write_text
 
 COLOURS = ("#8c959f", "#0969da")  # REV_A, REV_B
 
@@ -92,7 +94,7 @@ def cell_chart(cell: str, sides: list[tuple[str, object, dict]], metrics_b: dict
 
 
 def page(rev_a: str, rev_b: str | None, cwd: str = ".") -> str:
-    """The compare page's HTML. Raises what parity.history.load_metrics raises (exit 2 in the CLI)."""
+    """The compare page's HTML. Raises what parity.commands.history.load_metrics raises (exit 2 in the CLI)."""
     root = Path(cwd).resolve()
     old, new = history.load_metrics(rev_a, rev_b, str(root))
     params = history.tolerance_changes(rev_a, rev_b, str(root))

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from parity import metrics, status
+from parity.core import metrics, status
 
 CELL_METRICS = metrics.CELL_METRICS_PATH
 RAN = metrics.RAN
@@ -108,7 +108,7 @@ def _locked_outputs(rev: str, root: str) -> set[str]:
 
 def _cells_of(rev: str, res: dict) -> tuple[dict, list[str] | None]:
     """From one revision of `dvc metrics show`: ({cell: its file result} already there (revisions from
-    before parity.metrics' layout, when every cell's metrics.json was a DVC metric), the cells its
+    before parity.core.metrics' layout, when every cell's metrics.json was a DVC metric), the cells its
     summary.json names (None when it has none))."""
     if res.get("error"):
         raise RuntimeError(f"cannot read revision '{rev}': {_first_line(res['error'])}")
@@ -165,7 +165,7 @@ def _corrupt(err) -> bool:
 
 
 def _corrupt_message(rev: str, path: str, err) -> str:
-    from parity.io import corrupt
+    from parity.core.io import corrupt
 
     if rev != WORKSPACE:
         return (f"corrupt: {path} at {rev}: {_first_line(err.__cause__ or err)}; the cached copy does not "
@@ -195,7 +195,7 @@ def _shown(shown: dict, rev: str) -> dict:
 def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[dict, dict]:
     """({cell: metrics} at rev_a, the same at rev_b or the workspace). The cells are those the
     revision's summary.json names (the DVC metric); each cell's metrics.json is read at that
-    revision as a `dvc metrics show` target (a plain output since parity.metrics' layout)."""
+    revision as a `dvc metrics show` target (a plain output since parity.core.metrics' layout)."""
     from dvc.exceptions import DvcException
 
     rev_b = rev_b or WORKSPACE
@@ -274,7 +274,7 @@ def table_rows(rows: list[Change]) -> list[list[str]]:
 
 
 def table(rows: list[Change]) -> str:
-    from parity.ui import plain_table
+    from parity.core.ui import plain_table
 
     return plain_table(HEAD, table_rows(rows))
 
@@ -348,7 +348,7 @@ def compare(rev_a: str, rev_b: str | None = None, show_all: bool = False, fail_o
         c.tolerance = bool(tolerance_moved(c, params))
     reg = [c for c in cs if c.regression]
     if as_json:
-        from parity.ui import dump_json
+        from parity.core.ui import dump_json
 
         dump_json(document(rev_a, rev_b, cs, params), out)
     else:
@@ -360,7 +360,7 @@ def compare(rev_a: str, rev_b: str | None = None, show_all: bool = False, fail_o
 
 
 def _print(rev_a: str, rev_b: str | None, cs: list[Change], params: dict, show_all: bool, out) -> None:
-    from parity.ui import table as ui_table
+    from parity.core.ui import table as ui_table
 
     label = f"{rev_a}..{rev_b or WORKSPACE}"
     for key, (a, b) in params.items():

@@ -177,7 +177,7 @@ def collect(components, declared: dict | None = None) -> dict:
     return {c: component(c, declared) for c in sorted(set(components))}
 
 
-# Set only by `parity repro --cluster` (parity/cluster.py) on the dvc processes it starts, so a run
+# Set only by `parity repro --cluster` (parity/commands/cluster.py) on the dvc processes it starts, so a run
 # off a cluster writes the same bytes as before. NODE: JSON {hostname, ray_node_id} of the node that
 # runs the cell. UNAVAILABLE: JSON {provider: reason} for providers no node of the cluster advertises.
 CLUSTER_NODE_ENV = "PARITY_CLUSTER_NODE"

@@ -6,7 +6,7 @@ Three users:
 - the env stage hashes the source of every `arch.source: import` model (models.<m>.arch.name
   'package.module:callable') into a per-model file that the model's stages depend on, so editing a
   user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json);
-- parity.stagedeps (`parity deps --write|--check`) computes each stage's import closure and writes it
+- parity.commands.stagedeps (`parity deps --write|--check`) computes each stage's import closure and writes it
   as the stage's code `deps:` in dvc.yaml.
 
 Static analysis (ast) only: `import a.b`, `from a import b` (b may be a submodule), relative imports,

@@ -113,7 +113,7 @@ def check_suite_target(target: str, kind: str, imports: list[str], search=None,
 def search_path(extra=()) -> list[str]:
     """Where the stages and suite workers import from: the working directory (stages run at the repo
     root with `python -m`), this checkout, then sys.path."""
-    here = str(Path(__file__).resolve().parents[1])
+    here = str(Path(__file__).resolve().parents[2])
     out = []
     for p in [*extra, os.getcwd(), here, *sys.path]:
         if p and p not in out:

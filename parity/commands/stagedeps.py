@@ -1,12 +1,12 @@
 """`parity deps --write | --check`: every stage's code deps in dvc.yaml are its import closure.
 
 A stage's code deps are the project files (under parity/, stages/, hydra_plugins/) that
-`python -m <its module>` runs, found statically by parity.codedeps: imports at any depth (inside
+`python -m <its module>` runs, found statically by parity.core.codedeps: imports at any depth (inside
 functions too), parent packages' __init__.py, modules named in strings (`-m parity.suites.worker`),
 plus the modules conf/ names for the stages that load every provider's runner or a suite's ops
 (CONF_CODE). The stages that run one provider's runner (capture, engine, reduce, plan) do not list
 runner code: they depend on artifacts/code/provider-<provider>.json, the hash of that runner's
-closure written by the env stage (parity.codedeps.providers_code), so editing one runner re-runs
+closure written by the env stage (parity.core.codedeps.providers_code), so editing one runner re-runs
 that provider's cells only.
 
 --write rewrites only those entries of each stage's `deps:` in dvc.yaml and env/dvc.yaml, as one
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from parity import codedeps
+from parity.core import codedeps
 
 CODE_DIRS = ("parity", "stages", "hydra_plugins")
 DVC_FILES = ("dvc.yaml", "env/dvc.yaml")

@@ -7,7 +7,7 @@
                                             (REV_B defaults to the workspace)
   parity sweep 'dtypes=fp32,fp16,bf16' ... one DVC experiment per combination (DVC's Hydra sweep
                                             grammar), live progress, a compact table
-  parity exp [--md] [-n N] [--all-params]  dvc exp show narrowed to what differs (parity/expview.py)
+  parity exp [--md] [-n N] [--all-params]  dvc exp show narrowed to what differs (parity/commands/expview.py)
   parity repro -j N [--provider P ...]     dvc repro with N cells at once (shared stages first)
   parity repro --cluster ADDRESS           the cells on a Ray cluster, results through the DVC remote
   parity worker --address HEAD             join a Ray cluster advertising this node's providers
@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 def _check(args) -> int:
-    from parity import config
+    from parity.config import params as config
     from parity.suites import spec
 
     try:
@@ -40,12 +40,12 @@ def _check(args) -> int:
         spec.check_selected(p)
     except (config.ConfigError, spec.SuiteError) as e:
         if args.json:
-            from parity.ui import dump_json
+            from parity.core.ui import dump_json
 
             dump_json({"params": args.params, "ok": False, "error": str(e)})
         config.die(e)
     if args.json:
-        from parity.ui import dump_json
+        from parity.core.ui import dump_json
 
         dump_json({"params": args.params, "ok": True, "models": list(p["models"]), "dtypes": list(p["dtypes"]),
                    "providers": list(p["providers"]), "cells": len(config.cells(p))})
@@ -69,8 +69,8 @@ def _compose(args) -> int:
 
     from dvc.utils.hydra import compose_and_dump
 
-    from parity import config
-    from parity.io import write_text
+    from parity.config import params as config
+    from parity.core.io import write_text
 
     root = Path(args.root).resolve()
     # compose to a temp file first: a bad override leaves params.yaml untouched
@@ -91,13 +91,13 @@ def _compose(args) -> int:
 
 
 def _compare(args) -> int:
-    from parity.history import compare
+    from parity.commands.history import compare
 
     try:
         rc = compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression,
                      as_json=args.json, providers=args.provider, models=args.model)
         if args.html:
-            from parity.report_compare import write_page
+            from parity.commands.report_compare import write_page
 
             # on stderr with --json, so stdout stays one JSON document
             print(f"parity compare: wrote {write_page(args.rev_a, args.rev_b, args.html)}",
@@ -109,7 +109,7 @@ def _compare(args) -> int:
 
 
 def _sweep(args) -> int:
-    from parity.sweep import sweep
+    from parity.commands.sweep import sweep
 
     try:
         return sweep(args.override, jobs=args.jobs, as_json=args.json)
@@ -123,7 +123,7 @@ def _sweep(args) -> int:
 
 
 def _show(args) -> int:
-    from parity.show import ShowError, show
+    from parity.commands.show import ShowError, show
 
     try:
         return show(args.cell, as_json=args.json, all_layers=args.all)
@@ -133,7 +133,7 @@ def _show(args) -> int:
 
 
 def _list(args) -> int:
-    from parity.listing import ListError, show
+    from parity.commands.listing import ListError, show
 
     try:
         return show(args.group, args.root, as_json=args.json)
@@ -162,10 +162,10 @@ def _version() -> str:
 
 def _repro(args) -> int:
     if args.cluster:  # Ray is imported only here (the optional parity[cluster] extra)
-        from parity import cluster
+        from parity.commands import cluster
 
         return cluster.run_from_args(args)
-    from parity import parallel
+    from parity.commands import parallel
 
     return parallel.run_from_args(args)
 
@@ -175,7 +175,7 @@ def _json_flag(c: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from parity.ui import at_least
+    from parity.core.ui import at_least
 
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -202,21 +202,32 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--model", action="append", default=[], metavar="M", help="only cells of model M (repeatable)")
     _json_flag(c)
     c.set_defaults(fn=_compare)
-    from parity import parallel
+    _add_run_commands(sub)
+    _add_result_commands(sub, at_least)
+    return ap
+
+
+def _add_run_commands(sub) -> None:
+    """repro (local or on a cluster) and worker."""
+    from parity.commands import parallel
 
     c = sub.add_parser("repro", help="dvc repro with N independent cells at once (DVC has no jobs flag)",
                        description=parallel.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parallel.add_arguments(c)
     c.add_argument("--cluster", metavar="ADDRESS", help="run the cells on a Ray cluster (`auto`: the local "
                    "instance); needs parity[cluster] and a DVC remote every node reaches (docs/cluster.md)")
-    from parity.cluster import add_timeout_argument
+    from parity.commands.cluster import add_timeout_argument
 
     add_timeout_argument(c)
     c.set_defaults(fn=_repro)
     c = sub.add_parser("worker", help="join a Ray cluster advertising this node's providers (parity[cluster])")
-    from parity.cluster import add_worker_arguments
+    from parity.commands.cluster import add_worker_arguments
 
     add_worker_arguments(c)
+
+
+def _add_result_commands(sub, at_least) -> None:
+    """show, list, suite, fuzz, exp, sweep, completion, deps."""
     c = sub.add_parser("show", help="one cell: verdict, drift origin, failing layers and their worst elements")
     c.add_argument("cell", help="model-dtype-provider, e.g. resnet18-fp16-ort_cpu")
     c.add_argument("--all", action="store_true", help="every layer outside atol/rtol, not only the worst 10")
@@ -231,7 +242,7 @@ def parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("fuzz", help="SUITE --dtype D --provider P: fuzz a suite's cases; --reproduce/--minimise ID",
                    add_help=False)
-    from parity import expview
+    from parity.commands import expview
 
     c = sub.add_parser("exp", help="dvc exp show narrowed: differing params, totals, one verdict per cell",
                        description=expview.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,22 +263,21 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--check", action="store_true", help="exit 1 naming each stage whose code deps are stale")
     c.add_argument("--root", default=".", help="the project root (default: .)")
     c.set_defaults(fn=_deps)
-    return ap
 
 
 def _deps(args) -> int:
-    from parity import stagedeps
+    from parity.commands import stagedeps
 
     return stagedeps.main(args)
 
 
 def _main(argv: list[str]) -> int:
-    if argv[:1] == ["suite"]:  # its own parser (parity.suites.cli): list / validate
-        from parity.suites.cli import main as suite_main
+    if argv[:1] == ["suite"]:  # its own parser (parity.commands.suite_cli): list / validate
+        from parity.commands.suite_cli import main as suite_main
 
         return suite_main(argv[1:], prog="parity suite")
-    if argv[:1] == ["fuzz"]:  # its own parser (parity.fuzz_cli): campaign / --reproduce / --minimise
-        from parity.fuzz_cli import main as fuzz_main
+    if argv[:1] == ["fuzz"]:  # its own parser (parity.commands.fuzz_cli): campaign / --reproduce / --minimise
+        from parity.commands.fuzz_cli import main as fuzz_main
 
         return fuzz_main(argv[1:])
     args = parser().parse_args(argv)

@@ -52,7 +52,7 @@ def output_max_abs(m: dict) -> float | None:
 
 def worst_ratio(m: dict) -> float | None:
     """The worst error over what the verdict allows (1 = the limit): a cell's metrics.json `worst_ratio`
-    or its summary.json entry's `worst` (parity.metrics); "inf" where the tolerance is zero."""
+    or its summary.json entry's `worst` (parity.core.metrics); "inf" where the tolerance is zero."""
     v = m.get("worst_ratio", m.get("worst"))
     if v in ("inf", "Infinity"):
         return float("inf")
@@ -65,7 +65,7 @@ def layer_counts(m: dict) -> tuple[int | None, int | None]:
 
 
 def ran(m: dict) -> bool:
-    from parity.status import VERDICTS
+    from parity.core.status import VERDICTS
 
     return verdict(m) in VERDICTS
 
@@ -179,7 +179,7 @@ REFERENCE_VALUES = "fp32.parquet"
 def worst_values(files: CellFiles, rows: list[dict]) -> None:
     """Add actual, expected and allowed (atol + rtol |expected|) at each row's worst element, read
     from the capture and the fp32 reference (Parquet); rows whose values are gone keep None."""
-    from parity import store
+    from parity.core import store
 
     for r in rows:
         r.setdefault("actual", None), r.setdefault("expected", None), r.setdefault("allowed", None)

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from parity.io import atomic_path, corrupt
+from parity.core.io import atomic_path, corrupt
 
 
 def _allocator() -> None:
@@ -95,7 +95,7 @@ class Writer:
     """Rows appended in file order, written as they arrive: buffered up to `budget` bytes of values
     (store.buffer_bytes), then flushed as a row group, onto a temp file beside `path`. publish()
     renames it into place; abort() removes it (an interrupted process leaves at most the hidden
-    temp file, never a partial `path`: parity.io.atomic_path). `store.writer(path)` does either."""
+    temp file, never a partial `path`: parity.core.io.atomic_path). `store.writer(path)` does either."""
 
     def __init__(self, path: str | Path, metadata: dict[str, str] | None = None, budget: int | None = None):
         self.path, self.metadata = Path(path), metadata

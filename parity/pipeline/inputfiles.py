@@ -1,6 +1,6 @@
 """Input samples of a model, synthetic or loaded from files (`init: file`), sample set after sample
 set (`models.<m>.shapes`): the inputs stage's arrays. What the specs mean (shapes, token bounds,
-which files are allowed) is parity.inputspec; this module reads the files (numpy, pyarrow, the
+which files are allowed) is parity.config.inputspec; this module reads the files (numpy, pyarrow, the
 tensor store), so the config layer stays free of them.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.inputspec import export_label, sample_sets, specs_for, vocab_bound
+from parity.config.inputspec import export_label, sample_sets, specs_for, vocab_bound
 
 
 class InputError(ValueError):
@@ -93,7 +93,7 @@ def _read_array(path: Path, key: str):
 
     cols = pq.read_schema(path).names
     if {"sample", "name", "data"} <= set(cols):  # parity's tensor store
-        from parity import store
+        from parity.core import store
 
         rows = sorted((t for t in store.read(path) if t.name == key), key=lambda t: t.sample)
         if not rows:

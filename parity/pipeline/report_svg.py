@@ -128,7 +128,7 @@ def curve_svg(cv: Curve, width: int = 900, height: int = 300, css: str = "curve"
 
 
 def hist_labels(edges) -> list[str]:
-    """Bin labels for counts per decade of |a - b| / allowed (parity.compare.HIST_EDGES)."""
+    """Bin labels for counts per decade of |a - b| / allowed (parity.core.compare.HIST_EDGES)."""
     return [f"≤{edges[0]:g}"] + [f"≤{b:g}" for b in edges[1:]] + [f">{edges[-1]:g}"]
 
 

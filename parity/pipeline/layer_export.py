@@ -19,7 +19,7 @@ import onnx
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
                   dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
-    `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.inputspec)."""
+    `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec)."""
     import torch
 
     from parity.models.layers import LayerRecorder
@@ -43,7 +43,7 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
 
 def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exporter: str) -> dict:
     """torch.onnx.export arguments declaring the `dynamic` axes ({input: {axis: dim name}},
-    parity.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
+    parity.config.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
     if exporter != "dynamo":
         return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
     from torch.export import Dim
@@ -200,7 +200,7 @@ def export_checked(model, example, input_names, out: Path, exporter: str, opset:
     import tempfile
     import warnings
 
-    from parity.io import atomic_path
+    from parity.core.io import atomic_path
     from parity.models import onnx_weights
 
     out.mkdir(parents=True, exist_ok=True)

@@ -4,14 +4,14 @@ expanded spec and its results in every cell); `parity suite import-opdiff FILE.y
 opdiff suite (parity.suites.opdiff); `parity suite import-onnx` imports ONNX's backend node tests
 (parity.suites.onnximport).
 
-    python -m parity.suites.cli list critical
-    python -m parity.suites.cli validate critical --file my_suite.yaml
+    python -m parity.commands.suite_cli list critical
+    python -m parity.commands.suite_cli validate critical --file my_suite.yaml
 
 `list` is light (yaml only). `validate` also resolves every torch target (aten::name must exist in
 torch.ops.aten, torch.* names must exist) and every OpInfo name, which imports torch (and op_db for
 opinfo cases), but never runs a case. It never imports code of your own: a module declared with
 `import:` (and parity.suites.testops) is located and read for the name, not imported
-(parity.imports); both `list` and `validate` refuse a target outside the torch namespaces that no
+(parity.config.imports); both `list` and `validate` refuse a target outside the torch namespaces that no
 `import:` declares.
 """
 
@@ -47,7 +47,7 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
     cases = list_cases(suite, root)
     if not resolve:
         return cases
-    from parity import imports as code
+    from parity.config import imports as code
     from parity.suites import execute
 
     for c in cases:
@@ -81,7 +81,7 @@ def suite_names(root: str | Path | None = None) -> list[str]:
     return sorted(p.stem for p in (Path(root) if root else spec.suites_dir()).glob("*.yaml"))
 
 
-def main(argv=None, prog: str = "python -m parity.suites.cli") -> int:
+def main(argv=None, prog: str = "python -m parity.commands.suite_cli") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["import-opdiff"]:  # light: yaml only (parity.suites.opdiff)
         from parity.suites import opdiff
@@ -92,10 +92,10 @@ def main(argv=None, prog: str = "python -m parity.suites.cli") -> int:
 
         return onnximport.main(argv[1:], prog=f"{prog} import-onnx")
     if argv[:1] == ["show"]:
-        from parity.suites import show
+        from parity.commands import suite_show as show
 
         return show.main(argv[1:], prog=f"{prog} show")
-    ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("python -m parity.suites.cli", prog),
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("python -m parity.commands.suite_cli", prog),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for cmd, hlp in (("list", "print the case ids of each suite"),

@@ -12,7 +12,7 @@ from typing import TextIO
 
 import yaml
 
-from parity.ui import dump_json, table
+from parity.core.ui import dump_json, table
 
 GROUPS = ("models", "dtypes", "providers", "suites")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from parity import report_svg as svg
+from parity.pipeline import report_svg as svg
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
                    "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700", "COMPILE_FAIL": "#9a6700",
@@ -103,7 +103,7 @@ HEADER = ["model", "dtype", "provider", "verdict", "mode", "failed/layers", "dri
 
 
 def is_model_output(name: str) -> bool:
-    """The model's own outputs among the layers (parity.store.OUTPUT / PLAIN naming)."""
+    """The model's own outputs among the layers (parity.core.store.OUTPUT / PLAIN naming)."""
     name = name.removeprefix("plain:")
     return name == "output" or name.startswith("output:")
 
@@ -273,8 +273,8 @@ def _bytes(n) -> str:
 
 
 def memory_rows(peaks: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Each stage run's peak RSS (its timing file, parity.memory) beside the estimate it was checked
-    against: W and SA as parity/memory.py's table uses them. '-': no timing file (an older run) or no
+    """Each stage run's peak RSS (its timing file, parity.core.memory) beside the estimate it was checked
+    against: W and SA as parity/core/memory.py's table uses them. '-': no timing file (an older run) or no
     estimate (a model the meta device cannot size)."""
     head = ["stage", "peak RSS", "estimate", "peak / estimate", "W (fp32 weights)", "SA (layer outputs)", "stage s"]
     rows = []
@@ -288,7 +288,7 @@ def memory_rows(peaks: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 MEMORY_NOTE = ("Peak RSS: ru_maxrss of each stage process (and its children), from its timing file. Estimate: "
-               "a x W + b x SA + base (parity/memory.py), checked before the stage allocates; "
+               "a x W + b x SA + base (parity/core/memory.py), checked before the stage allocates; "
                "PARITY_MEMORY_CHECK=0 skips the check.")
 
 

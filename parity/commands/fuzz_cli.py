@@ -20,8 +20,9 @@ from pathlib import Path
 
 import yaml
 
-from parity import config, io
-from parity.ui import at_least
+from parity.config import params as config
+from parity.core import io
+from parity.core.ui import at_least
 from parity.analysis import fuzz, fuzz_campaign as fc
 from parity.suites import spec
 

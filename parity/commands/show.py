@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from parity import results
-from parity.io import Corrupt, read_json
-from parity.ui import dump_json, num, table
+from parity.commands import results
+from parity.core.io import Corrupt, read_json
+from parity.core.ui import dump_json, num, table
 
 SHOWN = 10  # accepted out-of-tolerance layers shown without --all
 
@@ -89,7 +89,7 @@ def _table(rows: list[dict], out: TextIO, title: str) -> None:
 
 
 def _is_output(name: str) -> bool:
-    """A model output row (`output`, `output:<name>`, `plain:output...`: parity.store.is_output,
+    """A model output row (`output`, `output:<name>`, `plain:output...`: parity.core.store.is_output,
     without importing pyarrow), which metrics.json's layer counts leave out."""
     return name.removeprefix("plain:").split(":")[0] == "output"
 

@@ -11,7 +11,7 @@ Where the libraries come from: the vl-convert-python wheel (PyPI, a pinned depen
 into the wheel. It needs neither node/npm nor the network at set-up time, only PyPI, like the rest
 of the set-up. Vega-Lite 5 because DVC's plot templates are Vega-Lite v5 specs.
 
-    python -m parity.plots [--out .dvc/parity-plots.html]
+    python -m parity.commands.plots [--out .dvc/parity-plots.html]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PAGE = """<!DOCTYPE html>
 <meta charset="utf-8">
 {refresh_tag}
 <title>DVC plots (parity, offline)</title>
-<!-- Vega, Vega-Lite and vega-embed inlined from vl-convert-python (parity.plots): no network -->
+<!-- Vega, Vega-Lite and vega-embed inlined from vl-convert-python (parity.commands.plots): no network -->
 <script type="text/javascript">
 @BUNDLE@
 </script>
@@ -59,20 +59,20 @@ def template() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity.plots", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m parity.commands.plots", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"template to write (default {DEFAULT_OUT})")
     a = ap.parse_args(argv)
     try:
         text = template()
     except ImportError:
-        print("parity.plots: vl-convert-python is not installed (pip install -e .; make setup does it)",
+        print("parity.commands.plots: vl-convert-python is not installed (pip install -e .; make setup does it)",
               file=sys.stderr)
         return 2
-    from parity.io import write_text
+    from parity.core.io import write_text
 
     write_text(Path(a.out), text)
-    print(f"parity.plots: offline DVC plot template ({len(text) // 1024} KiB) -> {a.out}")
+    print(f"parity.commands.plots: offline DVC plot template ({len(text) // 1024} KiB) -> {a.out}")
     return 0
 
 

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import re
 
-from parity import paths, status
+from parity.core import paths, status
 
 SUMMARY = "summary.json"          # under the report stage's --out
-CELL_METRICS = paths.CELL_METRICS  # under artifacts/diff/<cell>/ (parity.paths)
+CELL_METRICS = paths.CELL_METRICS  # under artifacts/diff/<cell>/ (parity.core.paths)
 TOTALS = ("cells", "passed", "failed", "not_run")
-RAN = status.VERDICTS  # the one vocabulary: parity.status
+RAN = status.VERDICTS  # the one vocabulary: parity.core.status
 # totals written only when a cell has that verdict (so a run without them keeps its summary.json)
 EXTRA_TOTALS = {"baseline": status.Status.BASELINE.value, "not_exercised": status.Status.NOT_EXERCISED.value}
 CELL_METRICS_PATH = re.compile(r"^artifacts/diff/(?P<cell>[^/]+)/metrics\.json$")
@@ -62,7 +62,7 @@ def cell_entry(m: dict, plan: dict | None = None) -> dict:
     """summary.json's entry of one cell, from its metrics.json (and its plan.json)."""
     e = {"verdict": verdict(m)}
     w = m.get("worst_ratio")
-    if w is not None:  # a number, or "inf"/"nan" as parity.io writes them (an error past any tolerance)
+    if w is not None:  # a number, or "inf"/"nan" as parity.core.io writes them (an error past any tolerance)
         e["worst"] = w
     if m.get("drift_origin"):
         e["origin"] = m["drift_origin"]

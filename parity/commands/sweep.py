@@ -33,8 +33,9 @@ import time
 import warnings
 from pathlib import Path
 
-from parity import results, status
-from parity.ui import Progress, dump_json, num, table
+from parity.commands import results
+from parity.core import status
+from parity.core.ui import Progress, dump_json, num, table
 
 DONE = ("Success", "Failed")
 STARTUP_S = 60.0  # how often (s) to ask whether a queue worker is alive while experiments wait
@@ -121,10 +122,10 @@ def _dvc_detached(args: list[str], cwd: str) -> str:
 
 def check_combo(combo: list[str], cwd: str = ".") -> str | None:
     """The one-line config error composing conf/ with these overrides gives, or None (composed into a
-    temp file, validated with parity.config; params.yaml is not touched)."""
+    temp file, validated with parity.config.params; params.yaml is not touched)."""
     from dvc.utils.hydra import compose_and_dump
 
-    from parity import config
+    from parity.config import params as config
 
     root = Path(cwd).resolve()
     with tempfile.TemporaryDirectory() as td:

@@ -28,7 +28,7 @@ every group (DVC then stops its stage and releases its lock as on Ctrl-C); a gro
 GRACE_S gets SIGTERM, then SIGKILL; a second signal kills at once. parity waits for every group to be
 gone and exits 128+signal (130, 143).
 
-    python -m parity.parallel -j 2 [--provider P ...] [--model M ...] [--dtype D ...]
+    python -m parity.commands.parallel -j 2 [--provider P ...] [--model M ...] [--dtype D ...]
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from parity import paths
-from parity.ui import at_least
+from parity.core import paths
+from parity.core.ui import at_least
 
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
@@ -228,7 +228,7 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
         # ("env/dvc.yaml:env"); s.addressing would be relative to this process's cwd
         names = {s: _address(s, root) for s in g.nodes}
         graph = nx.relabel_nodes(g, names)
-        # a cell's verdict file: a `metrics:` out, or a plain out named metrics.json (parity.results)
+        # a cell's verdict file: a `metrics:` out, or a plain out named metrics.json (parity.commands.results)
         metric_files = {names[s]: [str(o.fs_path) for o in s.outs if getattr(o, "metric", False)
                                    or Path(str(o.fs_path)).name == "metrics.json"] for s in g.nodes}
     order = list(reversed(list(nx.topological_sort(graph))))  # dependencies first
@@ -254,7 +254,7 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
 
 def cell_verdict(files: list[str]) -> tuple[str | None, str | None]:
     """(verdict, drift origin) from a cell's metrics files (its diff stage's metrics.json)."""
-    from parity import results
+    from parity.commands import results
 
     for f in files:
         try:
@@ -268,10 +268,10 @@ def cell_verdict(files: list[str]) -> tuple[str | None, str | None]:
 
 class _Progress:
     """One line per finished cell with its verdict (PASS / FAIL at the drift origin / a status),
-    and the verdict counts at the end (parity.ui: a rich bar on a terminal, plain lines elsewhere)."""
+    and the verdict counts at the end (parity.core.ui: a rich bar on a terminal, plain lines elsewhere)."""
 
     def __init__(self, total: int, out: TextIO, metrics: dict[str, list[str]] | None = None):
-        from parity.ui import Progress
+        from parity.core.ui import Progress
 
         self.total, self.done, self.failed = total, 0, 0
         self.metrics = metrics or {}
@@ -572,7 +572,7 @@ def _stale(root: Path, stages: list[str]) -> set[str] | None:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The `parity repro` options (for parity/cli.py to reuse)."""
+    """The `parity repro` options (for parity/commands/cli.py to reuse)."""
     ap.add_argument("-j", "--jobs", type=at_least(1), default=os.cpu_count() or 1,
                     help="cells run at once (default: number of CPUs)")
     ap.add_argument("--provider", action="append", default=[], metavar="P", help="only cells of provider P (repeatable)")
@@ -590,7 +590,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m parity.parallel", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m parity.commands.parallel", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     return run_from_args(ap.parse_args(argv))

@@ -22,7 +22,7 @@ Measured: record() writes the stage's peak RSS (ru_maxrss of the process and of 
 children, KiB) with the estimate beside it into the stage's timing file, apart from the values (a
 non-deterministic measurement must never re-run a diff); the report shows it per stage per cell.
 Light: stdlib only at import (onnx and pyarrow inside the functions that read those files); no
-project module beyond parity.io, so the light diff stage can record its peak too.
+project module beyond parity.core.io, so the light diff stage can record its peak too.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def refusal(stage: str, cell: str, model: str, w: int, sa: int | None, samples: 
         f"a shorter sequence / smaller input shape (models.{model}.input)",
         "a lower precision dtype (dtypes)"]
     return (f"{stage}@{cell}: refused before allocating: estimated peak {_gib(est)} "
-            f"(= {a:g} x W {_gib(w)} + {b:g} x SA {sa_txt} + {base:g} GiB; parity/memory.py) > {_gib(avail)} "
+            f"(= {a:g} x W {_gib(w)} + {b:g} x SA {sa_txt} + {base:g} GiB; parity/core/memory.py) > {_gib(avail)} "
             f"available ({src}); lower it with {', '.join(ways)}, or set {CHECK_ENV}=0 to run anyway")
 
 
@@ -181,7 +181,7 @@ def record(path: str | Path | None, stage: str, cell: str, t0: float, sized: dic
     `merge`: add them to the JSON object already there (capture's latency file)."""
     if not path:
         return
-    from parity.io import read_json, write_json
+    from parity.core.io import read_json, write_json
 
     path = Path(path)
     base = read_json(path) if merge and path.exists() else {}

@@ -48,9 +48,9 @@ import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from parity import parallel
-from parity.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
-from parity.ui import at_least
+from parity.commands import parallel
+from parity.backends.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
+from parity.core.ui import at_least
 
 RES = "provider:"
 GPU_RES = "gpu:"
@@ -96,7 +96,7 @@ def provider_availability(name: str, pc: dict) -> str | None:
 
 def node_resources(root: Path | str = ".") -> tuple[dict[str, float], dict[str, str]]:
     """({resource: amount} this node advertises, {provider: why not} for the ones it does not)."""
-    from parity import fingerprint
+    from parity.backends import fingerprint
 
     res: dict[str, float] = {}
     missing: dict[str, str] = {}
@@ -246,7 +246,7 @@ def run_cell(bundle: bytes, commit: str, files: dict[str, str | None], cell: str
     seconds of each phase."""
     import ray
 
-    from parity.io import write_json
+    from parity.core.io import write_json
 
     node = {"hostname": socket.gethostname(), "ray_node_id": ray.get_runtime_context().get_node_id()}
     base = Path(os.environ.get(WORKDIR_ENV) or Path.home() / ".cache" / "parity" / "cluster" / node["ray_node_id"][:16])
@@ -502,7 +502,7 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
         refs[opts.remote(bref, commit, files, c, pl.cell_stages[c], sorted(pl.needs[c]),
                          [_rel(m, root) for m in pl.metrics.get(c, [])],
                          os.environ.get(CLUSTER_UNAVAILABLE_ENV, ""))] = c
-    from parity.ui import Progress
+    from parity.core.ui import Progress
 
     prog = Progress(len(cells), out, "parity repro --cluster", every=30.0)
     done: dict[str, dict] = {}

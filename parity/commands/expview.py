@@ -13,7 +13,7 @@ experiment data (the same rows and order as `dvc exp show`):
                         (models, dtypes, providers, suites) is ONE column listing its selected options
                         (`fp32,fp16`), plus the leaves inside an option that differ between rows that
                         both select it (`dtypes.fp16.tol.atol`); derived keys are never shown
-  passed failed not_run the report's totals (summary.json, parity.metrics)
+  passed failed not_run the report's totals (summary.json, parity.core.metrics)
   one column per cell   its verdict, with the drift origin when it fails (`FAIL @fc1`); --worst adds
                         the worst error ratio (1 is the limit)
 
@@ -30,8 +30,8 @@ import json
 import sys
 from datetime import datetime
 
-from parity import metrics as layout
-from parity.ui import at_least
+from parity.core import metrics as layout
+from parity.core.ui import at_least
 
 GROUPS = ("models", "dtypes", "providers", "suites")  # conf/<group>/ multi-select: {option: {...}}
 # computed at compose time from the groups and other params (hydra_plugins): never a choice of its own
@@ -200,7 +200,7 @@ def transpose(head: list[str], rows: list[list[str]]) -> tuple[list[str], list[l
 # -- rendering ----------------------------------------------------------------------------------------
 
 def plain(head: list[str], rows: list[list[str]]) -> str:
-    from parity.ui import plain_table  # the one table helper
+    from parity.core.ui import plain_table  # the one table helper
 
     return plain_table(head, rows)
 
