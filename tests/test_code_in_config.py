@@ -100,7 +100,7 @@ def test_declared_module_is_checked_without_importing_it(proj):
 
 
 def test_compose_time_suite_check_imports_neither_torch_nor_user_code(proj):
-    code = ("import sys, yaml; from parity import config; from parity.suites import spec\n"
+    code = ("import sys, yaml; from parity.config import params as config; from parity.suites import spec\n"
             "sec, _ = spec.load_section('mine')\n"
             "p = yaml.safe_load(open(sys.argv[1]))\n"
             "p['suites'] = {'mine': sec}\n"

@@ -71,7 +71,7 @@ def test_drift_origin_is_first_failing_layer_in_execution_order_and_worst_is_lar
 def test_metrics_do_not_depend_on_the_thread_count():
     """A layer's metrics are the same bytes whatever the BLAS thread count (the core count, OMP_NUM_THREADS,
     `parity repro -j N`): large layers (resnet18: 800k values) once went through a multi-threaded dot."""
-    code = ("import json, numpy as np; from parity import compare; r = np.random.default_rng(0); "
+    code = ("import json, numpy as np; from parity.core import compare; r = np.random.default_rng(0); "
             "b = r.standard_normal(1_000_003).astype(np.float32); a = b + 1e-4 * r.standard_normal(b.size).astype(np.float32); "
             "m = compare.compare_arrays(a, b, 1e-5, 1e-3); print(json.dumps([m['rel_l2'].hex(), m['cosine'].hex()]))")
     got = {t: json.loads(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,

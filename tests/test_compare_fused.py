@@ -235,7 +235,7 @@ def test_shapes_and_empty():
 
 def test_results_are_byte_identical_run_to_run():
     """Same arrays, same bytes: in one process and in a fresh one."""
-    code = ("import json, numpy as np; from parity import compare; r = np.random.default_rng(0); "
+    code = ("import json, numpy as np; from parity.core import compare; r = np.random.default_rng(0); "
             "b = r.standard_normal(300_001).astype(np.float32); a = b + 1e-4 * r.standard_normal(b.size).astype(np.float32); "
             "d = compare.compare_layer('x', 0, [(0, a, b), (1, b, a)], 1e-5, 1e-3, 't').as_dict(); "
             "print(json.dumps({k: v.hex() if isinstance(v, float) else v for k, v in d.items()}, sort_keys=True))")

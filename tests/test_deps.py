@@ -90,22 +90,21 @@ def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path,
     only those stages' code lines, and a second --write changes nothing."""
     root = _code_tree(tmp_path / "repo")
     diff_py, dvc_yaml = root / "stages/diff.py", root / "dvc.yaml"
-    diff_py.write_text(diff_py.read_text().replace("from parity import config\n",
-                                                   "from parity import config, fingerprint\n", 1))
+    diff_py.write_text(diff_py.read_text().replace("from parity.config import params as config\n",
+                                                   "from parity.config import params as config\nfrom parity.core import ui\n", 1))
     before = dvc_yaml.read_text().replace("      - stages/suite_coverage.py\n",
                                           "      - stages/suite_coverage.py\n      - parity/commands/history.py\n")
     dvc_yaml.write_text(before)
     rc, out = _deps_cli(capsys, "--check", "--root", str(root))
     assert rc == 1 and out.splitlines()[:2] == [
-        "diff: imports but does not depend on: parity/backends/fingerprint.py",
+        "diff: imports but does not depend on: parity/core/ui.py",
         "suite_coverage: depends on but never imports: parity/commands/history.py"], out
     assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote dvc.yaml\n")
     after = dvc_yaml.read_text()
-    old = "".join(f"      - parity/{m}.py\n" for m in ("config", "dtypes", "imports", "inputspec", "io", "memory",
-                                                             "metrics"))
+    old = "".join(f"      - parity/{m}.py\n" for m in ("core/tolerance", "pipeline/__init__", "pipeline/diff"))
     assert before.count(old) == 1  # the diff stage's
     assert after == before.replace("      - parity/commands/history.py\n", "").replace(
-        old, old.replace("dtypes.py\n", "dtypes.py\n      - parity/backends/fingerprint.py\n"))
+        old, old.replace("tolerance.py\n", "tolerance.py\n      - parity/core/ui.py\n"))
     assert _deps_cli(capsys, "--check", "--root", str(root))[0] == 0
     assert "up to date" in _deps_cli(capsys, "--write", "--root", str(root))[1]
     assert dvc_yaml.read_text() == after
@@ -130,7 +129,8 @@ def test_closures_are_no_wider_than_the_work():
         assert stagedeps.PROVIDER_CODE in st[name]["deps"], name
         assert not {f for f in want[name] if f.startswith("parity/backends/")} - {
             "parity/backends/__init__.py", "parity/backends/base.py", "parity/backends/fault.py",
-            "parity/backends/ops.py", "parity/backends/ort_cpu.py", "parity/backends/ort_int8.py"}, name
+            "parity/backends/fingerprint.py", "parity/backends/ops.py", "parity/backends/ort_cpu.py",
+            "parity/backends/ort_int8.py"}, name
     assert "parity/backends/trt.py" not in want["capture"]
     cpu = codedeps.providers_code(_cpu_providers(ROOT), [ROOT])
     assert {"torch_cpu", "ort_cpu", "ort_int8"} <= set(cpu)

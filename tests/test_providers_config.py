@@ -98,6 +98,6 @@ def test_engine_stages_exist_only_when_an_engine_provider_is_selected(tmp_path):
     # the trt capture depends on its engine, and the engine on the TensorRT/CUDA fingerprint
     dag = r.run(["dvc", "dag", "--dot", "diff@tiny_mlp-fp16-trt"]).stdout
     assert '"engine@tiny_mlp-fp16-trt" -> "capture_engine@tiny_mlp-fp16-trt"' in dag
-    fp = json.loads(r.run(["python", "-c", "import json,sys; from parity import fingerprint; "
+    fp = json.loads(r.run(["python", "-c", "import json,sys; from parity.backends import fingerprint; "
                                           "print(json.dumps(sorted(fingerprint.collect(['cuda','tensorrt']))))"]).stdout)
     assert fp == ["cuda", "tensorrt"]
