@@ -92,3 +92,37 @@ def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
             got.append(json.dumps({"layers": [x.as_dict() for x in cd.layers], "own": cd.own,
                                    "summary": cd.summary}, sort_keys=True))
         assert got[0] == got[1], rng
+
+
+def test_own_values_streamed_one_by_one_give_the_same_sums_and_file(tmp_path):
+    """StoreSink.own writes and sums each own value, then drops it (the list is emptied), reading
+    the fp64 reference row group by row group (store.Rows): own.parquet and oracle_sums.json are
+    the bytes the whole-list computation gives; a repeated name keeps dict()'s place and value."""
+    import numpy as np
+
+    from parity.backends.base import CaptureResult
+    from parity.pipeline.sink import StoreSink
+
+    rng = np.random.default_rng(3)
+    names = ["a", "b", "c"]
+    gold = [{n: rng.standard_normal((4, 5)) for n in names + ["pre:b", "pre:c", "output"]} for _ in range(2)]
+    with store.writer(tmp_path / "fp64.parquet", budget=300) as w:  # a row group per tensor or two
+        w.extend(store.Tensor(k, n, i, v) for k, g in enumerate(gold) for i, (n, v) in enumerate(g.items()))
+    own = [[("between:b", g["pre:b"].astype(np.float32)), ("b", g["b"].astype(np.float32) + 1),
+            ("a", g["a"].astype(np.float32)), ("b", g["b"].astype(np.float32)),
+            ("between:output", g["output"][:2].astype(np.float32))] for g in gold]
+    layers = [[(n, g[n].astype(np.float32)) for n in names] for g in gold]
+    sink = StoreSink(tmp_path / "out", {"cell": "x"}, {"cell": "x", "kind": "own"}, True)
+    rows = store.Rows(tmp_path / "fp64.parquet")
+    for (k, g), named, mine in zip(rows.by_sample(), layers, own):
+        sink.sample(k, named, g)
+        handed = list(mine)
+        sink.own(k, handed, g)
+        assert handed == []
+    sink.finish(CaptureResult("OK"))
+    want = sums.compute(layers, own, gold)
+    assert json.loads((tmp_path / "out" / sums.FILE).read_text()) == json.loads(json.dumps(want))
+    assert list(want["own"]) == ["between:b", "b", "a", "between:output"]
+    store.write(tmp_path / "own.parquet", [store.Tensor(k, n, i, v) for k, named in enumerate(own)
+                                           for i, (n, v) in enumerate(named)], {"cell": "x", "kind": "own"})
+    assert (tmp_path / "out/own.parquet").read_bytes() == (tmp_path / "own.parquet").read_bytes()

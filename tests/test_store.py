@@ -162,3 +162,31 @@ def test_a_streamed_write_that_fails_midway_publishes_nothing(tmp_path):
                 w.add(store.Tensor(0, f"l{i}", i, np.ones(64, np.float32)))
             raise RuntimeError("killed")
     assert not path.exists() and not [p for p in tmp_path.iterdir()]
+
+
+def test_rows_read_a_sample_by_name_holding_a_few_row_groups(tmp_path):
+    """store.Rows: each sample as {name: array} read on lookup (the own-error run's fp64 reference):
+    the same names, shapes and values as store.read, at most `keep` row groups decoded at once, and a
+    lookup order that walks two regions of the file in order (leaf outputs, `pre:` inputs) reads
+    each row group about once."""
+    rng = np.random.default_rng(2)
+    rows = [store.Tensor(k, n, i, rng.standard_normal((8, 16)))
+            for k in range(2) for i, n in enumerate([f"l{j}" for j in range(6)] + [f"pre:l{j}" for j in range(6)])]
+    rows.append(store.Tensor(1, "s", 99, np.float64(3.0)))  # rank 0
+    with store.writer(tmp_path / "f.parquet", budget=2100) as w:  # 2 tensors a row group
+        w.extend(rows)
+    r = store.Rows(tmp_path / "f.parquet")
+    samples = list(r.by_sample())
+    assert [k for k, _ in samples] == [0, 1]
+    for k, got in samples:
+        want = {t.name: t.array for t in rows if t.sample == k}
+        assert list(got) == list(want) and len(got) == len(want) and "nope" not in got
+        assert all(got.shape(n) == np.shape(want[n]) == store.shape_in(got, n) for n in want)
+        before = r.groups_read
+        for j in range(6):  # interleaved: pre:lj then lj, as own.parquet's order reads them
+            for n in (f"pre:l{j}", f"l{j}"):
+                assert np.array_equal(got[n], want[n]) and got[n].dtype == want[n].dtype
+                assert len(r.cache) <= r.keep
+        assert r.groups_read - before <= 7
+        assert got.get("nope") is None and np.array_equal(got.get("l0"), want["l0"])
+    assert store.shape_in({"a": np.ones((2, 3))}, "a") == (2, 3)

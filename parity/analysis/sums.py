@@ -100,24 +100,42 @@ class Acc:
         self.add(k, [], gold)
 
     def add_own(self, k: int, named: list, gold: dict) -> None:
+        self.own_names(k, [n for n, _ in named])
+        for i, (name, val) in enumerate(named):
+            self.own_value(k, i, name, val, gold)
+
+    def own_names(self, k: int, names: list[str]) -> None:
+        """Sample k's own values will come in this order (own_value, one at a time)."""
         if self.own is not None:
-            self._rows(self.own, k, named, gold, store.own_reference_name)
-            self.own_order.append([n for n, _ in named])
+            self.own_order.append(names)
+            self._last = {n: i for i, n in enumerate(names)}  # a repeated name: its last value (as dict())
+
+    def own_value(self, k: int, i: int, name: str, val, gold: dict) -> None:
+        """The i-th own value of sample k (add_own, value by value: the caller may drop each after)."""
+        if self.own is None:
+            return
+        if self._last[name] == i:
+            self._row(self.own, k, name, val, gold, store.own_reference_name)
+        else:  # the entry where dict(named) puts it: at the name's first place
+            self.own.setdefault(name, {"gold": store.own_reference_name(name), "rows": {}})
 
     def drop_own(self) -> None:
         self.own = None
 
     def _rows(self, table: dict, k: int, named: list, gold: dict, gold_name) -> None:
         for name, val in dict(named).items():
-            gname = gold_name(name)
-            entry = table.setdefault(name, {"gold": gname, "rows": {}})
-            ref = gold.get(gname)
-            if ref is None or _shape(np.asarray(val)) != _shape(ref):
-                continue
-            if (k, gname) not in self.ref_sq:
-                self.ref_sq[k, gname] = sum_sq(ref)
-            err, bad = sq_error(val, ref)
-            entry["rows"][k] = [err, bad, int(np.size(ref))]
+            self._row(table, k, name, val, gold, gold_name)
+
+    def _row(self, table: dict, k: int, name: str, val, gold: dict, gold_name) -> None:
+        gname = gold_name(name)
+        entry = table.setdefault(name, {"gold": gname, "rows": {}})
+        ref = gold.get(gname)
+        if ref is None or _shape(np.asarray(val)) != _shape(ref):
+            return
+        if (k, gname) not in self.ref_sq:
+            self.ref_sq[k, gname] = sum_sq(ref)
+        err, bad = sq_error(val, ref)
+        entry["rows"][k] = [err, bad, int(np.size(ref))]
 
     def _table(self, table: dict, used: set) -> dict:
         out = {}

@@ -290,7 +290,8 @@ class CaptureSink:
         """Sample k's values: model outputs first, then layers in execution order, then `plain:`."""
 
     def own(self, k: int, named: list[tuple[str, np.ndarray]], gold: dict) -> None:
-        """Sample k's own values (`<leaf>`, `between:<leaf>`) in execution order."""
+        """Sample k's own values (`<leaf>`, `between:<leaf>`) in execution order. The list is the
+        sink's: it may empty it as it goes (StoreSink.own does)."""
 
     def extra_gold(self, k: int, gold: dict) -> None:
         """A sample of the fp64 reference beyond the inputs' samples (its names only matter)."""
@@ -331,7 +332,7 @@ def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink, wa
         lat = _latency(runner, feeds[0], warmup, repeats) if feeds else []
     except Exception as e:
         return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
-    gold = gold_samples(job.reference) if sink.wants_gold and _has_reference(job) else None
+    gold = lazy_gold_samples(job.reference) if sink.wants_gold and _has_reference(job) else None
     for k, f in enumerate(feeds):
         try:
             named = [(n, np.asarray(v)) for n, v in runner.infer(f)]
@@ -400,6 +401,13 @@ def gold_samples(path: Path):
         yield cur, by
 
 
+def lazy_gold_samples(path: Path):
+    """fp64.parquet one sample at a time as (k, {name: array}), each array read when it is looked up
+    (store.SampleRows): the own-error run and the oracle's sums hold the row groups they are reading,
+    not a whole fp64 sample (resnet50: 490 MB of leaf outputs and `pre:` inputs)."""
+    return store.Rows(path).by_sample()
+
+
 def _has_reference(job: CaptureJob) -> bool:
     return job.reference is not None and Path(job.reference).exists()
 
@@ -428,15 +436,17 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
         if n != len(feeds):
             res.own_reason = f"{job.reference} has {n} samples, the inputs {len(feeds)}"
             return
-        golds = gold_samples(Path(job.reference))
+        golds = lazy_gold_samples(Path(job.reference))
         for f in feeds:
             k, gold = next(golds)
             own = runner.infer_own(f, gold)
             if own is None:
                 res.own_reason = runner.own_unsupported or "not measured"
                 return
-            sink.own(k, [(n, np.asarray(v)) for n, v in own], gold)
-            del gold, own  # one sample of the fp64 reference (and its own values) at a time, not two
+            named = [(n, np.asarray(v)) for n, v in own]
+            del own  # the sink may drop each value once it is written (StoreSink.own empties `named`)
+            sink.own(k, named, gold)
+            del gold, named  # one sample's own values at a time, not two
     except Exception as e:
         res.own_reason = "own-error run failed: " + _reason(e)
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Iterable, Iterator
 
 import contextlib
@@ -190,6 +191,92 @@ def read(path: str | Path) -> Iterator[Tensor]:
         raise
     except (pa.ArrowException, OSError, ValueError) as e:  # not Parquet, truncated, bit flips
         raise corrupt(path, e) from None
+
+
+class Rows:
+    """A store file read row by row when a value is asked for: the (sample, name, shape) columns are
+    read at once, each value's row group when a value in it is first asked for, and the `keep` row
+    groups read last stay decoded (store.buffer_bytes each, about). A reader whose requests go
+    through the file in order, or through a few of its regions each in order (an own-error run:
+    leaf outputs and recorded `pre:` inputs), reads each row group about once and holds `keep` of
+    them, not a whole sample: resnet50's fp64 sample is 490 MB (issue 23)."""
+
+    def __init__(self, path: str | Path, keep: int = 2):
+        import bisect
+        from collections import OrderedDict
+
+        self.path, self.keep, self._bisect = Path(path), keep, bisect.bisect_right
+        try:
+            self.file = pq.ParquetFile(path, memory_map=False)
+            index = self.file.read(columns=["sample", "name", "shape"])
+        except FileNotFoundError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as e:  # not Parquet, truncated, bit flips
+            raise corrupt(path, e) from None
+        self.samples = index.column("sample").to_pylist()
+        self.names = index.column("name").to_pylist()
+        self.shapes = [tuple(s) for s in index.column("shape").to_pylist()]
+        counts = [self.file.metadata.row_group(g).num_rows for g in range(self.file.num_row_groups)]
+        self.starts = [sum(counts[:g]) for g in range(len(counts))]
+        self.cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self.groups_read = 0
+
+    def value(self, i: int) -> np.ndarray:
+        """Row i's array (a read-only view of its row group's buffer, as store.read gives)."""
+        g = self._bisect(self.starts, i) - 1
+        arrays = self.cache.get(g)
+        if arrays is None:
+            while len(self.cache) >= max(self.keep, 1):  # before the read: `keep` groups at most, not keep + 1
+                self.cache.popitem(last=False)
+            try:
+                arrays = [t.array for t in _tensors(self.file.read_row_group(g))]
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise corrupt(self.path, e) from None
+            self.groups_read += 1
+            self.cache[g] = arrays
+        else:
+            self.cache.move_to_end(g)
+        return arrays[i - self.starts[g]]
+
+    def by_sample(self) -> Iterator[tuple[int, "SampleRows"]]:
+        """(k, {name: array} read on lookup) per sample, in file order (a sample's rows together)."""
+        cur, where = None, {}
+        for i, (k, name) in enumerate(zip(self.samples, self.names)):
+            if k != cur and where:
+                yield cur, SampleRows(self, where)
+                where = {}
+            cur = k
+            where[name] = i
+        if where:
+            yield cur, SampleRows(self, where)
+
+
+class SampleRows(Mapping):
+    """One sample of a store file as {name: array}, each array read when it is looked up (Rows)."""
+
+    def __init__(self, rows: Rows, where: dict[str, int]):
+        self.rows, self.where = rows, where
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.rows.value(self.where[name])
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __contains__(self, name) -> bool:
+        return name in self.where
+
+    def shape(self, name: str) -> tuple:
+        """The stored shape of `name`, without reading its values."""
+        return self.rows.shapes[self.where[name]]
+
+
+def shape_in(ref: Mapping, name: str) -> tuple:
+    """A tensor's shape in `ref` ({name: array} or SampleRows), its values unread where possible."""
+    return ref.shape(name) if isinstance(ref, SampleRows) else np.shape(ref[name])
 
 
 def _tensors(table: pa.Table) -> Iterator[Tensor]:

@@ -41,11 +41,20 @@ class StoreSink(CaptureSink):
             self.acc.add_gold(k, gold)
 
     def own(self, k, named, gold):
+        """Each value written and summed, then dropped from `named` (the list is emptied): the sample's
+        own values shrink as they go instead of being held whole till the last one is summed."""
         if self.own_w is None:
             self.own_w = store.Writer(self.out / "own.parquet", self.own_meta)
-        self.own_w.extend(store.Tensor(k, n, i, v) for i, (n, v) in enumerate(named))
         if self.acc is not None:
-            self.acc.add_own(k, named, gold)
+            self.acc.own_names(k, [n for n, _ in named])
+        named.reverse()
+        i = 0
+        while named:
+            n, v = named.pop()
+            self.own_w.add(store.Tensor(k, n, i, v))
+            if self.acc is not None:
+                self.acc.own_value(k, i, n, v, gold)
+            i += 1
 
     def finish(self, res: CaptureResult, keep_layers: bool = False) -> dict:
         """Publish or drop each file by the result; the status entry of own error (as write_own)."""
