@@ -278,3 +278,17 @@ def test_a_provider_and_a_model_are_one_file_each(tmp_path):
     cov = json.loads((art / "suites/coverage/mine.json").read_text())
     row = next(r for r in cov["rows"] if r["op"] == "tinyconv:TinyConv")
     assert row["cells"]["ort_cpu_basic/fp32"]["status"] == "OK", row
+
+
+def test_one_table_printer_and_one_progress_helper():
+    """Terminal tables are drawn by parity.core.ui (plain_table / table) and progress by ui.Progress
+    (issue 26): no hand-padded columns (ljust/rjust) and no other Progress class under parity/.
+    The report's Markdown/HTML writers build file formats, not terminal output, and pad nothing."""
+    bad = []
+    for f in sorted((ROOT / "parity").rglob("*.py")):
+        if f.relative_to(ROOT).as_posix() == "parity/core/ui.py":
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            if ".ljust(" in line or ".rjust(" in line or (line.lstrip().startswith("class ") and "Progress" in line):
+                bad.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not bad, "use parity.core.ui's plain_table / table / Progress:\n" + "\n".join(bad)

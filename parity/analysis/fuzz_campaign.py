@@ -12,6 +12,7 @@ Artifacts of a campaign (write_campaign, deterministic: no timings):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fnmatch
 import hashlib
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.core import io
+from parity.core import io, ui
 from parity.analysis import fuzz
 from parity.pipeline import suite_run
 from parity.suites import diff, pool, spec
@@ -84,23 +85,21 @@ def digest(res: dict) -> str:
     return h.hexdigest()[:16]
 
 
-class Progress:
-    """A status line on stderr at most every `every` s: done/total, cases/s, failures."""
+class _Tally:
+    """Cases done and failed, shown by the one progress helper (parity.core.ui.Progress): a line
+    (done/total, cases/s, failures) at most every `every` s and one at the end; a bar on a terminal."""
 
     def __init__(self, label: str, total: int, every: float = 2.0, stream=sys.stderr):
-        self.label, self.total, self.every, self.stream = label, total, every, stream
-        self.t0 = self.last = time.monotonic()
-        self.done = self.failed = 0
+        self.label, self.failed, self.t0 = label, 0, time.monotonic()
+        self.ui = ui.Progress(total, stream, label, every)
 
     def step(self, failed: bool) -> None:
-        self.done += 1
         self.failed += int(failed)
-        now = time.monotonic()
-        if now - self.last >= self.every or self.done == self.total:
-            self.last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            print(f"{self.label}: {self.done}/{self.total} cases, {rate:.1f} cases/s, {self.failed} failures",
-                  file=self.stream, flush=True)
+        u = self.ui
+        u.advance()
+        text = (f"{self.label}: {u.done}/{u.total} cases, {u.done / max(self.wall, 1e-9):.1f} cases/s, "
+                f"{self.failed} failures")
+        u.line(text) if u.done == u.total else u.heartbeat(text)
 
     @property
     def wall(self) -> float:
@@ -117,9 +116,9 @@ def campaign(p: dict, suite: str, section: dict, dtype: str, provider: str, f: d
     if not tpls:
         raise spec.SuiteError(suite, None, "ops", f"no case of suite {suite} matches {f['ops']!r}")
     cell = cell_for(p, dtype, provider)
-    prog = Progress(f"fuzz {suite} {dtype} {provider}", int(f["cases"]), every=2.0 if progress else 1e9)
+    prog = _Tally(f"fuzz {suite} {dtype} {provider}", int(f["cases"]), every=2.0 if progress else 1e9)
     rows, failures = [], []
-    with pool.Pool(int(f["workers"]), threads=cell["threads"]) as pl:
+    with pool.Pool(int(f["workers"]), threads=cell["threads"]) as pl, contextlib.closing(prog.ui):
         for start in range(0, int(f["cases"]), CHUNK):
             batch = []
             for k in range(start, min(start + CHUNK, int(f["cases"]))):

@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from parity.core.ui import plain_table
+
 # gradient rel_l2 vs fp32: 8 units of roundoff of the AMP dtype (u = 2^-11 fp16, 2^-8 bf16). Measured
 # here: mlp and transformer_block stay within ~1.5 u; resnet18 (batch 1, BatchNorm in train mode) does
 # not: its early BatchNorm/conv gradients are 0.22 (fp16) and 0.57 (bf16) from fp32
@@ -137,19 +139,18 @@ def check(model_cfg: dict, amp_dtype: str, seed: int = 0, lr: float = 1e-2, devi
 
 
 def table(res: dict, top: int | None = None) -> str:
-    """Plain text: loss line, then one row per parameter (worst first when top is given)."""
+    """Plain text: loss line, then one row per parameter (worst first when top is given), as
+    parity.core.ui.plain_table draws every table."""
     rows = res["params"]
     if top:
         rows = sorted(rows, key=lambda r: -r["rel_l2"])[:top]
     lo = res["loss"]
-    head = (f"loss fp32 {lo['fp32']:.6g}  amp {lo['amp']:.6g}  (rel {lo['amp_rel']:.3g})"
-            + (f"  fp64 {lo['fp64']:.6g}" if lo["fp64"] is not None else "")
-            + f"\n{'parameter':<36} {'numel':>9} {'rel_l2':>10} {'max_abs':>10} {'cosine':>9}"
-            + (f" {'fp32~fp64':>10} {'amp~fp64':>10}" if lo["fp64"] is not None else ""))
-    lines = [head]
-    for r in rows:
-        line = f"{r['name']:<36} {r['numel']:>9} {r['rel_l2']:>10.3e} {r['max_abs']:>10.3e} {r['cosine']:>9.6f}"
-        if "fp32_vs_fp64" in r:
-            line += f" {r['fp32_vs_fp64']:>10.3e} {r['amp_vs_fp64']:>10.3e}"
-        lines.append(line + (f"  {r['nonfinite']} non-finite" if r["nonfinite"] else ""))
-    return "\n".join(lines)
+    f64, bad = lo["fp64"] is not None, any(r["nonfinite"] for r in rows)
+    loss = (f"loss fp32 {lo['fp32']:.6g}  amp {lo['amp']:.6g}  (rel {lo['amp_rel']:.3g})"
+            + (f"  fp64 {lo['fp64']:.6g}" if f64 else ""))
+    head = (["parameter", "numel", "rel_l2", "max_abs", "cosine"] + (["fp32~fp64", "amp~fp64"] if f64 else [])
+            + (["note"] if bad else []))
+    body = [[r["name"], str(r["numel"]), f"{r['rel_l2']:.3e}", f"{r['max_abs']:.3e}", f"{r['cosine']:.6f}"]
+            + ([f"{r.get('fp32_vs_fp64', math.nan):.3e}", f"{r.get('amp_vs_fp64', math.nan):.3e}"] if f64 else [])
+            + ([f"{r['nonfinite']} non-finite" if r["nonfinite"] else ""] if bad else []) for r in rows]
+    return loss + "\n" + plain_table(head, body)

@@ -31,7 +31,7 @@ import sys
 from datetime import datetime
 
 from parity.core import metrics as layout
-from parity.core.ui import at_least
+from parity.core.ui import at_least, plain_table
 
 GROUPS = ("models", "dtypes", "providers", "suites")  # conf/<group>/ multi-select: {option: {...}}
 # computed at compose time from the groups and other params (hydra_plugins): never a choice of its own
@@ -71,7 +71,7 @@ def run_from_args(args) -> int:
         w = csv.writer(out, lineterminator="\n")
         w.writerows([head, *rows])
     else:
-        out.write((markdown(head, rows) if args.md else plain(head, rows)) + "\n")
+        out.write((markdown(head, rows) if args.md else plain_table(head, rows)) + "\n")
     return 0
 
 
@@ -198,12 +198,6 @@ def transpose(head: list[str], rows: list[list[str]]) -> tuple[list[str], list[l
 
 
 # -- rendering ----------------------------------------------------------------------------------------
-
-def plain(head: list[str], rows: list[list[str]]) -> str:
-    from parity.core.ui import plain_table  # the one table helper
-
-    return plain_table(head, rows)
-
 
 def markdown(head: list[str], rows: list[list[str]]) -> str:
     esc = lambda x: x.replace("|", "\\|")  # noqa: E731

@@ -273,12 +273,6 @@ def table_rows(rows: list[Change]) -> list[list[str]]:
              _pair(c, "output.rel_l2", True)] for c in rows]
 
 
-def table(rows: list[Change]) -> str:
-    from parity.core.ui import plain_table
-
-    return plain_table(HEAD, table_rows(rows))
-
-
 def select(cells: dict, providers=(), models=()) -> dict:
     """Only the cells of these providers/models (empty: all). A cell is model-dtype-provider; model
     and dtype names hold no '-' (conf option names are [A-Za-z0-9_])."""

@@ -266,14 +266,15 @@ def cell_verdict(files: list[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-class _Progress:
+class _CellLog:
     """One line per finished cell with its verdict (PASS / FAIL at the drift origin / a status),
-    and the verdict counts at the end (parity.core.ui: a rich bar on a terminal, plain lines elsewhere)."""
+    and the verdict counts at the end, through the one progress helper (parity.core.ui.Progress:
+    a rich bar on a terminal, plain lines elsewhere)."""
 
     def __init__(self, total: int, out: TextIO, metrics: dict[str, list[str]] | None = None):
         from parity.core.ui import Progress
 
-        self.total, self.done, self.failed = total, 0, 0
+        self.failed = 0
         self.metrics = metrics or {}
         self.verdicts: dict[str, str] = {}
         self.ui = Progress(total, out, "parity repro")
@@ -281,11 +282,7 @@ class _Progress:
 
     def cell(self, cell: str, ok: bool, secs: float, ran: list[str], why: str = "") -> None:
         with self.lock:
-            self.done += 1
             self.failed += not ok
-            width = 20
-            fill = round(width * self.done / max(self.total, 1))
-            bar = "#" * fill + "-" * (width - fill)
             what = ", ".join(s.split("@")[0] for s in ran) or "up to date"
             if ok:
                 v, origin = cell_verdict(self.metrics.get(cell, []))
@@ -295,7 +292,7 @@ class _Progress:
                 self.verdicts[cell] = "FAILED"
                 state = f"FAILED ({why})"
             fails = f", {self.failed} failed" if self.failed else ""
-            self.ui.line(f"parity: [{bar}] {self.done}/{self.total}{fails}  {cell}: {state} in {secs:.1f}s ({what})",
+            self.ui.line(f"parity: {self.ui.done + 1}/{self.ui.total}{fails}  {cell}: {state} in {secs:.1f}s ({what})",
                          advance=1)
 
     def summary(self) -> str:
@@ -474,7 +471,7 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
         todo = runnable
     else:
         todo = [c for c in runnable if any(s in stale for s in pl.cell_stages[c])]
-    prog = _Progress(len(pl.cells), out, pl.metrics)
+    prog = _CellLog(len(pl.cells), out, pl.metrics)
     try:
         _cells(pl, res, prog, root, jobs, todo, blocked, bad)
     finally:
@@ -497,7 +494,7 @@ def _repro(jobs: int, providers: Sequence[str], models: Sequence[str], dtypes: S
     return res
 
 
-def _cells(pl: Plan, res: Result, prog: _Progress, root: Path, jobs: int, todo: list[str], blocked: set[str],
+def _cells(pl: Plan, res: Result, prog: _CellLog, root: Path, jobs: int, todo: list[str], blocked: set[str],
            bad: set[str]) -> None:
     """Phase 2: run the stale cells, up to `jobs` at once; every cell's verdict on `prog`."""
     for c in pl.cells:

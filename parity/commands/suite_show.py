@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from parity.core.ui import plain_table
 from parity.suites import spec
 
 COLUMNS = (("status", None), ("max_abs", ".3g"), ("rel_l2", ".3g"), ("tol_ratio", ".3g"), ("grad_tol_ratio", ".3g"),
@@ -46,9 +47,7 @@ def render(suite: str, case: dict, results: dict[str, dict]) -> str:
     head = ["cell", *(k for k, _ in COLUMNS), "tolerance"]
     rows = [[cell, *(_fmt(r.get(k), f) for k, f in COLUMNS), str(r.get("tol_source") or "-")]
             for cell, r in results.items()]
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    for r in [head, *rows]:
-        lines.append("  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip())
+    lines.append(plain_table(head, rows))
     for cell, r in results.items():
         for k in ("reason", "note", "drawn"):
             if r.get(k):

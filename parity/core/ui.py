@@ -48,6 +48,7 @@ def _console(stream: TextIO):
 
 
 def plain_table(head: list[str], rows: list[list[str]]) -> str:
+    """The one plain-text table: left-aligned columns two spaces apart, a dashed rule under the head."""
     rows = [[str(x) for x in r] for r in rows]
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     fmt = lambda r: "  ".join(x.ljust(w) for x, w in zip(r, widths)).rstrip()  # noqa: E731
@@ -106,7 +107,8 @@ class Progress:
     printed above it; elsewhere one plain line per event. `line()` prints an event; `status()`
     changes the bar's description (on a terminal only: a plain log gets events, not redraws);
     `heartbeat()` prints a plain status line at most every `every` seconds when nothing else was
-    printed, so a long wait is never silent."""
+    printed, so a long wait is never silent; `advance()` counts items without printing. The one
+    progress helper: `parity repro` (-j and --cluster), `parity sweep` and fuzz campaigns use it."""
 
     def __init__(self, total: int, out: TextIO = sys.stderr, label: str = "parity", every: float = 5.0):
         self.total, self.done, self.out, self.label, self.every = total, 0, out, label, every
@@ -131,6 +133,13 @@ class Progress:
                 self._bar.update(self._task, completed=self.done)
             else:
                 print(text, file=self.out, flush=True)
+
+    def advance(self, n: int = 1) -> None:
+        """Count n finished items without printing (the bar moves on a terminal)."""
+        with self.lock:
+            self.done += n
+            if self._bar is not None:
+                self._bar.update(self._task, completed=self.done)
 
     def status(self, text: str) -> None:
         with self.lock:

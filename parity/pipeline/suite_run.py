@@ -32,7 +32,7 @@ def _not_run(p: dict, dtype: str, provider: str) -> str | None:
     return config.unsupported_dtype(provider, p["providers"][provider], dtype)
 
 
-def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None, progress=None):
+def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None = None):
     """(rows, outputs, references, timing, pool stats) for one cell; references is {"reference": the
     fp32 reference, "gold": the fp64 oracle's values, "floor": its trusted backend at the cell's dtype
     (where run apart: parity.suites.execute)}, each a list of store.Tensor."""
@@ -48,7 +48,7 @@ def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None
         todo = [i for i, why in enumerate(skips) if not why]
         results = [{"status": "SKIPPED", "reason": why} if why else None for why in skips]
         with pool.Pool(workers or int(sr.get("workers", 2)), threads=cell["threads"]) as pl:
-            ran = pl.run([cases[i] for i in todo], cell, [limits[i] for i in todo], progress=progress) if todo else []
+            ran = pl.run([cases[i] for i in todo], cell, [limits[i] for i in todo]) if todo else []
             for i, r in zip(todo, ran):
                 results[i] = r
             stats = {"restarts": pl.restarts, "crashes": pl.crashes, "timeouts": pl.timeouts}

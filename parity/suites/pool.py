@@ -117,7 +117,7 @@ class Pool:
     def _spawn(self) -> _Worker:
         return _Worker(self.env, self.stderr)
 
-    def run(self, cases: list[dict], cell: dict, timeout_s: float | list[float], progress=None) -> list[dict]:
+    def run(self, cases: list[dict], cell: dict, timeout_s: float | list[float]) -> list[dict]:
         # long: one select() loop whose closures share the worker, deadline and result state
         n = len(cases)
         limits = timeout_s if isinstance(timeout_s, list) else [float(timeout_s)] * n
@@ -134,8 +134,6 @@ class Pool:
             nonlocal done
             results[i] = res
             done += 1
-            if progress:
-                progress(done, n, cases[i], res)
 
         def replace(w):
             sel.unregister(w.proc.stdout)
