@@ -177,6 +177,18 @@ def _names_in(origin: str, mtime_ns: int, size: int) -> tuple[frozenset, bool]:
     return frozenset(names), dynamic
 
 
+@functools.lru_cache(maxsize=64)
+def _tree_of(origin: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(origin).read_text())
+
+
+def _parsed(origin: str) -> ast.Module:
+    """The module source at `origin`, parsed once per process while the file is unchanged (compose reads
+    a runner's class literals several times: fingerprint components, options schema, its bases')."""
+    st = os.stat(origin)
+    return _tree_of(str(origin), st.st_mtime_ns, st.st_size)
+
+
 def check_defined(module: str, attr: str, search=None) -> None:
     """Raise NotAllowed unless `module` can be located and (for a .py source) binds the first part of
     `attr` at top level or has it as a submodule. Reads the file; never imports it."""
@@ -204,7 +216,7 @@ def class_literal(module: str, cls: str, attr: str, search=None):
     origin = spec.origin if spec is not None and spec.has_location else None
     if not origin or not str(origin).endswith(".py"):
         return None
-    tree = ast.parse(Path(origin).read_text())
+    tree = _parsed(origin)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for st in node.body:
@@ -227,7 +239,7 @@ def class_value(module: str, cls: str, attr: str, search=None, depth: int = 0):
     origin = spec.origin if spec is not None and spec.has_location else None
     if not origin or not str(origin).endswith(".py"):
         return None
-    tree = ast.parse(Path(origin).read_text())
+    tree = _parsed(origin)
     node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
     if node is None:
         return None
