@@ -4,6 +4,7 @@ composition of conf/, and bad values name the key and the valid choices."""
 from __future__ import annotations
 
 import copy
+import importlib
 from pathlib import Path
 
 import pytest
@@ -139,8 +140,12 @@ def test_bad_values_refused_at_compose(default, mutate, expected):
 
 def test_every_provider_of_conf_passes_its_option_schema():
     p = composed("providers=[" + ",".join(options("providers")) + "]")
-    runners = {prov["runner"] for prov in p["providers"].values()}
-    assert runners <= set(config.RUNNER_OPTIONS), runners - set(config.RUNNER_OPTIONS)
+    for name, prov in p["providers"].items():  # each declares one, and compose reads what Python sees
+        mod, _, cls = prov["runner"].partition(":")
+        schema = config.runner_options(prov)
+        assert schema, name
+        assert schema == getattr(importlib.import_module(mod), cls).options_schema, name
+        assert all(isinstance(r, tuple) or r in config.OPTION_RULES for r in schema.values()), name
     config.validate(p)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from parity.core import compare, store
 from parity.config import params as config
 from parity.backends import CaptureJob, load_runner
-from parity.backends.base import _reason, latency_stats
+from parity.backends.base import error_reason, latency_stats
 
 SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node
 MODULE_PREFIX = "model."  # the LayerRecorder wraps the model as `model`: scopes read model.layer1.0.conv1
@@ -243,7 +243,7 @@ def _not_run(p: dict, c: Cell) -> tuple[str, str] | None:
         cls = load_runner(pc["runner"])
         why = cls.availability(_job(p, c))
     except Exception as e:  # an availability probe that raises means: not available
-        return "UNAVAILABLE", _reason(e)
+        return "UNAVAILABLE", error_reason(e)
     if why:
         return "UNAVAILABLE", why
     if cls.plan_items is None:
@@ -348,7 +348,7 @@ def run_plan(p: dict, c: Cell) -> tuple[dict, str, dict]:
         try:
             plan, timing = _search(p, c, t, head)
         except Exception as e:  # a conversion or run that fails is this cell's result
-            plan = {**head, "status": "FAILED", "reason": _reason(e)}
+            plan = {**head, "status": "FAILED", "reason": error_reason(e)}
     timing = {"cell": key, "status": plan["status"], **timing, "stage_s": time.perf_counter() - t0}
     return plan, keep_yaml(plan, p["dtypes"][c.dtype]), timing
 

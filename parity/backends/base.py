@@ -126,6 +126,11 @@ class Runner:
     # `uses:` can name: {component: (distribution, ...)}, fingerprinted as those packages' versions.
     # A literal dict in the class body: compose reads it without importing the module.
     fingerprint_components: dict[str, tuple[str, ...]] = {}
+    # its provider's `options:` (conf/providers/<p>.yaml): {key: allowed values (a tuple) or the name
+    # of a rule of parity.config.params.OPTION_RULES}; None: any mapping (a user's own runner).
+    # Literal (a dict may spread a base's: {**Base.options_schema, ...}): compose reads it from the
+    # source without importing the module (parity.config.imports.class_value).
+    options_schema: dict | None = None
     # builds a serialized engine in a stage of its own (engine@model-dtype-provider) before capture
     engine_build: bool = False
     # run_op also returns gradients (suite cases with `grad: true`); runs float64 gradcheck cases
@@ -222,7 +227,17 @@ class Runner:
         raise NotImplementedError(f"{type(self).__name__} has no mixed-precision hook (Runner.mixed)")
 
 
-def _reason(e: BaseException) -> str:
+def calibration_feeds(path) -> list[dict]:
+    """The calibration samples written by the inputs stage: [{input name: array}, ...] (what an INT8
+    runner calibrates on: ort_int8's static quantization, an engine build's INT8 calibrator)."""
+    by_sample: dict[int, dict] = {}
+    for t in store.read(path):
+        by_sample.setdefault(t.sample, {})[t.name] = t.array
+    return [by_sample[k] for k in sorted(by_sample)]
+
+
+def error_reason(e: BaseException) -> str:
+    """An exception as a status reason: `Type: message (at file:line)`."""
     tb = traceback.extract_tb(e.__traceback__)
     where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
     return f"{type(e).__name__}: {e}{where}".strip()
@@ -231,7 +246,7 @@ def _reason(e: BaseException) -> str:
 def _cause(e: CompileError) -> str:
     """The compiler's own exception (the CompileError's __cause__) when there is one."""
     inner = e.__cause__
-    return f"{e}: {_reason(inner)}" if inner is not None else _reason(e)
+    return f"{e}: {error_reason(inner)}" if inner is not None else error_reason(e)
 
 
 def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.ndarray]],
@@ -251,7 +266,7 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     try:
         why = cls.availability(job)
     except Exception as e:  # an availability probe that raises means: not available
-        why = _reason(e)
+        why = error_reason(e)
     if why:
         return CaptureResult("UNAVAILABLE", why)
     runner = cls(job)
@@ -264,7 +279,7 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     except SessionError as e:
         return CaptureResult("INFER_FAIL", str(e))
     except Exception as e:
-        return CaptureResult("EXPORT_FAIL", _reason(e))
+        return CaptureResult("EXPORT_FAIL", error_reason(e))
     keep = KeepSink() if sink is None else None
     sink = sink or keep
     try:
@@ -327,11 +342,11 @@ def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink, wa
                 "COMPILE_FAIL", "plain-graph compile failed: " + _cause(e))
         except Exception as e:
             return _per_layer_failure(runner, feeds) or CaptureResult(
-                "INFER_FAIL", "plain-graph run failed: " + _reason(e))
+                "INFER_FAIL", "plain-graph run failed: " + error_reason(e))
     try:
         lat = _latency(runner, feeds[0], warmup, repeats) if feeds else []
     except Exception as e:
-        return CaptureResult("INFER_FAIL", "plain-graph run failed: " + _reason(e))
+        return CaptureResult("INFER_FAIL", "plain-graph run failed: " + error_reason(e))
     gold = lazy_gold_samples(job.reference) if sink.wants_gold and _has_reference(job) else None
     for k, f in enumerate(feeds):
         try:
@@ -339,7 +354,7 @@ def _samples(runner: Runner, job: CaptureJob, feeds: list, sink: CaptureSink, wa
         except CompileError as e:
             return CaptureResult("COMPILE_FAIL", _cause(e))
         except Exception as e:
-            return CaptureResult("INFER_FAIL", _reason(e))
+            return CaptureResult("INFER_FAIL", error_reason(e))
         sink.sample(k, named + plain[k], next(gold, (None, None))[1] if gold is not None else None)
         del named
     if gold is not None:
@@ -357,7 +372,7 @@ def _per_layer_failure(runner: Runner, feeds: list) -> CaptureResult | None:
         except CompileError as e:
             return CaptureResult("COMPILE_FAIL", _cause(e))
         except Exception as e:
-            return CaptureResult("INFER_FAIL", _reason(e))
+            return CaptureResult("INFER_FAIL", error_reason(e))
     return None
 
 
@@ -448,7 +463,7 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
             sink.own(k, named, gold)
             del gold, named  # one sample's own values at a time, not two
     except Exception as e:
-        res.own_reason = "own-error run failed: " + _reason(e)
+        res.own_reason = "own-error run failed: " + error_reason(e)
         return
     res.own_skipped = runner.own_skipped()
 

@@ -34,6 +34,9 @@ OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
 class OrtRunner(Runner):
     ep = "CPUExecutionProvider"
     onnx_based = True
+    options_schema = {"graph_optimization_level": ("disabled", "basic", "extended", "all"),
+                      "provider_options": "mapping", "fallback": "list",
+                      "fault": "fault"}  # diagnostic: emulate a miscompiled node (parity.backends.fault)
 
     @classmethod
     def availability(cls, job):

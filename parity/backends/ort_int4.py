@@ -8,7 +8,7 @@ and PV) and every other op are untouched.
 
 Precision mode (conf/dtypes `mode:`): int4_weight.
 
-Options (conf/providers/ort_int4.yaml, checked at compose by parity.config.params.RUNNER_OPTIONS):
+Options (conf/providers/ort_int4.yaml, checked at compose against OrtInt4Runner.options_schema):
   block_size      16 | 32 | 64 | 128 | 256 (default 32: the ORT model builder's int4 default)
   accuracy_level  0..4: the minimum compute precision MatMulNBits may use for the activations
                   (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8: activations quantized per block to int8
@@ -195,6 +195,8 @@ def _quantizer():
 class OrtInt4Runner(OrtRunner):
     ep = "CPUExecutionProvider"
     precision_modes = INT4_MODES
+    options_schema = {**OrtRunner.options_schema, "block_size": (16, 32, 64, 128, 256),
+                      "accuracy_level": (0, 1, 2, 3, 4), "is_symmetric": "bool", "gemm_to_matmul": "bool"}
     own_unsupported = ("int4 weight-only: own error not measured (the quantized graph is not fed from "
                        "the reference; the per-layer drift against fp32 names the quantized layers)")
 

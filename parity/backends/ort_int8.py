@@ -33,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from parity.backends import fingerprint
+from parity.backends.base import calibration_feeds
 from parity.backends.ort_cpu import OrtRunner
 
 INT8_MODES = ("int8_dynamic", "int8_static")
@@ -56,16 +57,6 @@ def int8_settings(provider: str, mode: str, opts: dict, kernels: dict) -> dict:
         mode == "int8_dynamic" or opts.get("activation_type", "QInt8") == "QUInt8")
     return {"reduce_range": rr, "reduce_range_from": why, "cpu_vnni": vnni, "cpu_int8_flags": flags,
             "u8s8": u8s8, "saturation_risk": bool(vnni is False and u8s8 and not rr)}
-
-
-def calibration_feeds(path) -> list[dict]:
-    """The calibration samples written by the inputs stage: [{input name: array}, ...]."""
-    from parity.core import store
-
-    by_sample: dict[int, dict] = {}
-    for t in store.read(path):
-        by_sample.setdefault(t.sample, {})[t.name] = t.array
-    return [by_sample[k] for k in sorted(by_sample)]
 
 
 class _DropMessage(logging.Filter):
@@ -96,6 +87,9 @@ class _Reader:
 class OrtInt8Runner(OrtRunner):
     ep = "CPUExecutionProvider"
     precision_modes = INT8_MODES
+    options_schema = {**OrtRunner.options_schema, "per_channel": "bool", "weight_type": ("QInt8", "QUInt8"),
+                      "reduce_range": "auto_bool", "activation_type": ("QInt8", "QUInt8"),
+                      "calibrate_method": ("MinMax", "Entropy", "Percentile")}
 
     def _opts(self) -> dict:
         return self.job.provider_cfg.get("options") or {}

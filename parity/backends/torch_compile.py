@@ -30,6 +30,8 @@ def _is_compiler_error(e: BaseException) -> bool:
 
 class TorchCompileRunner(TorchRunner):
     device = "cpu"
+    options_schema = {"device": "torch_device", "backend": "string", "fullgraph": "bool", "dynamic": "bool",
+                      "mode": (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")}
     # the own-error passes feed/replace values through module hooks; a compiled graph does not run
     # them per call (Dynamo traces them once, with the values guarded), so no own values here
     own_unsupported = ("torch.compile: own error not measured (the hooks that feed reference values "

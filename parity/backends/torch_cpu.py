@@ -224,6 +224,7 @@ class TorchRunner(Runner):
 
 
 class TorchCpuRunner(TorchRunner):
+    options_schema = {"device": ("cpu",)}
     op_gradcheck = True  # float64 gradcheck cases (suites) run on the CPU
 
 

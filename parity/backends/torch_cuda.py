@@ -27,6 +27,7 @@ def cuda_availability(device: str) -> str | None:
 
 class TorchCudaRunner(TorchRunner):
     device = "cuda"
+    options_schema = {"device": "torch_device"}
 
     @classmethod
     def availability(cls, job):

@@ -228,6 +228,7 @@ class _Engine:
 
 class TrtRunner(Runner):
     engine_build = True
+    options_schema = {"workspace_mb": "positive_int", "strongly_typed": "bool"}
     precision_modes = ("cast", "int8_static", "fp8")
 
     @classmethod

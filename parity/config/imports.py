@@ -177,6 +177,18 @@ def _names_in(origin: str, mtime_ns: int, size: int) -> tuple[frozenset, bool]:
     return frozenset(names), dynamic
 
 
+@functools.lru_cache(maxsize=64)
+def _tree_of(origin: str, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(Path(origin).read_text())
+
+
+def _parsed(origin: str) -> ast.Module:
+    """The module source at `origin`, parsed once per process while the file is unchanged (compose reads
+    a runner's class literals several times: fingerprint components, options schema, its bases')."""
+    st = os.stat(origin)
+    return _tree_of(str(origin), st.st_mtime_ns, st.st_size)
+
+
 def check_defined(module: str, attr: str, search=None) -> None:
     """Raise NotAllowed unless `module` can be located and (for a .py source) binds the first part of
     `attr` at top level or has it as a submodule. Reads the file; never imports it."""
@@ -204,7 +216,7 @@ def class_literal(module: str, cls: str, attr: str, search=None):
     origin = spec.origin if spec is not None and spec.has_location else None
     if not origin or not str(origin).endswith(".py"):
         return None
-    tree = ast.parse(Path(origin).read_text())
+    tree = _parsed(origin)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for st in node.body:
@@ -215,6 +227,66 @@ def class_literal(module: str, cls: str, attr: str, search=None):
                         return ast.literal_eval(st.value)
                     except ValueError:
                         return None
+    return None
+
+
+def class_value(module: str, cls: str, attr: str, search=None, depth: int = 0):
+    """The literal value of class attribute `attr` of `module`:`cls` as Python would find it (read,
+    never imported): the class body's `attr = <literal>`, else the first base's (a class of the
+    module or one it imports by `from pkg.mod import Base`). A dict may spread a base's value,
+    `{**Base.attr, "key": ...}`. None when not found or not literal."""
+    spec = locate(module, search) if depth < 8 else None
+    origin = spec.origin if spec is not None and spec.has_location else None
+    if not origin or not str(origin).endswith(".py"):
+        return None
+    tree = _parsed(origin)
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if node is None:
+        return None
+    for st in node.body:
+        target = st.target if isinstance(st, ast.AnnAssign) else (
+            st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == attr and st.value is not None:
+            return _literal(tree, module, st.value, attr, search, depth)
+    for base in node.bases:
+        where = _class_of(tree, module, base.id) if isinstance(base, ast.Name) else None
+        got = class_value(*where, attr, search, depth + 1) if where else None
+        if got is not None:
+            return got
+    return None
+
+
+def _literal(tree: ast.Module, module: str, value: ast.expr, attr: str, search, depth: int):
+    """ast.literal_eval, plus `**Base.<attr>` spreads in a dict (read with class_value)."""
+    try:
+        if not isinstance(value, ast.Dict) or all(k is not None for k in value.keys):
+            return ast.literal_eval(value)
+        out = {}
+        for k, v in zip(value.keys, value.values):
+            if k is not None:
+                out[ast.literal_eval(k)] = ast.literal_eval(v)
+                continue
+            if not (isinstance(v, ast.Attribute) and v.attr == attr and isinstance(v.value, ast.Name)):
+                return None
+            where = _class_of(tree, module, v.value.id)
+            base = class_value(*where, attr, search, depth + 1) if where else None
+            if not isinstance(base, dict):
+                return None
+            out.update(base)
+        return out
+    except ValueError:
+        return None
+
+
+def _class_of(tree: ast.Module, module: str, name: str) -> tuple[str, str] | None:
+    """(module, class) that `name` means in `module`: a class it defines or imports by name."""
+    if any(isinstance(n, ast.ClassDef) and n.name == name for n in tree.body):
+        return module, name
+    for n in tree.body:
+        if isinstance(n, ast.ImportFrom) and n.module and not n.level:
+            for a in n.names:
+                if (a.asname or a.name) == name:
+                    return n.module, a.name
     return None
 
 

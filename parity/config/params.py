@@ -98,34 +98,22 @@ NAME = re.compile(r"[A-Za-z0-9_]+")  # option names become file paths and DVC st
 GROUPS = ("models", "dtypes", "providers", "suites")
 BOOLS = (("strict",), ("reference", "fp64"), ("capture", "latency"), ("suites_run", "grad"))
 
-# Provider `options:` per runner (conf/providers/<p>.yaml): key -> allowed values (a tuple), a type
-# (bool, int, str, dict, list), or a predicate with its description. A runner not listed here (a
+# Provider `options:` (conf/providers/<p>.yaml) are checked against the runner class's
+# `options_schema` (parity.backends.base.Runner), read from its source at compose: key -> allowed
+# values (a tuple) or the name of a rule below (with what it allows). A runner declaring none (a
 # user's own) gets only the mapping check.
-_ORT_OPTIONS = {"graph_optimization_level": ("disabled", "basic", "extended", "all"),
-                "provider_options": dict, "fallback": list,
-                # diagnostic: emulate a miscompiled node (parity.backends.fault)
-                "fault": (lambda v: isinstance(v, dict) and set(v) <= {"node", "scale"} and "node" in v
-                          and isinstance(v.get("scale", 1.0), (int, float)), "{node: <name>, scale: <number>}")}
-_QTYPES = ("QInt8", "QUInt8")
-_TORCH_DEVICE = (lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
-                 "cpu, cuda or cuda:<index>")
-RUNNER_OPTIONS = {
-    "parity.backends.ort_cpu:OrtCpuRunner": _ORT_OPTIONS,
-    "parity.backends.ort_gpu:OrtCudaRunner": _ORT_OPTIONS,
-    "parity.backends.ort_gpu:OrtTrtRunner": _ORT_OPTIONS,
-    "parity.backends.ort_int8:OrtInt8Runner": {
-        **_ORT_OPTIONS, "per_channel": bool, "weight_type": _QTYPES,
-        "reduce_range": (lambda v: isinstance(v, bool) or v == "auto", "auto, true or false"),
-        "activation_type": _QTYPES, "calibrate_method": ("MinMax", "Entropy", "Percentile")},
-    "parity.backends.ort_int4:OrtInt4Runner": {  # parity.backends.ort_int4 (defaults there)
-        **_ORT_OPTIONS, "block_size": (16, 32, 64, 128, 256), "accuracy_level": (0, 1, 2, 3, 4),
-        "is_symmetric": bool, "gemm_to_matmul": bool},
-    "parity.backends.torch_cpu:TorchCpuRunner": {"device": ("cpu",)},
-    "parity.backends.torch_cuda:TorchCudaRunner": {"device": _TORCH_DEVICE},
-    "parity.backends.torch_compile:TorchCompileRunner": {
-        "device": _TORCH_DEVICE, "backend": str, "fullgraph": bool, "dynamic": bool,
-        "mode": (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")},
-    "parity.backends.trt:TrtRunner": {"workspace_mb": int, "strongly_typed": bool},
+OPTION_RULES = {
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "positive_int": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+    "string": (lambda v: isinstance(v, str) and bool(v), "a non-empty string"),
+    "mapping": (lambda v: isinstance(v, dict), "a mapping"),
+    "list": (lambda v: isinstance(v, list), "a list"),
+    "auto_bool": (lambda v: isinstance(v, bool) or v == "auto", "auto, true or false"),
+    "torch_device": (lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
+                     "cpu, cuda or cuda:<index>"),
+    # diagnostic: emulate a miscompiled node (parity.backends.fault)
+    "fault": (lambda v: isinstance(v, dict) and set(v) <= {"node", "scale"} and "node" in v
+              and isinstance(v.get("scale", 1.0), (int, float)), "{node: <name>, scale: <number>}"),
 }
 
 
@@ -191,16 +179,20 @@ def _bools(p: dict) -> None:
 
 def _option_ok(rule, v) -> tuple[bool, str]:
     """(v satisfies rule, what the rule allows)."""
-    if isinstance(rule, tuple) and len(rule) == 2 and callable(rule[0]):
-        return rule[0](v), rule[1]
     if isinstance(rule, tuple):
         return v in rule and not isinstance(v, bool), ", ".join("null" if x is None else str(x) for x in rule)
-    if rule is int:
-        return isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"
-    if rule is str:
-        return isinstance(v, str) and bool(v), "a non-empty string"
-    names = {bool: "true or false", dict: "a mapping", list: "a list"}
-    return isinstance(v, rule), names[rule]
+    check, allowed = OPTION_RULES[rule]
+    return check(v), allowed
+
+
+def runner_options(prov: dict) -> dict | None:
+    """The `options_schema` the provider's runner class declares (or inherits), read from its source,
+    never imported; None when it declares none."""
+    from parity.config import imports
+
+    mod, _, cls = str(prov.get("runner", "")).partition(":")
+    got = imports.class_value(mod, cls, "options_schema") if cls else None
+    return got if isinstance(got, dict) else None
 
 
 def _provider_options(where: str, prov: dict) -> None:
@@ -210,7 +202,7 @@ def _provider_options(where: str, prov: dict) -> None:
         return
     if not isinstance(opts, dict):
         raise ConfigError(f"{where}.options: expected a mapping, got {opts!r}")
-    schema = RUNNER_OPTIONS.get(prov["runner"])
+    schema = runner_options(prov)
     if schema is None:
         return  # a user's own runner: its options are its business
     for k, v in opts.items():

@@ -23,8 +23,7 @@ def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration:
     why = cluster_unavailable(provider) or cls.engine_availability()  # parity repro --cluster: no node offers it
     if why:
         return {"status": "UNAVAILABLE", "reason": why}
-    from parity.backends.base import _reason
-    from parity.backends.ort_int8 import calibration_feeds
+    from parity.backends.base import calibration_feeds, error_reason
     from parity.core.io import read_json
 
     names = [x["name"] for x in read_json(Path(model_dir) / "layers.json")["layers"]]
@@ -32,4 +31,4 @@ def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration:
     try:
         return cls.build_engine(Path(model_dir), dc, pc.get("options") or {}, calib, out, timing_cache, names)
     except Exception as e:  # a failed build is a result (EXPORT_FAIL), like a failed conversion
-        return {"status": "EXPORT_FAIL", "reason": "engine build failed: " + _reason(e)}
+        return {"status": "EXPORT_FAIL", "reason": "engine build failed: " + error_reason(e)}
