@@ -12,7 +12,8 @@ never differs on the graphs parity exports), not in `exclude`:
   (N, K/block) in B's dtype, zero points (N, ceil(K/block/2)) uint8 when not symmetric;
 - the node becomes com.microsoft MatMulNBits `<node>_Q4` with inputs (A, `<B>_Q4`, `<B>_scales`
   [, `<B>_zero_points`]) and attributes K, N, bits 4, block_size, accuracy_level (left out at 0), as
-  the quantizer writes it; initializers no node reads any more are dropped.
+  the quantizer writes it; initializers no node reads any more are dropped. (A weight two MatMuls
+  share is quantized once; the quantizer would append its tensors twice under one name.)
 The packed tensors go to a Converted store (parity.models.onnx_weights: one temp weights file,
 appended one tensor at a time, keyed by name and settings, so the layers, plain and mixed graphs of a
 runner quantize each weight once), and so do the graph's other external initializers (onnxruntime
