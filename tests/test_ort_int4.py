@@ -173,37 +173,92 @@ def test_tiny_llama_int4_gets_a_verdict_and_a_confirmed_plan(tmp_path):
     assert all(k.endswith(("_proj",)) for k in pl["keep"]), pl["keep"]
 
 
-def test_a_mixed_model_assembled_from_one_quantization_equals_quantizing_with_exclusions():
-    """The plan's mixed models reuse one full quantization (ort_int4.assemble): same graph numbers as
-    the quantizer run with nodes_to_exclude, for every exclusion set."""
+def _node_key(m) -> list:
+    return [(n.name, n.op_type, n.domain, list(n.input), list(n.output), [a.SerializeToString() for a in n.attribute])
+            for n in m.graph.node]
+
+
+def _same_as_the_quantizer(model_dir, name: str, opts: dict, exclude, feeds: dict) -> list[str]:
+    """Quantize model_dir/name by streaming (onnx_int4) and by the MatMulNBitsQuantizer on the model
+    read in whole (ort_int4.quantize): same nodes and attributes, same initializer names, each
+    initializer's bytes identical, same opsets, identical outputs. Returns the quantized nodes."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from parity.backends import ort_int4
+    from parity.models import onnx_int4, onnx_weights
+
+    want, want_names = ort_int4.quantize(onnx_weights.load_with_data(model_dir / name), opts, exclude)
+    store = onnx_weights.Converted()
+    try:
+        got, names = onnx_int4.quantize(onnx_weights.load_graph(model_dir / name), model_dir, store, opts, exclude)
+        assert names == want_names and _node_key(got) == _node_key(want)
+        assert list(got.opset_import) == list(want.opset_import) and list(got.graph.input) == list(want.graph.input)
+        inits = {t.name: t for t in got.graph.initializer}
+        assert sorted(inits) == sorted(t.name for t in want.graph.initializer)
+        for t in want.graph.initializer:
+            a, b = numpy_helper.to_array(t), onnx_int4.read(inits[t.name], store.dir)
+            assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes()), t.name
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(store.dir))
+        cpu = ["CPUExecutionProvider"]
+        out = ort.InferenceSession(got.SerializeToString(), so, providers=cpu).run(None, feeds)
+        ref = ort.InferenceSession(want.SerializeToString(), providers=cpu).run(None, feeds)
+        assert [o.tobytes() for o in out] == [o.tobytes() for o in ref]
+    finally:
+        store.close()
+    return names
+
+
+@pytest.mark.parametrize("opts", [{}, {"is_symmetric": False, "block_size": 16, "accuracy_level": 0}])
+def test_the_streaming_quantizer_writes_what_the_matmulnbits_quantizer_writes(tmp_path, opts):
+    """parity.models.onnx_int4 (one weight at a time from weights.bin) against onnxruntime's quantizer
+    on the whole model in memory: a Gemm (transB) rewritten and quantized, a MatMul whose K (40) is
+    not a multiple of the block, each exclusion set the plan uses; inline graphs (reduce) stay inline."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from parity.backends import ort_int4
+    from parity.models import onnx_int4, onnx_weights
 
     rng = np.random.default_rng(1)
-    w1, b1 = rng.standard_normal((32, 64)).astype(np.float32), rng.standard_normal(32).astype(np.float32)
-    w2 = rng.standard_normal((32, 16)).astype(np.float32)
+    w1, b1 = rng.standard_normal((40, 64)).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    w2 = rng.standard_normal((40, 24)).astype(np.float32)
     g = helper.make_graph([helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
                            helper.make_node("Relu", ["h"], ["r"], name="act"),
                            helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2")], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 24])],
                           [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"))])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
-
-    def copy():
-        return onnx.ModelProto.FromString(m.SerializeToString())
-
-    def run(model):
-        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-
-    x = rng.standard_normal((4, 64)).astype(np.float32)
-    full, _ = ort_int4.quantize(copy(), ort_int4.DEFAULTS)
+    onnx_weights.pack(m, tmp_path, tmp_path / onnx_weights.WEIGHTS)
+    onnx_weights.save_graph(m, tmp_path / "model.onnx")
+    opts = {**ort_int4.DEFAULTS, **opts}
+    feeds = {"x": rng.standard_normal((4, 64)).astype(np.float32)}
     for exclude in ([], ["fc1"], ["fc2"], ["fc1", "fc2"]):
-        want, _ = ort_int4.quantize(copy(), ort_int4.DEFAULTS, exclude)
-        got = ort_int4.assemble(copy(), full, ort_int4.DEFAULTS, exclude)
-        assert sorted(n.op_type for n in got.graph.node) == sorted(n.op_type for n in want.graph.node), exclude
-        assert sorted(t.name for t in got.graph.initializer) == sorted(t.name for t in want.graph.initializer)
-        np.testing.assert_array_equal(run(got), run(want))
+        names = _same_as_the_quantizer(tmp_path, "model.onnx", opts, exclude, feeds)
+        assert names == [n for n in ("fc1", "fc2") if n not in exclude]
+    inline, _ = onnx_int4.quantize(onnx_weights.load_with_data(tmp_path / "model.onnx"), tmp_path, None, opts)
+    want, _ = ort_int4.quantize(onnx_weights.load_with_data(tmp_path / "model.onnx"), opts)
+    assert not onnx_weights.has_external(inline)
+    assert [o.tobytes() for o in ort.InferenceSession(inline.SerializeToString()).run(None, feeds)] == \
+        [o.tobytes() for o in ort.InferenceSession(want.SerializeToString()).run(None, feeds)]
+    assert onnx.ModelProto.FromString(inline.SerializeToString()).graph.node[0].op_type == "MatMulNBits"
+
+
+@pytest.mark.slow
+def test_the_streaming_quantizer_on_the_tiny_llama_equals_the_quantizer(tmp_path):
+    """The tiny Llama (conf/models/tiny_llama.yaml, exported in-process): model.onnx and layers.onnx
+    quantized by streaming give the MatMulNBitsQuantizer's graph, byte-identical weights and identical
+    logits and layer outputs, with and without the plan's exclusions."""
+    from conftest import composed
+    from parity.backends import ort_int4
+    from parity.pipeline.export import export_model
+
+    export_model(composed("models=[tiny_llama]"), "tiny_llama", tmp_path)
+    feeds = {"input_ids": (np.arange(32, dtype=np.int64) * 37 % 1000)[None]}
+    for name in ("model.onnx", "layers.onnx"):
+        assert len(_same_as_the_quantizer(tmp_path, name, ort_int4.DEFAULTS, [], feeds)) == 15
+    keep = ["node_linear", "node_linear_14"]  # the first q_proj and lm_head (names of the dynamo export)
+    assert len(_same_as_the_quantizer(tmp_path, "model.onnx", ort_int4.DEFAULTS, keep, feeds)) == 13

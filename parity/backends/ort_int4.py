@@ -25,9 +25,15 @@ The quantized weight MatMuls of the plain graph (model.onnx) are counted in the 
 when it runs). The per-layer graph (layers.onnx) is quantized with the same settings, so every layer
 compares against the fp32 reference by the same name.
 
+Streaming: the graphs are quantized weight by weight (parity.models.onnx_int4: the quantizer's own
+per-tensor function and the graph it writes, byte for byte, without holding the model in one protobuf,
+so a 1.1B model quantizes in about three times its largest weight of memory), into a temp weights file
+the cell's graphs share. `quantize` (the MatMulNBitsQuantizer on an in-memory model) is what it is
+checked against.
+
 Own error: not measured (own_unsupported). Runner.mixed (the plan): model.onnx quantized with the kept
-layers' weight MatMuls in the quantizer's nodes_to_exclude (the same graph, assembled from one full
-quantization per runner: assemble); candidates are the leaf modules holding at least one weight MatMul
+layers' weight MatMuls excluded (the quantizer's nodes_to_exclude; each weight quantized once per
+runner, the temp file keeps it); candidates are the leaf modules holding at least one weight MatMul
 (plan_units). Never imports torch.
 """
 
@@ -51,60 +57,18 @@ def options(provider_cfg: dict) -> dict:
     return {k: o.get(k, v) for k, v in DEFAULTS.items()}
 
 
-def _attr(node, name: str, default):
-    import onnx
-
-    a = next((a for a in node.attribute if a.name == name), None)
-    return default if a is None else onnx.helper.get_attribute_value(a)
-
-
-def _gemm_ok(node, inits: dict) -> bool:
-    """A Gemm the rewrite takes: a constant 2-D B, A not transposed, alpha = beta = 1."""
-    b = inits.get(node.input[1]) if len(node.input) > 1 else None
-    return (node.op_type == "Gemm" and b is not None and len(b.dims) == 2 and _attr(node, "transA", 0) == 0
-            and _attr(node, "alpha", 1.0) == 1.0 and _attr(node, "beta", 1.0) == 1.0)
-
-
 def weight_matmuls(m, gemm: bool, exclude=()) -> list[str]:
-    """Node names the quantizer turns into MatMulNBits, in graph order: MatMuls with a 2-D constant
-    initializer as B (and, with `gemm`, Gemms the rewrite takes), not in `exclude`."""
-    inits = {t.name: t for t in m.graph.initializer}
-    out = []
-    for n in m.graph.node:
-        if n.name in exclude:
-            continue
-        b = inits.get(n.input[1]) if len(n.input) > 1 else None
-        if n.op_type == "MatMul" and b is not None and len(b.dims) == 2 or gemm and _gemm_ok(n, inits):
-            out.append(n.name)
-    return out
+    """The weight MatMuls the quantizers take (parity.models.onnx_int4.weight_matmuls)."""
+    from parity.models import onnx_int4
+
+    return onnx_int4.weight_matmuls(m, gemm, exclude)
 
 
 def gemm_to_matmul(m, exclude=()) -> int:
-    """Rewrite, in place, each Gemm `weight_matmuls` takes (not in `exclude`) as MatMul(A, B') with the
-    Gemm's name (B' = B transposed when transB) plus Add(C) named `<gemm>_bias`. Returns how many."""
-    import onnx
-    from onnx import numpy_helper
+    """The Gemm rewrite (parity.models.onnx_int4.gemm_to_matmul), weights inline."""
+    from parity.models import onnx_int4
 
-    inits = {t.name: t for t in m.graph.initializer}
-    nodes, n_done = [], 0
-    for n in m.graph.node:
-        if n.name in exclude or not _gemm_ok(n, inits):
-            nodes.append(n)
-            continue
-        b = n.input[1]
-        if _attr(n, "transB", 0):
-            w = numpy_helper.to_array(inits[b]).T.copy()
-            b = f"{n.input[1]}_t_{n.name}"
-            m.graph.initializer.append(numpy_helper.from_array(w, b))
-        has_c = len(n.input) > 2 and n.input[2]
-        mm_out = f"{n.output[0]}_matmul" if has_c else n.output[0]
-        nodes.append(onnx.helper.make_node("MatMul", [n.input[0], b], [mm_out], name=n.name))
-        if has_c:
-            nodes.append(onnx.helper.make_node("Add", [mm_out, n.input[2]], [n.output[0]], name=f"{n.name}_bias"))
-        n_done += 1
-    del m.graph.node[:]
-    m.graph.node.extend(nodes)
-    return n_done
+    return onnx_int4.gemm_to_matmul(m, exclude)
 
 
 def quantize(m, opts: dict, exclude=()):
@@ -130,53 +94,6 @@ def quantize(m, opts: dict, exclude=()):
         raise ValueError(f"the int4 quantizer replaced {len(got)} MatMuls, {len(want)} expected "
                          f"(weight MatMuls: {want[:8]})")
     return out, want
-
-
-def assemble(m, q_full, opts: dict, exclude=()):
-    """`m` (changed in place) as quantize(m, opts, exclude) makes it, from `q_full` = quantize(a copy
-    of m, opts): each weight is quantized on its own, so its MatMulNBits node and tensors are taken
-    from q_full instead of quantizing it again (a plan runs dozens of mixed models; quantizing a 1B
-    model's weights takes minutes). Nodes in `exclude` keep their float32 weights."""
-    import onnx
-
-    del m.graph.value_info[:]
-    if opts["gemm_to_matmul"]:
-        gemm_to_matmul(m, set(exclude))
-    want = set(weight_matmuls(m, False, set(exclude)))
-    by_out = {n.output[0]: n for n in q_full.graph.node if n.op_type == "MatMulNBits"}
-    q_inits = {t.name: t for t in q_full.graph.initializer}
-    nodes, add = [], {}
-    for n in m.graph.node:
-        qn = by_out.get(n.output[0]) if n.name in want else None
-        if n.name in want and qn is None:
-            raise ValueError(f"no quantized node for {n.name} in the fully quantized model")
-        nodes.append(qn if qn is not None else n)
-        add.update({i: q_inits[i] for i in (qn.input[1:] if qn is not None else []) if i in q_inits})
-    del m.graph.node[:]
-    m.graph.node.extend(nodes)
-    used = _used(m.graph) | {o.name for o in m.graph.output}
-    keep = [t for t in m.graph.initializer if t.name in used]
-    del m.graph.initializer[:]
-    m.graph.initializer.extend(keep + [add[k] for k in sorted(add)])
-    if want and not any(o.domain == "com.microsoft" for o in m.opset_import):
-        m.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    return m
-
-
-def _used(graph) -> set[str]:
-    """Every name a node of `graph` or of its subgraphs reads."""
-    import onnx
-
-    names = set()
-    for n in graph.node:
-        names.update(n.input)
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                names |= _used(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    names |= _used(g)
-    return names
 
 
 def _quantizer():
@@ -237,21 +154,21 @@ class OrtInt4Runner(OrtRunner):
         super().activate()
 
     def _convert(self, path):
-        """(the graph quantized, serialised with its weights inline, None): the MatMulNBits quantizer
-        needs a whole model in memory, so the weights are read in (parity.models.onnx_weights.with_data;
-        the quantized graph is about a quarter of the float32 one)."""
+        """(the graph quantized and serialised weightless, the folder of its external data): the
+        weights are quantized one at a time by parity.models.onnx_int4 (onnxruntime's own per-tensor
+        quantization, the graph its MatMulNBitsQuantizer would write) into this runner's temp weights
+        file, shared by the cell's graphs, so no model meets protobuf's 2 GiB limit. A graph given with
+        its weights inline (reduce) stays inline: (serialised graph, None)."""
         from parity.models import onnx_weights
 
         base = Path(path).parent if isinstance(path, (str, Path)) else Path(self.job.model_dir)
         src = onnx_weights.load_graph(path) if isinstance(path, (str, Path)) else path
-        if onnx_weights.has_external(src):
-            src = onnx_weights.with_data(src, base)
         if self._fault():
             from parity.backends import fault
 
             src = fault.inject(src, self._fault(), base)
         want = [(o.name, o.type.tensor_type.elem_type) for o in src.graph.output]
-        q, names = quantize(src, self._opts())
+        q, names = self._quantized(src, base, ())
         if not names:
             raise ValueError(f"no MatMul with a constant 2-D weight to quantize in {Path(str(path)).name} "
                              f"(int4 weight-only would run the fp32 model; Gemms count only with "
@@ -259,7 +176,16 @@ class OrtInt4Runner(OrtRunner):
         got = [(o.name, o.type.tensor_type.elem_type) for o in q.graph.output]
         if got != want:
             raise ValueError(f"quantizing {Path(str(path)).name} changed its outputs")
-        return q.SerializeToString(), None
+        external = onnx_weights.has_external(q)
+        return q.SerializeToString(), (self._converted().dir if external else None)
+
+    def _quantized(self, m, base: Path, exclude):
+        """onnx_int4.quantize of `m` (external data under `base`; into this runner's Converted store
+        when it has any, else inline)."""
+        from parity.models import onnx_int4, onnx_weights
+
+        store = self._converted() if onnx_weights.has_external(m) else None
+        return onnx_int4.quantize(m, base, store, self._opts(), exclude)
 
     # -- the plan (Runner.mixed through OrtRunner.mixed): items are node names of model.onnx --
     @classmethod
@@ -273,20 +199,9 @@ class OrtInt4Runner(OrtRunner):
         return {k: [n for n in v if n in w] for k, v in units.items() if any(n in w for n in v)}
 
     def _mixed_model(self, m, fp32_nodes):
-        """`m` with the weight MatMuls outside `fp32_nodes` in 4 bits: every weight is quantized once
-        per runner (the first call), each mixed model assembled from those (assemble)."""
-        import onnx
-
-        from parity.models import onnx_weights
-
+        """(`m` with the weight MatMuls outside `fp32_nodes` in 4 bits, the folder of its external
+        data): each weight is quantized once per runner (the Converted store keeps it), so the plan's
+        mixed models cost a graph rewrite each; the kept nodes' float32 weights are copied there."""
         self._check_mode()
-        m = onnx_weights.with_data(m, self.job.model_dir)  # the kept nodes' float32 weights, inline
-        if getattr(self, "_q_full", None) is None:
-            full = onnx.ModelProto()
-            full.CopyFrom(m)
-            self._q_full, _ = quantize(full, self._opts())
-        return assemble(m, self._q_full, self._opts(), set(fp32_nodes)), None
-
-    def deactivate(self) -> None:
-        super().deactivate()
-        self._q_full = None
+        q, _ = self._quantized(m, Path(self.job.model_dir), set(fp32_nodes))
+        return q, self._converted().dir
