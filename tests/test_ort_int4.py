@@ -173,11 +173,14 @@ def test_tiny_llama_int4_gets_a_verdict_and_a_confirmed_plan(tmp_path):
     assert pl["candidates"] == 14 and pl["outcome"] == "planned" and pl["passes"], pl.get("summary")
     assert all(k.endswith(("_proj",)) for k in pl["keep"]), pl["keep"]
     assert pl["group"] == "leaf"  # 14 candidates: auto plans leaf by leaf
-    # grouped per decoder block (what auto does above 32 leaves, llama_1b): 2 candidates, confirmed
-    r.exp_run("analysis.plan=true", "analysis.plan_target={atol:0.2,rtol:0.2}", "analysis.plan_group=block")
+    # grouped per decoder block (what auto does above 32 leaves, llama_1b): 2 candidates, confirmed. At
+    # 0.2 both blocks are needed (the full model is 1.8x the limit, either block alone 1.2-1.4x); at 0.3
+    # one block in float32 passes (each ratio scales by 2/3 exactly: atol = rtol)
+    r.exp_run("analysis.plan=true", "analysis.plan_target={atol:0.3,rtol:0.3}", "analysis.plan_group=block")
     pl = read(r, f"plan/{cell}/plan.json")
     assert pl["group"] == "block" and pl["candidates"] == 2 and pl["leaves"] == 14, pl.get("summary")
     assert pl["outcome"] == "planned" and pl["passes"] and pl["outputs"]["mixed"]["passes"], pl.get("summary")
+    assert len(pl["keep"]) == 1 and not pl["outputs"]["full"]["passes"], pl.get("summary")
     blocks = {k.split(".self_attn")[0].split(".mlp")[0] for k in pl["keep_leaves"]}  # layers.0, layers.1
     assert set(pl["keep"]) == blocks and blocks <= {"layers.0", "layers.1"} and "blocks in float32" in pl["summary"]
     assert pl["keep_leaves"] and all(x.startswith(tuple(k + "." for k in pl["keep"])) for x in pl["keep_leaves"])
