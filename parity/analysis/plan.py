@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,8 +183,14 @@ class Evaluator:
         feeds = self.feeds[:n_samples] if n_samples else self.feeds
         outs = [dict(self.runner.infer_plain(f)) for f in feeds]
         self.runs += 1
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
-        return output_error(outs, self.refs[:len(feeds)], self.target)
+        dt = time.perf_counter() - t0
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + dt
+        r = output_error(outs, self.refs[:len(feeds)], self.target)
+        names = ", ".join(flip) if len(flip) <= 3 else f"{len(flip)} candidates"
+        what = f"{names or 'none'} in float32" if reduced else f"{names or 'none'} reduced"
+        print(f"plan: run {self.runs} {phase} ({what}): tol_ratio {r['tol_ratio']:.3g}, rel_l2 {r['rel_l2']:.3g},"
+              f" {dt:.1f}s", file=sys.stderr, flush=True)  # progress: a run is one session (~15 s-3 min at 1B)
+        return r
 
     def latency(self, warmup: int, repeats: int) -> dict:
         """Median etc. of the plain graph as last prepared, on the first sample."""
