@@ -18,7 +18,7 @@ nodes_to_exclude, torch modules cast per module):
             output's rel_l2 (tol_ratio, the worst single element, is shown beside it: noisier).
             Candidates are leaves, or blocks (analysis.plan_group: a block is the module path up to
             its first index, `model.layers.3`; a leaf outside any, `lm_head`, is a block of its own):
-            each candidate is one fresh session of a mostly float32 graph (~10-15 s on a 1.1B model
+            each candidate is one fresh session of a mostly float32 graph (~10-25 s on a 1.1B model
             here), so `auto` groups by block above AUTO_BLOCKS_ABOVE leaves (llama_1b: 155 leaves
             holding weight MatMuls -> 23 blocks).
 4. greedy   from the full model, move leaves to float32 in decreasing sensitivity until every sample
