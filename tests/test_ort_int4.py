@@ -157,7 +157,8 @@ tiny_llama_int4:
 @pytest.mark.slow
 def test_tiny_llama_int4_gets_a_verdict_and_a_confirmed_plan(tmp_path):
     """The Llama shape (q/k/v/o/gate/up/down per layer, 2 layers): 14 weight MatMuls quantized; PASS
-    at the default tolerance; a plan at a tighter target keeps some projections in float32."""
+    at the default tolerance; a plan at a tighter target keeps some projections in float32, or, with
+    candidates grouped per decoder block, some blocks."""
     cell = "tiny_llama_int4-int4_weight-ort_int4"
     r = make_repo(tmp_path / "repo", compose=False)
     (r.path / "conf/models/tiny_llama_int4.yaml").write_text(TINY_LLAMA)
@@ -171,6 +172,19 @@ def test_tiny_llama_int4_gets_a_verdict_and_a_confirmed_plan(tmp_path):
     pl = read(r, f"plan/{cell}/plan.json")
     assert pl["candidates"] == 14 and pl["outcome"] == "planned" and pl["passes"], pl.get("summary")
     assert all(k.endswith(("_proj",)) for k in pl["keep"]), pl["keep"]
+    assert pl["group"] == "leaf"  # 14 candidates: auto plans leaf by leaf
+    # grouped per decoder block (what auto does above 32 leaves, llama_1b): 2 candidates, confirmed. At
+    # 0.2 both blocks are needed (the full model is 1.8x the limit, either block alone 1.2-1.4x); at 0.3
+    # one block in float32 passes (each ratio scales by 2/3 exactly: atol = rtol)
+    r.exp_run("analysis.plan=true", "analysis.plan_target={atol:0.3,rtol:0.3}", "analysis.plan_group=block")
+    pl = read(r, f"plan/{cell}/plan.json")
+    assert pl["group"] == "block" and pl["candidates"] == 2 and pl["leaves"] == 14, pl.get("summary")
+    assert pl["outcome"] == "planned" and pl["passes"] and pl["outputs"]["mixed"]["passes"], pl.get("summary")
+    assert len(pl["keep"]) == 1 and not pl["outputs"]["full"]["passes"], pl.get("summary")
+    blocks = {k.split(".self_attn")[0].split(".mlp")[0] for k in pl["keep_leaves"]}  # layers.0, layers.1
+    assert set(pl["keep"]) == blocks and blocks <= {"layers.0", "layers.1"} and "blocks in float32" in pl["summary"]
+    assert pl["keep_leaves"] and all(x.startswith(tuple(k + "." for k in pl["keep"])) for x in pl["keep_leaves"])
+    assert sum(len(pl["keep_items"][k]) for k in pl["keep"]) == 7 * len(pl["keep"])
 
 
 def _node_key(m) -> list:

@@ -118,8 +118,32 @@ def test_forced_plan_rerun_is_byte_identical(repo):
     (lambda p: p["analysis"].update(plan="yes"), "analysis.plan: expected true or false"),
     (lambda p: p["analysis"].update(plan_target={"atol": 1e-3}), "analysis.plan_target: missing key 'rtol'"),
     (lambda p: p["analysis"].update(max_keep=0), "analysis.max_keep: 0 is out of range"),
+    (lambda p: p["analysis"].update(plan_group="layer"), "analysis.plan_group: unknown 'layer' (valid: auto, leaf, block)"),
     (lambda p: p["analysis"].update(bogus=1), "analysis: unknown key 'bogus'"),
     (lambda p: p.update(plan_dtypes=["fp16"]), "plan_dtypes: ['fp16'] does not match"),
 ])
 def test_bad_analysis_config_names_the_key(mutate, must_say):
     assert must_say in config_error(composed(), mutate)
+
+
+def test_candidates_group_per_block_for_large_models():
+    """analysis.plan_group: a block is the path up to the first index; leaves under none, and ops
+    between leaves, go with their module; auto groups only above AUTO_BLOCKS_ABOVE leaves."""
+    from parity.analysis import plan as planner
+
+    assert planner.block_of("model.layers.3.self_attn.q_proj") == "model.layers.3"
+    assert planner.block_of("layer2.1.conv1") == "layer2.1"
+    assert planner.block_of("add_3 in layer2.1") == "layer2.1"
+    assert planner.block_of("lm_head") == "lm_head" and planner.block_of("view in model") == "view in model"
+    leaves = {f"model.layers.{i}.{p}": [f"n{i}{p}"] for i in range(22)
+              for p in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj")}
+    leaves["lm_head"] = ["n_lm"]
+    items, members = planner.grouped(leaves, "auto")  # 67 leaves > 32: blocks
+    assert list(items) == [f"model.layers.{i}" for i in range(22)] + ["lm_head"]
+    assert items["model.layers.3"] == ["n3self_attn.q_proj", "n3self_attn.o_proj", "n3mlp.down_proj"]
+    assert members["lm_head"] == ["lm_head"] and len(members["model.layers.0"]) == 3
+    few = dict(list(leaves.items())[:6])
+    assert planner.grouped(few, "auto")[0] == few and planner.grouped(leaves, "leaf")[0] == leaves
+    assert list(planner.grouped(few, "block")[0]) == ["model.layers.0", "model.layers.1"]
+    with pytest.raises(ValueError, match="analysis.plan_group: unknown 'x' \\(valid: auto, leaf, block\\)"):
+        planner.grouped(few, "x")

@@ -16,6 +16,11 @@ nodes_to_exclude, torch modules cast per module):
             exporter attributed to it through the `pkg.torch.onnx.name_scopes` node metadata), only
             that leaf at the cell's precision, the rest float32, on the first sample. Ranked by the
             output's rel_l2 (tol_ratio, the worst single element, is shown beside it: noisier).
+            Candidates are leaves, or blocks (analysis.plan_group: a block is the module path up to
+            its first index, `model.layers.3`; a leaf outside any, `lm_head`, is a block of its own):
+            each candidate is one fresh session of a mostly float32 graph (~10-25 s on a 1.1B model
+            here), so `auto` groups by block above AUTO_BLOCKS_ABOVE leaves (llama_1b: 155 leaves
+            holding weight MatMuls -> 23 blocks).
 4. greedy   from the full model, move leaves to float32 in decreasing sensitivity until every sample
             passes (at most analysis.max_keep), then drop again, least sensitive first, any kept leaf
             the pass does not need. Not reached: the plan says how far the output still is.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +46,8 @@ from parity.backends.base import error_reason, latency_stats
 SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node
 MODULE_PREFIX = "model."  # the LayerRecorder wraps the model as `model`: scopes read model.layer1.0.conv1
 PLAN_DTYPES_HINT = "analysis.plan: true plans the selected reduced-precision dtypes (parity.config.params.plan_dtypes)"
+GROUPS = ("auto", "leaf", "block")  # analysis.plan_group
+AUTO_BLOCKS_ABOVE = 32  # auto: candidates are blocks when there are more leaf candidates than this
 
 
 @dataclass
@@ -130,6 +138,34 @@ def units_for(items: str, model_dir: Path) -> dict[str, list[str]]:
     raise ValueError(f"unknown plan_items '{items}' (valid: modules, onnx_nodes)")
 
 
+def block_of(leaf: str) -> str:
+    """The block a leaf belongs to: its module path up to the first index (one item of a ModuleList
+    or Sequential: `model.layers.3.mlp.down_proj` -> `model.layers.3`, `layer2.1.conv1` -> `layer2.1`);
+    an op between leaves (`add_3 in layer2.1`) goes with its module; a leaf under no index
+    (`lm_head`, `model.embed_tokens`) is a block of its own."""
+    path = leaf.split(" in ", 1)[1] if " in " in leaf else leaf
+    parts = path.split(".")
+    i = next((i for i, s in enumerate(parts) if s.isdigit()), None)
+    return leaf if i is None else ".".join(parts[:i + 1])
+
+
+def grouped(units: dict[str, list[str]], how: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(candidates -> items, candidates -> the leaves each holds) for analysis.plan_group `how`:
+    leaf (as given), block (block_of, in first-call order) or auto (block above AUTO_BLOCKS_ABOVE)."""
+    if how not in GROUPS:
+        raise ValueError(f"analysis.plan_group: unknown '{how}' (valid: {', '.join(GROUPS)})")
+    if how == "leaf" or how == "auto" and len(units) <= AUTO_BLOCKS_ABOVE:
+        return dict(units), {k: [k] for k in units}
+    items: dict[str, list[str]] = {}
+    members: dict[str, list[str]] = {}
+    for leaf, its in units.items():
+        b = block_of(leaf)
+        have = items.setdefault(b, [])
+        have.extend(i for i in its if i not in have)
+        members.setdefault(b, []).append(leaf)
+    return items, members
+
+
 @dataclass
 class Evaluator:
     """One runner, many mixed models: each run() prepares one (Runner.mixed) and runs `feeds`."""
@@ -147,8 +183,14 @@ class Evaluator:
         feeds = self.feeds[:n_samples] if n_samples else self.feeds
         outs = [dict(self.runner.infer_plain(f)) for f in feeds]
         self.runs += 1
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
-        return output_error(outs, self.refs[:len(feeds)], self.target)
+        dt = time.perf_counter() - t0
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + dt
+        r = output_error(outs, self.refs[:len(feeds)], self.target)
+        names = ", ".join(flip) if len(flip) <= 3 else f"{len(flip)} candidates"
+        what = f"{names or 'none'} in float32" if reduced else f"{names or 'none'} reduced"
+        print(f"plan: run {self.runs} {phase} ({what}): tol_ratio {r['tol_ratio']:.3g}, rel_l2 {r['rel_l2']:.3g},"
+              f" {dt:.1f}s", file=sys.stderr, flush=True)  # progress: a run is one session (~15 s-3 min at 1B)
+        return r
 
     def latency(self, warmup: int, repeats: int) -> dict:
         """Median etc. of the plain graph as last prepared, on the first sample."""
@@ -267,6 +309,7 @@ def _confirm(cls, job: CaptureJob, units: dict, keep: list[str], feeds, refs, t:
 
 def _summary(outcome: str, plan: dict, n: int, max_keep: int) -> str:
     o, tgt = plan["outputs"], plan["target"]
+    what = "blocks" if plan.get("group") == "block" else "leaves"
     rule = f"target {tgt['source']} (atol={tgt['atol']:g}, rtol={tgt['rtol']:g})"
     if outcome == "full_passes":
         return f"the full {plan['dtype']} model passes ({rule}, tol_ratio {o['full']['tol_ratio']:.3g}): keep nothing"
@@ -277,18 +320,16 @@ def _summary(outcome: str, plan: dict, n: int, max_keep: int) -> str:
     change = f"output tol_ratio {o['full']['tol_ratio']:.3g} -> {m['tol_ratio']:.3g}, rel_l2 " \
              f"{o['full']['rel_l2']:.3g} -> {m['rel_l2']:.3g} ({rule})"
     if outcome == "not_reached":
-        return (f"not reached with max_keep={max_keep} of {n} leaves in float32: {change}, still "
+        return (f"not reached with max_keep={max_keep} of {n} {what} in float32: {change}, still "
                 f"{m['tol_ratio']:.3g}x the limit; raise analysis.max_keep or loosen analysis.plan_target")
     verdict = "confirmed" if m["passes"] else "NOT confirmed by the fresh run"
-    return f"keep {len(keep)} of {n} leaves in float32 ({', '.join(keep)}): {change}, {verdict}"
+    return f"keep {len(keep)} of {n} {what} in float32 ({', '.join(keep)}): {change}, {verdict}"
 
 
-def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
-    """Steps 1-5 (module docstring) for a cell that can run: (plan, timing)."""
-    cls = load_runner(p["providers"][c.provider]["runner"])
-    job, cap = _job(p, c), p.get("capture") or {}
-    warmup, repeats = int(cap.get("warmup", 0)), int(cap.get("repeats", 1))
-    max_keep = int((p.get("analysis") or {}).get("max_keep", 16))
+def _candidates(cls, p: dict, c: Cell) -> tuple[dict, dict, dict, str]:
+    """(every leaf -> items, candidates -> items, candidates -> their leaves, "leaf" | "block"): the
+    leaves holding something the backend runs at reduced precision (plan_units), grouped per
+    analysis.plan_group (grouped)."""
     all_units = units_for(cls.plan_items, Path(c.model_dir))
     scoped = {k: v for k, v in all_units.items() if v}
     units = cls.plan_units(scoped, Path(c.model_dir), p["providers"][c.provider])
@@ -298,6 +339,18 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     if not units:
         raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no node carries {SCOPES} metadata "
                          f"naming a leaf module (export.exporter=legacy does not keep it; use dynamo)")
+    groups, members = grouped(units, str((p.get("analysis") or {}).get("plan_group", "auto")))
+    by = "block" if any(len(v) > 1 or k != v[0] for k, v in members.items()) else "leaf"
+    return all_units, (groups if by == "block" else units), members, by
+
+
+def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
+    """Steps 1-5 (module docstring) for a cell that can run: (plan, timing)."""
+    cls = load_runner(p["providers"][c.provider]["runner"])
+    job, cap = _job(p, c), p.get("capture") or {}
+    warmup, repeats = int(cap.get("warmup", 0)), int(cap.get("repeats", 1))
+    max_keep = int((p.get("analysis") or {}).get("max_keep", 16))
+    all_units, units, members, by = _candidates(cls, p, c)
     feeds, refs = _feeds(c.inputs), _refs(c.reference)
     ev, lat = Evaluator(cls(job), units, feeds, refs, t), {}
     try:
@@ -319,9 +372,11 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     mixed, lat["mixed"] = full, lat["full"]
     if keep:
         mixed, lat["mixed"], ev.seconds["confirm"] = _confirm(cls, job, units, keep, feeds, refs, t, warmup, repeats)
-    plan = {**head, "status": "OK", "items": cls.plan_items, "candidates": len(units),
-            "not_candidates": [k for k in all_units if k not in units], "outcome": outcome,
+    leaf_units = {leaf for v in members.values() for leaf in v}
+    plan = {**head, "status": "OK", "items": cls.plan_items, "group": by, "candidates": len(units),
+            "not_candidates": [k for k in all_units if k not in leaf_units], "outcome": outcome,
             "keep": keep, "keep_items": {k: units[k] for k in keep},
+            **({"leaves": len(leaf_units), "keep_leaves": [x for k in keep for x in members[k]]} if by == "block" else {}),
             "passes": bool(mixed["passes"]) if outcome != "fp32_fails" else False,
             "outputs": {"fp32": fp32, "full": full, "mixed": mixed}, "sensitivity": sens, "search": steps,
             "runs": ev.runs + (1 if keep else 0)}
@@ -362,6 +417,8 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
     doc = {"cell": plan["cell"], "status": plan["status"], "outcome": plan.get("outcome"),
            "passes": plan.get("passes", False), "target": {k: plan["target"][k] for k in ("atol", "rtol", "source")},
            "keep_fp32": keep}
+    if plan.get("keep_leaves"):  # the plan kept blocks (analysis.plan_group): the leaves they hold
+        doc["keep_leaves"] = plan["keep_leaves"]
     nodes = sorted(n for k in keep for n in plan["keep_items"][k])
     if plan.get("items") == "onnx_nodes" and mode.startswith("int8"):
         how = ("onnxruntime.quantization quantize_static / quantize_dynamic on model.onnx with the cell's "
@@ -379,7 +436,7 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
     elif mode == "autocast":
         how = f"under torch.autocast(dtype={tdt}), run each module in keep_fp32 with autocast off on float32 inputs"
     else:
-        how = (f"every leaf module at {tdt} except those in keep_fp32 (float32), each casting its floating "
+        how = (f"every leaf module at {tdt} except those in keep_fp32 (keep_leaves for blocks; float32), each casting its floating "
                f"inputs to its own dtype; model inputs stay float32 (parity.backends.torch_cpu.TorchRunner.mixed)")
     head = (f"# Mixed-precision plan: {plan['model']} at {plan['dtype']} on {plan['provider']}: the leaf modules"
             f" to keep in float32 (evidence: plan.json).\n# Apply: {how}\n")

@@ -187,6 +187,7 @@ class OrtRunner(Runner):
         folder = self.job.model_dir
         if fp32 != nodes:  # everything in fp32: the exported graph as it is
             m, folder = self._mixed_model(m, fp32)
+        self.plain = None  # the previous mixed session's weights go before the next one loads its own
         self.plain = self._session(None, m.SerializeToString(), folder)
         self.plain_names = [o.name for o in self.plain.get_outputs()]
         self._mixed = True  # self.plain is not model.onnx: never closed (_release_for)

@@ -57,7 +57,7 @@ SECTION_KEYS = {
     "diff": {"max_mismatch", "verdict"},
     "report": {"coverage_dep", "plan_dep", "reduce_dep", "fuzz_dep", "train_dep", "generate_dep"},
     "suites_run": {"workers", "threads", "timeout_s", "repeats", "onnx_opset", "grad", "grad_tol_scale"},
-    "analysis": {"plan", "plan_target", "max_keep", "reduce", "reduce_rel_l2"},
+    "analysis": {"plan", "plan_target", "max_keep", "plan_group", "reduce", "reduce_rel_l2"},
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
              "timeout_s", "workers"},
     "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
@@ -492,13 +492,16 @@ def check_import_model(where: str, name, declared=None) -> None:
 
 
 def _analysis(p: dict) -> None:
-    """analysis: {plan: bool, plan_target: null | {atol, rtol}, max_keep: int >= 1}."""
+    """analysis: {plan: bool, plan_target: null | {atol, rtol}, max_keep: int >= 1,
+    plan_group: auto | leaf | block}."""
     a = p.get("analysis") or {}
     if not isinstance(a.get("plan", False), bool):
         raise ConfigError(f"analysis.plan: expected true or false, got {a['plan']!r}")
     if a.get("plan_target") is not None:
         _tol("analysis.plan_target", a["plan_target"])
     _num("analysis.max_keep", a.get("max_keep", 16), lo=1, integer=True)
+    if a.get("plan_group", "auto") not in ("auto", "leaf", "block"):
+        raise ConfigError(f"analysis.plan_group: unknown '{a['plan_group']}' (valid: auto, leaf, block)")
     if not isinstance(a.get("reduce", False), bool):
         raise ConfigError(f"analysis.reduce: expected true or false, got {a['reduce']!r}")
     _num("analysis.reduce_rel_l2", a.get("reduce_rel_l2", 1e-3), lo=0)
