@@ -53,13 +53,13 @@ def test_a_reduction_in_another_valid_order_still_passes_at_fp32():
 
 def test_precision_exercised_counts_the_layers_that_show_the_rounding():
     fp32_like = [_layer("fc1", 4e-8), _layer("act", 0.0), _layer("fc2", 3e-7, rms=0.01), _layer("output", 0.4 * U16)]
-    p = exercised.precision(fp32_like, "float16", "oracle")
+    p = exercised.precision(fp32_like, dtypes.reduced("float16"), "oracle")
     assert p["exercised"] is False and p["layers"] == 3 and p["rounded"] == 0
     assert p["evidence"].startswith("0 of 3 layers show fp16 rounding") and "ran fp32 kernels" in p["evidence"]
     rounded = fp32_like[:2] + [_layer("fc2", 0.4 * U16)]  # one rounding to fp16: ~u/sqrt(3)
-    p = exercised.precision(rounded, "float16", "oracle")
+    p = exercised.precision(rounded, dtypes.reduced("float16"), "oracle")
     assert p["exercised"] and p["rounded"] == 1 and p["evidence"].startswith("1 of 3 layers show fp16 rounding")
-    assert exercised.precision(fp32_like, "float32", "oracle") is None  # fp32 is not a reduced precision
+    assert exercised.precision(fp32_like, dtypes.reduced("float32"), "oracle") is None  # fp32 is not a reduced precision
 
 
 def test_verdicts_baseline_and_not_exercised_fit_the_vocabulary_and_the_summary():

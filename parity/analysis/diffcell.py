@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import compare, store, tolerance
-from parity.config import params as config
 from parity.analysis import oracle, sums
 from parity.core.io import read_json
 
@@ -41,41 +40,66 @@ class CellDiff:
     layer_causes: dict = field(default_factory=dict)  # failing layer -> cause from the cell's settings
 
 
-def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
-    want = tolerance.verdict(p)
-    if want != "oracle":
+@dataclass
+class Cell:
+    """A cell's values as the diff reads them, nothing of the config: the capture's status, its layer
+    values and the fp32 reference's (when a shape of it ran), and their layer names in order."""
+    capture_dir: Path
+    reference_dir: Path
+    baseline_dir: Path | None
+    status: dict
+    ref: dict = field(default_factory=dict)
+    act: dict = field(default_factory=dict)
+    names: list = field(default_factory=list)
+
+
+def load(capture_dir: Path, reference_dir: Path, baseline_dir: Path | None = None) -> Cell:
+    """The capture's status.json, and its layers.parquet and the reference's fp32.parquet when it (or
+    one of its input shapes, models.<m>.shapes) ran."""
+    status = read_json(capture_dir / "status.json")
+    cell = Cell(capture_dir, reference_dir, baseline_dir, status)
+    ran = [status] + list((status.get("shapes") or {}).values())
+    if any(s.get("status") == "OK" for s in ran):
+        cell.ref = store.read_dict(reference_dir / "fp32.parquet")
+        cell.act = store.read_dict(capture_dir / "layers.parquet")
+        cell.names = _names(cell.ref, cell.act)
+    return cell
+
+
+def verdict_mode(rule: tolerance.Rule, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
+    if rule.verdict != "oracle":
         return "tolerance", "diff.verdict: tolerance"
     if not (reference_dir / "fp64.parquet").exists():
-        if not (p.get("reference") or {}).get("fp64"):
+        if not rule.fp64:
             return "tolerance", "no fp64 reference (reference.fp64: false)"
         f32 = reference_dir / "fp32.parquet"  # the reference stage records why it wrote no golden run
         why = store.read_metadata(f32).get("no_fp64") if f32.exists() else None
         return "tolerance", f"no fp64 reference: {why or 'reference.fp64 is true but the reference wrote none'}"
-    if not oracle.has_baseline(p["dtypes"][dtype]):
-        return "tolerance", f"dtypes.{dtype}.mode {p['dtypes'][dtype].get('mode')!r} has no trusted baseline"
+    if not rule.baseline:
+        return "tolerance", f"dtypes.{rule.dtype}.mode {rule.precision!r} has no trusted baseline"
     st = read_json(baseline_dir / "status.json") if baseline_dir and (baseline_dir / "status.json").exists() else {}
     if st.get("status") != "OK":
         return "tolerance", f"baseline did not run ({st.get('status', 'missing')}: {st.get('reason', '')})"
     return "oracle", "diff.verdict: oracle"
 
 
-def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
-              baseline_dir: Path | None = None, samples: range | None = None, status: dict | None = None) -> CellDiff:
-    """`samples`: only these samples, renumbered from 0 (one shape's sample set, parity.analysis.shapes),
-    judged by `status` (that shape's capture status) instead of status.json's."""
-    status = status or read_json(capture_dir / "status.json")
+def diff_cell(rule: tolerance.Rule, cell: Cell, samples: range | None = None, status: dict | None = None) -> CellDiff:
+    """The diff of `cell` judged by `rule`. `samples`: only these samples, renumbered from 0 (one shape's
+    sample set, parity.analysis.shapes), judged by `status` (that shape's capture status) instead of
+    status.json's."""
+    status = status or cell.status
+    capture_dir, reference_dir, baseline_dir = cell.capture_dir, cell.reference_dir, cell.baseline_dir
     read_dict = store.read_dict if samples is None else lambda path: _only(store.read_dict(path), samples)
-    mode, why = verdict_mode(p, dtype, reference_dir, baseline_dir)
+    mode, why = verdict_mode(rule, reference_dir, baseline_dir)
     cd = CellDiff(status, mode=mode, mode_reason=why)
     if status["status"] != "OK":
         cd.summary = {"passed": None}
         return cd
-    ref = read_dict(reference_dir / "fp32.parquet")
-    act = read_dict(capture_dir / "layers.parquet")
-    cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
+    ref, act = (cell.ref, cell.act) if samples is None else (_only(cell.ref, samples), _only(cell.act, samples))
+    cd.layers = _tolerance_layers(rule, _names(ref, act), act, ref)
     gold = own = None
     if mode == "oracle":
-        u, k, slack = oracle.limits(p["dtypes"][dtype])
+        u, k, slack = rule.limits
         lim = (k, slack)
         cs, bs = sums.load(capture_dir), sums.load(baseline_dir)
         if cs is not None and bs is not None:  # the producers' sums: no fp64 or own.parquet read
@@ -91,27 +115,27 @@ def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir:
                 own = read_dict(capture_dir / OWN)
                 cd.own = own_records(own, read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
     cd.summary = summarize(cd)
-    exercised_evidence(p, dtype, cd, baseline_dir)
+    exercised_evidence(rule, cd, baseline_dir)
     if cd.summary.get("drift_origin"):
         if mode == "oracle" and gold is None:  # explaining the origin needs the values themselves
             gold = read_dict(reference_dir / "fp64.parquet")
             own = read_dict(capture_dir / OWN) if cd.own else None
-        cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
+        cd.summary["drift_origin_cause"] = origin_cause(rule, cd, act, ref, gold, own)
     settings_causes(cd)
     return cd
 
 
-def exercised_evidence(p: dict, dtype: str, cd: CellDiff, baseline_dir: Path | None) -> None:
+def exercised_evidence(rule: tolerance.Rule, cd: CellDiff, baseline_dir: Path | None) -> None:
     """summary `precision` (did the layers round to the cell's precision: parity.analysis.exercised)
     and `baseline` (the evidence that the cell is the oracle's baseline judged against itself)."""
     from parity.analysis import exercised
 
-    prec = exercised.precision(cd.layers, cause_dtype(p["dtypes"][dtype]), cd.mode)
+    prec = exercised.precision(cd.layers, rule.reduced, cd.mode)
     if prec is not None:
         cd.summary["precision"] = prec
     st = baseline_dir / "status.json" if baseline_dir else None
     base = read_json(st).get("provider") if st and st.exists() else None
-    why = exercised.baseline_self(cd.mode, cd.status.get("provider"), base, dtype)
+    why = exercised.baseline_self(cd.mode, cd.status.get("provider"), base, rule.dtype)
     if why:
         cd.summary["baseline"] = why
 
@@ -146,14 +170,14 @@ def _names(ref: dict, act: dict) -> list[str]:
     return names + sorted({n for _, n in act if n.startswith(store.PLAIN) and store.reference_name(n) in order})
 
 
-def _tolerance_layers(p, model, dtype, names, act, ref) -> list:
-    max_mismatch = tolerance.max_mismatch(p)
+def _tolerance_layers(rule: tolerance.Rule, names: list[str], act: dict, ref: dict) -> list:
+    max_mismatch = rule.max_mismatch
     samples = sorted({s for s, _ in ref})
     layers = []
     for order, name in enumerate(names):
         rname = store.reference_name(name)
         pairs = [(s, act[s, name].array, ref[s, rname].array) for s in samples if (s, name) in act and (s, rname) in ref]
-        atol, rtol, src = config.tolerance_for(p, model, dtype, rname)
+        atol, rtol, src = rule.tolerances[rname]
         if not pairs:
             d = compare.LayerDiff(name=name, order=order, shape=[], numel=0, atol=atol, rtol=rtol,
                                   tol_source=src, passed=False, problem="not captured by this provider")
@@ -228,15 +252,7 @@ def own_records(own: dict, base_own: dict, gold: dict, u: float, lim: tuple, ref
     return recs
 
 
-def cause_dtype(dtype_cfg: dict) -> str:
-    """The number format parity.analysis.causes reasons about for a conf dtype."""
-    mode = dtype_cfg.get("mode", "cast")
-    return {"int8_dynamic": "int8", "int8_static": "int8", "int4_weight": "int4", "fp8": "fp8_e4m3",
-            "tf32": "tf32"}.get(
-        mode, dtype_cfg.get("torch", "float32"))
-
-
-def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: dict | None,
+def origin_cause(rule: tolerance.Rule, cd: CellDiff, act: dict, ref: dict, gold: dict | None,
                  own: dict | None) -> dict | None:
     """Why the drift origin differs (parity.analysis.causes): its own values against fp64 when the
     origin is an own-error record, else its captured values against fp64 (oracle) or fp32 (tolerance).
@@ -258,10 +274,10 @@ def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: 
         return None
     limit = None
     if rec and rec.get("ref_rms"):
-        u, k, slack = oracle.limits(p["dtypes"][dtype])
+        u, k, slack = rule.limits
         floor = max(rec["floor_rmse"] or 0.0, u * rec["ref_rms"])
         limit = k * floor / rec["ref_rms"] + slack  # the slack is relative
-    return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit,
+    return causes.classify_samples(pairs, rule.fmt.name, limit=limit,
                                    inputs=_inputs(gold, name, samples)).as_dict()
 
 

@@ -36,10 +36,10 @@ def _rel(d) -> float | None:
     return d.rel_l2
 
 
-def precision(layers: list, fmt: str, mode: str) -> dict | None:
-    """{format, u, layers, rounded, exercised, largest_rel_l2, evidence} of a cell computing in `fmt`
-    (None for fp32/fp64, or when no layer has values). `layers`: compare.LayerDiff with .oracle."""
-    f = dtypes.reduced(fmt)  # parity.analysis.diffcell.cause_dtype's names
+def precision(layers: list, f: dtypes.Format | None, mode: str) -> dict | None:
+    """{format, u, layers, rounded, exercised, largest_rel_l2, evidence} of a cell computing in the
+    reduced format `f` (parity.core.dtypes.reduced; None for fp32/fp64: then None, as when no layer has
+    values). `layers`: compare.LayerDiff with .oracle."""
     if f is None:
         return None
     u = f.u

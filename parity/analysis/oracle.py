@@ -29,40 +29,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from parity.core import dtypes
+from parity.core import tolerance
 from parity.core.compare import sq_error, sum_sq
 
-# precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
-BASELINE_MODES = ("cast", "autocast")
-
-
-def unit_roundoff(dtype_cfg: dict) -> float:
-    """u of the precision a cell computes in (parity.core.dtypes): the cast/autocast dtype, tf32's (10-bit
-    mantissa) for tf32, the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
-    mode = dtype_cfg.get("mode", "cast")
-    return dtypes.facts("tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")).u
-
-
-class Limits(NamedTuple):
-    u: float      # the dtype's unit roundoff (unit_roundoff)
-    k: float      # dtypes.<d>.oracle.k: required (parity.config.params)
-    slack: float  # dtypes.<d>.oracle.slack: 0 unless given
-
-
-def limits(dtype_cfg: dict) -> Limits:
-    """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
-    layer (parity.analysis.diffcell), a suite case (parity.suites.diff), a generation step, a
-    reduction or the report's limit line, is judged by. The one place these keys are read."""
-    o = dtype_cfg["oracle"]
-    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", 0.0)))
-
-
-def has_baseline(dtype_cfg: dict) -> bool:
-    return dtype_cfg.get("mode", "cast") in BASELINE_MODES
+# the oracle's limits and whether the trusted backend reproduces a precision are read by the one
+# verdict resolver (parity.core.tolerance); named here too for the callers that judge by the oracle
+BASELINE_MODES, Limits, has_baseline, limits, unit_roundoff = (
+    tolerance.BASELINE_MODES, tolerance.Limits, tolerance.has_baseline, tolerance.limits, tolerance.unit_roundoff)
 
 
 @dataclass

@@ -11,30 +11,21 @@ without `shapes` never comes here: its artifacts are what they always were.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from parity.config import inputspec
-from parity.core import status
+from parity.core import status, tolerance
 from parity.analysis import diffcell
-from parity.core.io import read_json
 
 # what metrics.json keeps per shape (the full per-layer tables are in layers.json `shapes`)
 SHAPE_KEYS = ("verdict", "status", "reason", "passed", "layers", "layers_failed", "drift_origin", "worst_layer",
               "worst_ratio")
 
 
-def cell_diffs(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
-               baseline_dir: Path | None) -> list[tuple[str, diffcell.CellDiff]] | None:
-    """(label, CellDiff) per shape; None for a model without `shapes`."""
-    m = p["models"][model]
-    sets = inputspec.sample_sets(m, p.get("inputs", {}).get("samples", 1))
-    if sets[0][0] is None:
+def cell_diffs(rule: tolerance.Rule, cell: diffcell.Cell) -> list[tuple[str, diffcell.CellDiff]] | None:
+    """(label, CellDiff) per shape (the rule's sample sets); None for a model without `shapes`."""
+    if not rule.sample_sets:
         return None
-    status = read_json(capture_dir / "status.json")
-    per = status.get("shapes") or {}
-    return [(lab, diffcell.diff_cell(p, model, dtype, capture_dir, reference_dir, baseline_dir, samples=idx,
-                                     status={**status, **per.get(lab, {})}))
-            for lab, idx in sets]
+    per = cell.status.get("shapes") or {}
+    return [(lab, diffcell.diff_cell(rule, cell, samples=idx, status={**cell.status, **per.get(lab, {})}))
+            for lab, idx in rule.sample_sets]
 
 
 def deciding(metrics: list[tuple[str, dict]]) -> int:

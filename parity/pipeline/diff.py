@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parity.config import params as config
+from parity.core import tolerance
 from parity.core.io import read_json, write_json, write_text
 from parity.core.metrics import worst_ratio
 
@@ -149,15 +150,17 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
                    baseline: Path | None, model_dir: Path | None, out: Path) -> str:
     """Diff the cell, write metrics.json, layers.json and layers.csv under `out`; the summary line."""
     from parity.core import compare
-    from parity.analysis import diffcell, oracle, shapes
+    from parity.analysis import diffcell, shapes
 
     key = config.cell_key(model, dtype, provider)
     lj = model_dir / "layers.json" if model_dir else None
     layers_json = read_json(lj) if lj and lj.exists() else {}
-    k = oracle.limits(p["dtypes"][dtype]).k
-    per_shape = shapes.cell_diffs(p, model, dtype, capture, reference, baseline)  # models.<m>.shapes: per shape
+    cell = diffcell.load(capture, reference, baseline)  # the values: nothing of the config
+    rule = tolerance.rule(p, model, dtype, cell.names)  # the config: resolved once
+    k = rule.limits.k
+    per_shape = shapes.cell_diffs(rule, cell)  # models.<m>.shapes: per shape
     if per_shape is None:
-        cd = diffcell.diff_cell(p, model, dtype, capture, reference, baseline)
+        cd = diffcell.diff_cell(rule, cell)
         m = metrics_of(key, cd, layers_json, k)
     else:
         ms = [(lab, metrics_of(key, c, layers_json, k)) for lab, c in per_shape]
