@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from parity.analysis.causes import classify, classify_samples
+from parity.core import dtypes
 
 U16 = 2.0 ** -11
 
@@ -137,7 +138,7 @@ def test_samples_carry_their_inputs(ref):
     """classify_samples hands each sample's input along with its values (as the diff does)."""
     x = 2 * ref
     pairs = [(1 / (1 + np.exp(-x[i:i + 1])), np.clip(x[i:i + 1] / 6 + 0.5, 0, 1)) for i in range(2)]
-    ev = check(classify_samples(pairs, "fp32", inputs=[x[:1], x[1:]]), "op_substitution")
+    ev = check(classify_samples(pairs, dtypes.FP32, inputs=[x[:1], x[1:]]), "op_substitution")
     assert ev["op"] == "Sigmoid"
 
 

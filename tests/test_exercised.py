@@ -12,7 +12,7 @@ import numpy as np
 from conftest import BIN, Repo, make_repo
 from parity.core import compare, dtypes, metrics, status
 from parity.analysis import exercised, oracle
-from parity.pipeline.diff import cell_verdict
+from parity.analysis.cellfiles import cell_verdict
 
 U32 = dtypes.FP32.u
 U16 = dtypes.FP16.u

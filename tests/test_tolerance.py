@@ -1,6 +1,6 @@
 """The verdict settings (diff.verdict, diff.max_mismatch) and the oracle limits (dtypes.<d>.oracle) are
-read in one place: parity.core.tolerance (the one verdict resolver, with its Rule of a cell; in-process,
-no pipeline)."""
+read in one place each: parity.core.tolerance and parity.core.verdict.limits (the verdict resolver, with
+the Rule of a cell; in-process, no pipeline)."""
 
 import re
 from pathlib import Path
@@ -12,7 +12,8 @@ from parity.analysis import oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 # a read with its default restated (the config keys, not the result field "verdict" of metrics)
-READS = {"parity/core/tolerance.py": re.compile(r"get\(\"(verdict|max_mismatch|k|slack)\", |DEFAULT_K")}
+READS = {"parity/core/tolerance.py": re.compile(r"get\(\"(verdict|max_mismatch)\", "),
+         "parity/core/verdict.py": re.compile(r"get\(\"(k|slack)\", |DEFAULT_K")}
 
 
 def test_verdict_settings_and_their_defaults():
