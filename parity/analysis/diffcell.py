@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import compare, store, verdict
-from parity.analysis import causes, exercised, oracle, sums
+from parity.analysis import causes, oracle, sums
 from parity.core.io import read_json
 
 OWN = "own.parquet"
@@ -116,10 +116,10 @@ def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, stat
             d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
         cd.own = [{**rec, **oracle.judge(err, floor, u, k, slack)} for rec, err, floor in own_sq]
     cd.summary = summarize(cd)
-    prec = exercised.precision(cd.layers, rule.reduced, cd.mode)  # did the layers round to its precision
+    prec = oracle.precision(cd.layers, rule.reduced, cd.mode)  # did the layers round to its precision
     if prec is not None:
         cd.summary["precision"] = prec
-    why = exercised.baseline_self(cd.mode, cd.status.get("provider"), _baseline_provider(cell), rule.dtype)
+    why = oracle.baseline_self(cd.mode, cd.status.get("provider"), _baseline_provider(cell), rule.dtype)
     if why:  # the cell is the oracle's baseline judged against itself
         cd.summary["baseline"] = why
     if cd.summary.get("drift_origin"):

@@ -23,7 +23,7 @@ What the harness does so that a valid test runs as given (each says so in the ca
 
 At a dtype other than fp32, `exercised` says whether the op really computed at that precision: the
 converted graph's outputs against the plain graph's (fp32) on the same inputs, and on the inputs
-rounded to the dtype (parity.analysis.exercised's rule: rel_l2 >= u/16 shows the rounding).
+rounded to the dtype (parity.analysis.oracle.precision's rule: rel_l2 >= u/16 shows the rounding).
 Imported by the suite workers only (onnx, onnxruntime, numpy)."""
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def exercised(fmt: str, got: list, plain32: list, rounded32: list) -> dict | Non
     tell: only the storage rounding shows, as an fp32 kernel between casts or an exactly rounded op
     gives). None without float outputs."""
     from parity.core import dtypes
-    from parity.analysis.exercised import SHOWS
+    from parity.analysis.oracle import SHOWS
 
     f = dtypes.reduced(fmt)
     pairs = [(g, p, r) for g, p, r in zip(got, plain32, rounded32) if g.dtype.kind == "f" and g.size]
