@@ -3,8 +3,8 @@
 worst layer, worst_ratio, output-level metrics), layers.json (every layer's metrics, the causes, the
 oracle's own errors) and layers.csv (the DVC plot), and the stage's summary line.
 
-Shapes (`models.<m>.shapes`):parity.config.inputspec): every shape is a sample set of the same cell, diffed on its own (layers, verdict,
-drift origin), then combined into the cell's result.
+Shapes (`models.<m>.shapes`, parity.config.inputspec): every shape is a sample set of the same cell,
+diffed on its own (layers, verdict, drift origin), then combined into the cell's result.
 
 The cell passes when every shape passes. Otherwise its top-level metrics are those of the first shape
 that does not pass (`shape` names it, `failing_shapes` lists them all, the drift origin's place says

@@ -106,7 +106,7 @@ def judge(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> 
             "nonfinite": err.nonfinite, "passed": bool(x <= k and err.nonfinite == 0)}
 
 
-SHOWS = 1.0 / 16  # a layer shows the rounding when rel_l2 >= u * SHOWS
+SHOWS = dtypes.SHOWS  # a layer shows the rounding when rel_l2 >= u * SHOWS
 
 
 def _rel(d) -> float | None:

@@ -51,6 +51,7 @@ ALIASES = {
 }
 
 TABLE = {**FORMATS, **{alias: FORMATS[short] for alias, short in ALIASES.items()}}  # every name -> its format
+SHOWS = 1.0 / 16  # a value shows the rounding of its format when its rel_l2 vs the exact one >= u * SHOWS
 
 
 def find(name: str) -> Format | None:
