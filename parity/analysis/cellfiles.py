@@ -10,7 +10,7 @@ The cell passes when every shape passes. Otherwise its top-level metrics are tho
 that does not pass (`shape` names it, `failing_shapes` lists them all, the drift origin's place says
 `at shape <label>`), so every reader of metrics.json (summary.json, `parity show`, the report)
 attributes the failure to its shape. `shapes` holds each shape's verdict and main numbers. A model
-without `shapes` never comes here: its artifacts are what they always were.
+without `shapes` is one sample set (label None): no `shape`/`shapes` keys, its files as they always were.
 """
 
 from __future__ import annotations
