@@ -152,9 +152,9 @@ def test_evidence_is_the_same_bytes_every_time(ref):
 
 
 def test_the_diff_hands_the_layers_recorded_input(ref):
-    """diffcell gives classify the fp64 reference's pre:<call> of a leaf call, per sample, and nothing
+    """origin_cause gives classify the fp64 reference's pre:<call> of a leaf call, per sample, and nothing
     for a between: region, a model output or a layer without a recorded input."""
-    from parity.analysis.diffcell import _inputs
+    from parity.analysis.causes import _inputs
     from parity.core.store import Tensor
 
     gold = {(s, n): Tensor(s, n, 0, ref[s:s + 1]) for s in range(2) for n in ("pre:act", "act", "output")}
