@@ -89,7 +89,7 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict, k: float) -> dict:
     }
     if status["status"] == "OK":
         excesses = [d.oracle["excess"] for d in cd.layers if d.oracle] + [r["excess"] for r in cd.own]
-        m["worst_ratio"] = _worst_ratio(cd.mode, k, excesses, summary.get("worst_tol_ratio"))
+        m["worst_ratio"] = worst_ratio(cd.mode, k, excesses, summary.get("worst_tol_ratio"))
     if cd.mode != "oracle" and status["status"] == "OK":
         m["verdict_mode_reason"] = cd.mode_reason
     if summary.get("precision") is not None:
@@ -196,7 +196,7 @@ def combine(metrics: list[tuple[str, dict]]) -> dict:
     return m
 
 
-def _worst_ratio(mode: str, k: float, excesses: list[float], worst_tol_ratio: float | None) -> float | None:
+def worst_ratio(mode: str, k: float, excesses: list[float], worst_tol_ratio: float | None) -> float | None:
     """The cell's worst error over what its verdict allows (<= 1 within the limit): oracle mode,
     the largest excess (accumulated or own) / k; tolerance mode, the worst tol_ratio."""
     if mode == "oracle":

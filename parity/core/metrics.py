@@ -49,15 +49,6 @@ def is_cell(key: str) -> bool:
     return "-" in key
 
 
-def worst_ratio(mode: str, k: float, excesses: list[float], worst_tol_ratio: float | None) -> float | None:
-    """The cell's worst error over what its verdict allows (<= 1 within the limit): oracle mode,
-    the largest excess (accumulated or own) / k; tolerance mode, the worst tol_ratio."""
-    if mode == "oracle":
-        finite = [x for x in excesses if x is not None]
-        return max(finite) / k if finite and k > 0 else None
-    return worst_tol_ratio
-
-
 def cell_entry(m: dict, plan: dict | None = None) -> dict:
     """summary.json's entry of one cell, from its metrics.json (and its plan.json)."""
     e = {"verdict": verdict(m)}
