@@ -95,7 +95,7 @@ def judge(rule: verdict.Rule, cell: Cell) -> list[tuple[str | None, CellDiff]]:
 def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, status: dict | None = None) -> CellDiff:
     """The diff of `cell` judged by `rule`. `samples`: only these samples, renumbered from 0 (one shape's
     sample set), judged by `status` (that shape's capture status) instead of status.json's. The rule
-    reaches the computations it needs in order (compare, oracle, exercised, causes), each once."""
+    reaches the computations it needs in order (compare, oracle, causes), each once."""
     status = status or cell.status
     read_dict = store.read_dict if samples is None else lambda path: _only(store.read_dict(path), samples)
     mode, why = verdict_mode(rule, cell.reference_dir, cell.baseline_dir)
@@ -119,9 +119,9 @@ def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, stat
     prec = oracle.precision(cd.layers, rule.reduced, cd.mode)  # did the layers round to its precision
     if prec is not None:
         cd.summary["precision"] = prec
-    why = oracle.baseline_self(cd.mode, cd.status.get("provider"), _baseline_provider(cell), rule.dtype)
-    if why:  # the cell is the oracle's baseline judged against itself
-        cd.summary["baseline"] = why
+    itself = oracle.baseline_self(cd.mode, cd.status.get("provider"), _baseline_provider(cell), rule.dtype)
+    if itself:  # the cell is the oracle's baseline judged against itself
+        cd.summary["baseline"] = itself
     if cd.summary.get("drift_origin"):
         if mode == "oracle" and gold is None:  # explaining the origin needs the values themselves
             gold = read_dict(cell.reference_dir / "fp64.parquet")
