@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from parity.analysis.causes import classify, classify_samples
+from parity.core import dtypes
 
 
 @pytest.fixture
@@ -130,7 +131,7 @@ def test_samples_are_classified_together(conv):
     """Two samples of one layer (as the diff stage holds them): concatenated on the batch axis."""
     other = np.random.default_rng(6).normal(size=conv.shape).astype(np.float32)
     pairs = [(0, conv.transpose(0, 1, 3, 2), conv), (1, other.transpose(0, 1, 3, 2), other)]
-    ev = check(classify_samples(pairs, "fp32"), "layout")
+    ev = check(classify_samples(pairs, dtypes.FP32), "layout")
     assert ev["perm"] == [0, 1, 3, 2] and ev["expected_shape"] == [2, 8, 14, 14]
 
 

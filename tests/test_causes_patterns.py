@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from parity.analysis.causes import classify, classify_samples
+from parity.core import dtypes
 
 U16 = 2.0 ** -11
 
@@ -137,7 +138,7 @@ def test_samples_carry_their_inputs(ref):
     """classify_samples hands each sample's input along with its values (as the diff does)."""
     x = 2 * ref
     pairs = [(1 / (1 + np.exp(-x[i:i + 1])), np.clip(x[i:i + 1] / 6 + 0.5, 0, 1)) for i in range(2)]
-    ev = check(classify_samples(pairs, "fp32", inputs=[x[:1], x[1:]]), "op_substitution")
+    ev = check(classify_samples(pairs, dtypes.FP32, inputs=[x[:1], x[1:]]), "op_substitution")
     assert ev["op"] == "Sigmoid"
 
 
@@ -151,9 +152,9 @@ def test_evidence_is_the_same_bytes_every_time(ref):
 
 
 def test_the_diff_hands_the_layers_recorded_input(ref):
-    """diffcell gives classify the fp64 reference's pre:<call> of a leaf call, per sample, and nothing
+    """origin_cause gives classify the fp64 reference's pre:<call> of a leaf call, per sample, and nothing
     for a between: region, a model output or a layer without a recorded input."""
-    from parity.analysis.diffcell import _inputs
+    from parity.analysis.causes import _inputs
     from parity.core.store import Tensor
 
     gold = {(s, n): Tensor(s, n, 0, ref[s:s + 1]) for s in range(2) for n in ("pre:act", "act", "output")}

@@ -11,8 +11,8 @@ import numpy as np
 
 from conftest import BIN, Repo, make_repo
 from parity.core import compare, dtypes, metrics, status
-from parity.analysis import exercised, oracle
-from parity.pipeline.diff import cell_verdict
+from parity.analysis import oracle
+from parity.analysis.cellfiles import cell_verdict
 
 U32 = dtypes.FP32.u
 U16 = dtypes.FP16.u
@@ -53,13 +53,13 @@ def test_a_reduction_in_another_valid_order_still_passes_at_fp32():
 
 def test_precision_exercised_counts_the_layers_that_show_the_rounding():
     fp32_like = [_layer("fc1", 4e-8), _layer("act", 0.0), _layer("fc2", 3e-7, rms=0.01), _layer("output", 0.4 * U16)]
-    p = exercised.precision(fp32_like, "float16", "oracle")
+    p = oracle.precision(fp32_like, dtypes.reduced("float16"), "oracle")
     assert p["exercised"] is False and p["layers"] == 3 and p["rounded"] == 0
     assert p["evidence"].startswith("0 of 3 layers show fp16 rounding") and "ran fp32 kernels" in p["evidence"]
     rounded = fp32_like[:2] + [_layer("fc2", 0.4 * U16)]  # one rounding to fp16: ~u/sqrt(3)
-    p = exercised.precision(rounded, "float16", "oracle")
+    p = oracle.precision(rounded, dtypes.reduced("float16"), "oracle")
     assert p["exercised"] and p["rounded"] == 1 and p["evidence"].startswith("1 of 3 layers show fp16 rounding")
-    assert exercised.precision(fp32_like, "float32", "oracle") is None  # fp32 is not a reduced precision
+    assert oracle.precision(fp32_like, dtypes.reduced("float32"), "oracle") is None  # fp32 is not a reduced precision
 
 
 def test_verdicts_baseline_and_not_exercised_fit_the_vocabulary_and_the_summary():
@@ -72,9 +72,9 @@ def test_verdicts_baseline_and_not_exercised_fit_the_vocabulary_and_the_summary(
                          "a-fp32-ort_cpu": {"verdict": "PASS"}})
     assert (s["cells"], s["passed"], s["failed"], s["not_run"], s["baseline"], s["not_exercised"]) == (3, 1, 0, 0, 1, 1)
     assert "baseline" not in metrics.summary({"a-fp32-ort_cpu": {"verdict": "PASS"}})  # only when there are some
-    assert exercised.baseline_self("oracle", "torch_cpu", "torch_cpu", "fp16")
-    assert exercised.baseline_self("tolerance", "torch_cpu", "torch_cpu", "fp16") is None
-    assert exercised.baseline_self("oracle", "ort_cpu", "torch_cpu", "fp16") is None
+    assert oracle.baseline_self("oracle", "torch_cpu", "torch_cpu", "fp16")
+    assert oracle.baseline_self("tolerance", "torch_cpu", "torch_cpu", "fp16") is None
+    assert oracle.baseline_self("oracle", "ort_cpu", "torch_cpu", "fp16") is None
 
 
 def gemm_graph_inputs_only():

@@ -151,6 +151,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
     from parity.analysis import diffcell
+    from parity.core import verdict
     from parity.pipeline import onnx_reference
 
     w = nh.from_array(np.eye(4, dtype=np.float32), "w")
@@ -160,13 +161,14 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)], ir_version=8),
               str(tmp_path / "c.onnx"))
     p = {"models": {"c": {"arch": {"source": "onnx", "path": str(tmp_path / "c.onnx")},
-                          "input": [{"name": "x", "shape": [2, 4]}]}}, "dtypes": {"fp32": {}},
+                          "input": [{"name": "x", "shape": [2, 4]}]}},
+         "dtypes": {"fp32": {"torch": "float32", "tol": {"atol": 1e-4, "rtol": 1e-6}, "oracle": {"k": 4.0}}},
          "reference": {"fp64": True}, "diff": {"verdict": "oracle"}}
     out = tmp_path / "ref"
     out.mkdir()
     assert onnx_reference.reference(p, "c", [{"x": np.ones((2, 4), np.float32)}], out) == 0
     assert not (out / "fp64.parquet").exists()
-    mode, why = diffcell.verdict_mode(p, "fp32", out, None)
+    mode, why = diffcell.verdict_mode(verdict.rule(p, "c", "fp32", []), out, None)
     assert mode == "tolerance" and "reference.fp64: false" not in why and "FusedMatMul" in why, why
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import make_repo
-from parity.core import store
+from parity.core import store, verdict
 from parity.analysis import diffcell, sums
 
 
@@ -32,7 +32,8 @@ def _diff(p, cell, root, without_sums, tmp):
             dst = tmp / src.relative_to(root)
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(sums.FILE))
         cap, base = tmp / cap.relative_to(root), tmp / base.relative_to(root)
-    cd = diffcell.diff_cell(p, model, dtype, cap, root / "artifacts/reference" / model, base)
+    cell = diffcell.load(cap, root / "artifacts/reference" / model, base)
+    cd = diffcell.diff_cell(verdict.rule(p, model, dtype, cell.names), cell)
     return json.dumps({"layers": [d.as_dict() for d in cd.layers], "own": cd.own, "summary": cd.summary,
                        "mode": cd.mode}, sort_keys=True)
 
@@ -86,8 +87,10 @@ def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
                 shutil.copytree(cap, d / "cap", ignore=shutil.ignore_patterns(sums.FILE), dirs_exist_ok=True)
                 shutil.copytree(base, d / "base", ignore=shutil.ignore_patterns(sums.FILE), dirs_exist_ok=True)
                 cap, base = d / "cap", d / "base"
-            cd = diffcell.diff_cell(p, "transformer_seq", "fp32", cap, r.path / "artifacts/reference/transformer_seq",
-                                    base, samples=rng, status=status)
+            values = diffcell.load(cap, r.path / "artifacts/reference/transformer_seq", base)
+            rule = verdict.rule(p, "transformer_seq", "fp32", values.names)
+            assert [idx for _, idx in rule.sample_sets] == [idx for _, idx in sets]  # as the inputs stage numbers them
+            cd = diffcell.diff_cell(rule, values, samples=rng, status=status)
             assert cd.mode == "oracle" and cd.own
             got.append(json.dumps({"layers": [x.as_dict() for x in cd.layers], "own": cd.own,
                                    "summary": cd.summary}, sort_keys=True))

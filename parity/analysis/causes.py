@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from parity.core import dtypes
+from parity.core import dtypes, store
 from parity.analysis import cause_patterns as patterns
 from parity.core.compare import dot as _dot
 
@@ -104,11 +104,18 @@ def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: flo
              channel_axes=None, inputs=None) -> Cause:
     """The cause label for `actual` vs `expected` (see the module docstring for the rules).
 
+    dtype: a conf/dtypes or torch name of the format the values were computed in (parity.core.dtypes).
     layout_hint: a permutation, or a list of them, to try first (e.g. a Transpose perm seen in the
     graph). limit: the rel_l2 the dtype explains (default 8 u). channel_axes: axes to look for a
     channel pattern on (default axis 1 and the last axis). inputs: the layer's input (the reference's),
     for op_substitution; None: not tried."""
-    name, u, big = dtype_format(dtype)
+    return _classify(actual, expected, dtypes.facts(dtype), layout_hint, limit, channel_axes, inputs)
+
+
+def _classify(actual, expected, fmt: dtypes.Format, layout_hint=None, limit: float | None = None,
+              channel_axes=None, inputs=None) -> Cause:
+    """classify() in the format `fmt` (its facts, already resolved)."""
+    name, u, big = fmt.name, fmt.u, fmt.max
     limit = PRECISION_K * u if limit is None else float(limit)
     a = np.asarray(actual, dtype=np.float64)
     b = np.asarray(expected, dtype=np.float64)
@@ -160,23 +167,24 @@ def _axes(b: np.ndarray, axes) -> list[int]:
     return sorted({1, b.ndim - 1} if axes is None else {int(x) % b.ndim for x in axes})
 
 
-def classify_samples(pairs, dtype: str = "fp32", inputs=None, **kwargs) -> Cause:
+def classify_samples(pairs, fmt: dtypes.Format = dtypes.FP32, inputs=None, **kwargs) -> Cause:
     """classify() over several samples of one layer: `pairs` of (actual, expected) arrays (or
     (sample, actual, expected) as parity.core.compare.compare_layer takes them), concatenated on axis 0.
-    inputs: the layer's input per sample (same order), or None."""
+    fmt: the format they were computed in (parity.core.dtypes.facts). inputs: the layer's input per
+    sample (same order), or None."""
     pairs = [p[-2:] for p in pairs]
     if not pairs:
         raise ValueError("classify_samples: no samples")
     if inputs is not None and len(inputs) != len(pairs):
         inputs = None
     if len(pairs) == 1 or min(np.ndim(a) for a, _ in pairs) == 0:
-        return classify(*pairs[0], dtype, inputs=None if inputs is None else inputs[0], **kwargs)
+        return _classify(*pairs[0], fmt, inputs=None if inputs is None else inputs[0], **kwargs)
     if inputs is not None and len({np.shape(x)[1:] for x in inputs}) == 1:
         inputs = np.concatenate([np.asarray(x) for x in inputs])
     else:
         inputs = None
-    return classify(np.concatenate([np.asarray(a) for a, _ in pairs]),
-                    np.concatenate([np.asarray(b) for _, b in pairs]), dtype, inputs=inputs, **kwargs)
+    return _classify(np.concatenate([np.asarray(a) for a, _ in pairs]),
+                     np.concatenate([np.asarray(b) for _, b in pairs]), fmt, inputs=inputs, **kwargs)
 
 
 def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
@@ -373,3 +381,43 @@ def int8_saturation(settings: dict | None, layer: dict, numeric: dict | None = N
     return Cause("int8_saturation",
                  f"{SATURATION}: u8 x s8 GEMMs, reduce_range {settings.get('reduce_range_from')}, CPU int8 "
                  f"flags {', '.join(flags) or 'none'}{'; ' + nums if nums else ''}", ev)
+
+
+def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, limits: tuple,
+                 fmt: dtypes.Format) -> dict | None:
+    """Why a cell's drift origin differs (`cd`: parity.analysis.diffcell.CellDiff; act, ref, gold,
+    own: its captured, fp32, fp64 and own values by (sample, name)): its own values against fp64 when
+    the origin is an own-error record, else its captured values against fp64 (oracle) or fp32
+    (tolerance). The precision limit is the oracle's (`limits`: u, k, slack): k times the trusted
+    backend's error, as a rel_l2. `fmt`: the number format the cell computes in."""
+    name = cd.summary["drift_origin"]
+    rec = next((r for r in cd.own if r["name"] == name), None)
+    if rec is not None and own is not None and gold is not None:
+        values, expected, exp_name = own, gold, store.own_reference_name(name)
+    elif gold is not None and cd.mode == "oracle":
+        values, expected, exp_name = act, gold, store.reference_name(name)
+        rec = next((d.oracle for d in cd.layers if d.name == name and d.oracle), None)
+    else:
+        values, expected, exp_name, rec = act, ref, store.reference_name(name), None
+    samples = [s for s in range(len(expected)) if (s, name) in values and (s, exp_name) in expected]
+    pairs = [(values[s, name].array, expected[s, exp_name].array) for s in samples]
+    if not pairs:
+        return None
+    limit = None
+    if rec and rec.get("ref_rms"):
+        u, k, slack = limits
+        floor = max(rec["floor_rmse"] or 0.0, u * rec["ref_rms"])
+        limit = k * floor / rec["ref_rms"] + slack  # the slack is relative
+    return classify_samples(pairs, fmt, limit=limit, inputs=_inputs(gold, name, samples)).as_dict()
+
+
+def _inputs(gold: dict | None, name: str, samples: list[int]) -> list | None:
+    """The layer's input per sample, for causes' op_substitution: the fp64 reference's `pre:<call>`
+    (the call's first floating input, recorded by the reference stage), None when it has none (a
+    `between:` record, the model output, a plain: output, a reference without fp64 or pre: values)."""
+    pre = store.PRE + name
+    if gold is None or name.startswith((store.BETWEEN, store.PLAIN)) or store.is_output(name):
+        return None
+    if not all((s, pre) in gold for s in samples):
+        return None
+    return [gold[s, pre].array for s in samples]

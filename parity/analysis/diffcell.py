@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.core import compare, store, tolerance
-from parity.config import params as config
-from parity.analysis import oracle, sums
+from parity.core import compare, store, verdict
+from parity.analysis import causes, oracle, sums
 from parity.core.io import read_json
 
 OWN = "own.parquet"
@@ -39,81 +38,141 @@ class CellDiff:
     mode: str = "tolerance"
     mode_reason: str = ""
     layer_causes: dict = field(default_factory=dict)  # failing layer -> cause from the cell's settings
+    outputs: list = field(default_factory=list)     # the layers that are model outputs (store.is_output)
 
 
-def verdict_mode(p: dict, dtype: str, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
-    want = tolerance.verdict(p)
-    if want != "oracle":
+@dataclass
+class Cell:
+    """A cell's values as the diff reads them, nothing of the config: the capture's status, its layer
+    values and the fp32 reference's (when a shape of it ran), and their layer names in order."""
+    capture_dir: Path
+    reference_dir: Path
+    baseline_dir: Path | None
+    status: dict
+    ref: dict = field(default_factory=dict)
+    act: dict = field(default_factory=dict)
+    names: list = field(default_factory=list)
+
+
+def load(capture_dir: Path, reference_dir: Path, baseline_dir: Path | None = None) -> Cell:
+    """The capture's status.json, and its layers.parquet and the reference's fp32.parquet when it (or
+    one of its input shapes, models.<m>.shapes) ran."""
+    status = read_json(capture_dir / "status.json")
+    cell = Cell(capture_dir, reference_dir, baseline_dir, status)
+    ran = [status] + list((status.get("shapes") or {}).values())
+    if any(s.get("status") == "OK" for s in ran):
+        cell.ref = store.read_dict(reference_dir / "fp32.parquet")
+        cell.act = store.read_dict(capture_dir / "layers.parquet")
+        cell.names = _names(cell.ref, cell.act)
+    return cell
+
+
+def verdict_mode(rule: verdict.Rule, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
+    if rule.verdict != "oracle":
         return "tolerance", "diff.verdict: tolerance"
     if not (reference_dir / "fp64.parquet").exists():
-        if not (p.get("reference") or {}).get("fp64"):
+        if not rule.fp64:
             return "tolerance", "no fp64 reference (reference.fp64: false)"
         f32 = reference_dir / "fp32.parquet"  # the reference stage records why it wrote no golden run
         why = store.read_metadata(f32).get("no_fp64") if f32.exists() else None
         return "tolerance", f"no fp64 reference: {why or 'reference.fp64 is true but the reference wrote none'}"
-    if not oracle.has_baseline(p["dtypes"][dtype]):
-        return "tolerance", f"dtypes.{dtype}.mode {p['dtypes'][dtype].get('mode')!r} has no trusted baseline"
+    if not rule.baseline:
+        return "tolerance", f"dtypes.{rule.dtype}.mode {rule.precision!r} has no trusted baseline"
     st = read_json(baseline_dir / "status.json") if baseline_dir and (baseline_dir / "status.json").exists() else {}
     if st.get("status") != "OK":
         return "tolerance", f"baseline did not run ({st.get('status', 'missing')}: {st.get('reason', '')})"
     return "oracle", "diff.verdict: oracle"
 
 
-def diff_cell(p: dict, model: str, dtype: str, capture_dir: Path, reference_dir: Path,
-              baseline_dir: Path | None = None, samples: range | None = None, status: dict | None = None) -> CellDiff:
-    """`samples`: only these samples, renumbered from 0 (one shape's sample set, parity.analysis.shapes),
-    judged by `status` (that shape's capture status) instead of status.json's."""
-    status = status or read_json(capture_dir / "status.json")
+def judge(rule: verdict.Rule, cell: Cell) -> list[tuple[str | None, CellDiff]]:
+    """(label, CellDiff) per input shape (the rule's sample sets, models.<m>.shapes), each shape's
+    samples judged on their own by its own capture status; [(None, CellDiff)] for a model without."""
+    per = cell.status.get("shapes") or {}
+    return [(lab, diff_cell(rule, cell, idx, {**cell.status, **per.get(lab, {})} if lab is not None else None))
+            for lab, idx in rule.sample_sets or ((None, None),)]
+
+
+def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, status: dict | None = None) -> CellDiff:
+    """The diff of `cell` judged by `rule`. `samples`: only these samples, renumbered from 0 (one shape's
+    sample set), judged by `status` (that shape's capture status) instead of status.json's. The rule
+    reaches the computations it needs in order (compare, oracle, causes), each once."""
+    status = status or cell.status
     read_dict = store.read_dict if samples is None else lambda path: _only(store.read_dict(path), samples)
-    mode, why = verdict_mode(p, dtype, reference_dir, baseline_dir)
+    mode, why = verdict_mode(rule, cell.reference_dir, cell.baseline_dir)
     cd = CellDiff(status, mode=mode, mode_reason=why)
     if status["status"] != "OK":
         cd.summary = {"passed": None}
         return cd
-    ref = read_dict(reference_dir / "fp32.parquet")
-    act = read_dict(capture_dir / "layers.parquet")
-    cd.layers = _tolerance_layers(p, model, dtype, _names(ref, act), act, ref)
+    ref, act = (cell.ref, cell.act) if samples is None else (_only(cell.ref, samples), _only(cell.act, samples))
+    names = _names(ref, act)
+    raw = _oracle_sums(cell, names, act, samples, read_dict) if mode == "oracle" else None
+    cd.layers = _tolerance_layers(rule, names, act, ref)
     gold = own = None
-    if mode == "oracle":
-        u, k, slack = oracle.limits(p["dtypes"][dtype])
-        lim = (k, slack)
-        cs, bs = sums.load(capture_dir), sums.load(baseline_dir)
-        if cs is not None and bs is not None:  # the producers' sums: no fp64 or own.parquet read
-            _judge_from_sums(cd, cs, bs, u, lim, samples)
-        else:
-            gold = read_dict(reference_dir / "fp64.parquet")
-            base = read_dict(baseline_dir / "layers.parquet")
-            ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
-            for d in cd.layers:
-                d.oracle = _judge(d.name, store.reference_name(d.name), act, base, gold, u, lim, ref_sq)
-                d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
-            if (capture_dir / OWN).exists() and (baseline_dir / OWN).exists():
-                own = read_dict(capture_dir / OWN)
-                cd.own = own_records(own, read_dict(baseline_dir / OWN), gold, u, lim, ref_sq)
+    if raw is not None:  # the oracle verdict of every layer and own value from its raw sums
+        sq, own_sq, gold, own = raw
+        u, k, slack = rule.limits
+        for d in cd.layers:
+            d.oracle = oracle.judge(sq[d.name][0], sq[d.name][1], u, k, slack) if sq[d.name] else None
+            d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
+        cd.own = [{**rec, **oracle.judge(err, floor, u, k, slack)} for rec, err, floor in own_sq]
     cd.summary = summarize(cd)
-    exercised_evidence(p, dtype, cd, baseline_dir)
+    prec = oracle.precision(cd.layers, rule.reduced, cd.mode)  # did the layers round to its precision
+    if prec is not None:
+        cd.summary["precision"] = prec
+    itself = oracle.baseline_self(cd.mode, cd.status.get("provider"), _baseline_provider(cell), rule.dtype)
+    if itself:  # the cell is the oracle's baseline judged against itself
+        cd.summary["baseline"] = itself
     if cd.summary.get("drift_origin"):
         if mode == "oracle" and gold is None:  # explaining the origin needs the values themselves
-            gold = read_dict(reference_dir / "fp64.parquet")
-            own = read_dict(capture_dir / OWN) if cd.own else None
-        cd.summary["drift_origin_cause"] = origin_cause(p, dtype, cd, act, ref, gold, own)
+            gold = read_dict(cell.reference_dir / "fp64.parquet")
+            own = read_dict(cell.capture_dir / OWN) if cd.own else None
+        cd.summary["drift_origin_cause"] = causes.origin_cause(cd, act, ref, gold, own, rule.limits, rule.fmt)
     settings_causes(cd)
     return cd
 
 
-def exercised_evidence(p: dict, dtype: str, cd: CellDiff, baseline_dir: Path | None) -> None:
-    """summary `precision` (did the layers round to the cell's precision: parity.analysis.exercised)
-    and `baseline` (the evidence that the cell is the oracle's baseline judged against itself)."""
-    from parity.analysis import exercised
+def _baseline_provider(cell: Cell) -> str | None:
+    st = cell.baseline_dir / "status.json" if cell.baseline_dir else None
+    return read_json(st).get("provider") if st and st.exists() else None
 
-    prec = exercised.precision(cd.layers, cause_dtype(p["dtypes"][dtype]), cd.mode)
-    if prec is not None:
-        cd.summary["precision"] = prec
-    st = baseline_dir / "status.json" if baseline_dir else None
-    base = read_json(st).get("provider") if st and st.exists() else None
-    why = exercised.baseline_self(cd.mode, cd.status.get("provider"), base, dtype)
-    if why:
-        cd.summary["baseline"] = why
+
+def _oracle_sums(cell: Cell, names: list[str], act: dict, samples: range | None, read_dict):
+    """The oracle's raw statistics, nothing of the rule: ({layer: (err, floor) or None}, [(own record,
+    err, floor)], the fp64 and own values when read). From the producers' sums (oracle_sums.json:
+    no fp64 or own.parquet read), else from the arrays."""
+    cs, bs = sums.load(cell.capture_dir), sums.load(cell.baseline_dir)
+    if cs is not None and bs is not None:
+        sq = {}
+        for name in names:
+            gname = store.reference_name(name)
+            err = sums.sq(cs, "layers", name, gname, samples)
+            sq[name] = (err, sums.sq(bs, "layers", gname, gname, samples)) if err else None
+        own_sq = []
+        if cs.get("own") is not None and bs.get("own") is not None:
+            for name in sums.own_names(cs, samples):
+                gname = store.own_reference_name(name)
+                err = sums.sq(cs, "own", name, gname, samples)
+                if err is not None:
+                    own_sq.append((_own_record(name), err, sums.sq(bs, "own", name, gname, samples)))
+        return sq, own_sq, None, None
+    gold = read_dict(cell.reference_dir / "fp64.parquet")
+    base = read_dict(cell.baseline_dir / "layers.parquet")
+    ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
+    sq = {}
+    for name in names:
+        gname = store.reference_name(name)
+        err = _sq(act, name, gold, gname, ref_sq)
+        sq[name] = (err, _sq(base, gname, gold, gname, ref_sq)) if err is not None else None
+    own = own_sq = None
+    if (cell.capture_dir / OWN).exists() and (cell.baseline_dir / OWN).exists():
+        own = read_dict(cell.capture_dir / OWN)
+        own_sq = own_sums(own, read_dict(cell.baseline_dir / OWN), gold, ref_sq)
+    return sq, own_sq or [], gold, own
+
+
+def _own_record(name: str) -> dict:
+    kind = "between" if name.startswith(BETWEEN) else "leaf"
+    return {"name": name, "layer": name[len(BETWEEN):] if kind == "between" else name, "kind": kind}
 
 
 def _only(d: dict, samples: range) -> dict:
@@ -124,8 +183,6 @@ def _only(d: dict, samples: range) -> dict:
 def settings_causes(cd: CellDiff) -> None:
     """Causes that the capture's settings explain (causes.int8_saturation): every failing layer gets
     one, and it replaces the drift origin's numeric cause (which stays in its evidence)."""
-    from parity.analysis import causes
-
     settings = cd.status.get("settings")
     origin = cd.summary.get("drift_origin")
     for d in cd.layers:
@@ -146,14 +203,14 @@ def _names(ref: dict, act: dict) -> list[str]:
     return names + sorted({n for _, n in act if n.startswith(store.PLAIN) and store.reference_name(n) in order})
 
 
-def _tolerance_layers(p, model, dtype, names, act, ref) -> list:
-    max_mismatch = tolerance.max_mismatch(p)
+def _tolerance_layers(rule: verdict.Rule, names: list[str], act: dict, ref: dict) -> list:
+    max_mismatch = rule.max_mismatch
     samples = sorted({s for s, _ in ref})
     layers = []
     for order, name in enumerate(names):
         rname = store.reference_name(name)
         pairs = [(s, act[s, name].array, ref[s, rname].array) for s in samples if (s, name) in act and (s, rname) in ref]
-        atol, rtol, src = config.tolerance_for(p, model, dtype, rname)
+        atol, rtol, src = rule.tolerances[rname]
         if not pairs:
             d = compare.LayerDiff(name=name, order=order, shape=[], numel=0, atol=atol, rtol=rtol,
                                   tol_source=src, passed=False, problem="not captured by this provider")
@@ -181,105 +238,23 @@ def _sq(values: dict, name: str, gold: dict, gold_name: str, ref_sq: dict) -> or
     return sq if sq.n else None
 
 
-def _judge(name: str, gold_name: str, act: dict, base: dict, gold: dict, u: float, lim: tuple,
-           ref_sq: dict) -> dict | None:
-    err = _sq(act, name, gold, gold_name, ref_sq)
-    if err is None:
-        return None
-    floor = _sq(base, gold_name, gold, gold_name, ref_sq)
-    return oracle.judge(err, floor, u, *lim)
-
-
-def _judge_from_sums(cd: CellDiff, cs: dict, bs: dict, u: float, lim: tuple, samples: range | None) -> None:
-    """The oracle verdict of every layer and own value from the capture's and the baseline's
-    oracle_sums.json (parity.analysis.sums): what _judge and own_records compute from the arrays."""
-    for d in cd.layers:
-        gname = store.reference_name(d.name)
-        err = sums.sq(cs, "layers", d.name, gname, samples)
-        d.oracle = oracle.judge(err, sums.sq(bs, "layers", gname, gname, samples), u, *lim) if err else None
-        d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
-    if cs.get("own") is None or bs.get("own") is None:
-        return
-    for name in sums.own_names(cs, samples):
-        gname = store.own_reference_name(name)
-        err = sums.sq(cs, "own", name, gname, samples)
-        if err is None:
-            continue
-        kind = "between" if name.startswith(BETWEEN) else "leaf"
-        layer = name[len(BETWEEN):] if kind == "between" else name
-        cd.own.append({"name": name, "layer": layer, "kind": kind,
-                       **oracle.judge(err, sums.sq(bs, "own", name, gname, samples), u, *lim)})
-
-
-def own_records(own: dict, base_own: dict, gold: dict, u: float, lim: tuple, ref_sq: dict) -> list[dict]:
+def own_sums(own: dict, base_own: dict, gold: dict, ref_sq: dict) -> list[tuple[dict, oracle.Sq, oracle.Sq | None]]:
     """Own error of every leaf call (`<leaf>`) and of the ops between leaves feeding it
-    (`between:<leaf>`), in execution order (own.parquet's order), each judged like a layer."""
-    recs = []
+    (`between:<leaf>`), in execution order (own.parquet's order): (record, err, floor) sums, each
+    judged like a layer."""
+    out = []
     names = [n for (s, n), _ in sorted(own.items(), key=lambda kv: (kv[0][0], kv[1].order)) if s == 0]
     for name in names:
         gold_name = store.own_reference_name(name)
         err = _sq(own, name, gold, gold_name, ref_sq)
-        if err is None:
-            continue
-        floor = _sq(base_own, name, gold, gold_name, ref_sq)
-        kind = "between" if name.startswith(BETWEEN) else "leaf"
-        layer = name[len(BETWEEN):] if kind == "between" else name
-        recs.append({"name": name, "layer": layer, "kind": kind, **oracle.judge(err, floor, u, *lim)})
-    return recs
-
-
-def cause_dtype(dtype_cfg: dict) -> str:
-    """The number format parity.analysis.causes reasons about for a conf dtype."""
-    mode = dtype_cfg.get("mode", "cast")
-    return {"int8_dynamic": "int8", "int8_static": "int8", "int4_weight": "int4", "fp8": "fp8_e4m3",
-            "tf32": "tf32"}.get(
-        mode, dtype_cfg.get("torch", "float32"))
-
-
-def origin_cause(p: dict, dtype: str, cd: CellDiff, act: dict, ref: dict, gold: dict | None,
-                 own: dict | None) -> dict | None:
-    """Why the drift origin differs (parity.analysis.causes): its own values against fp64 when the
-    origin is an own-error record, else its captured values against fp64 (oracle) or fp32 (tolerance).
-    The precision limit is the oracle's: k times the trusted backend's error, as a rel_l2."""
-    from parity.analysis import causes
-
-    name = cd.summary["drift_origin"]
-    rec = next((r for r in cd.own if r["name"] == name), None)
-    if rec is not None and own is not None and gold is not None:
-        values, expected, exp_name = own, gold, store.own_reference_name(name)
-    elif gold is not None and cd.mode == "oracle":
-        values, expected, exp_name = act, gold, store.reference_name(name)
-        rec = next((d.oracle for d in cd.layers if d.name == name and d.oracle), None)
-    else:
-        values, expected, exp_name, rec = act, ref, store.reference_name(name), None
-    samples = [s for s in range(len(expected)) if (s, name) in values and (s, exp_name) in expected]
-    pairs = [(values[s, name].array, expected[s, exp_name].array) for s in samples]
-    if not pairs:
-        return None
-    limit = None
-    if rec and rec.get("ref_rms"):
-        u, k, slack = oracle.limits(p["dtypes"][dtype])
-        floor = max(rec["floor_rmse"] or 0.0, u * rec["ref_rms"])
-        limit = k * floor / rec["ref_rms"] + slack  # the slack is relative
-    return causes.classify_samples(pairs, cause_dtype(p["dtypes"][dtype]), limit=limit,
-                                   inputs=_inputs(gold, name, samples)).as_dict()
-
-
-def _inputs(gold: dict | None, name: str, samples: list[int]) -> list | None:
-    """The layer's input per sample, for causes' op_substitution: the fp64 reference's `pre:<call>`
-    (the call's first floating input, recorded by the reference stage), None when it has none (a
-    `between:` record, the model output, a plain: output, a reference without fp64 or pre: values)."""
-    pre = store.PRE + name
-    if gold is None or name.startswith((BETWEEN, store.PLAIN)) or store.is_output(name):
-        return None
-    if not all((s, pre) in gold for s in samples):
-        return None
-    return [gold[s, pre].array for s in samples]
+        if err is not None:
+            out.append((_own_record(name), err, _sq(base_own, name, gold, gold_name, ref_sq)))
+    return out
 
 
 def summarize(cd: CellDiff) -> dict:
-    outputs = {d.name for d in cd.layers if store.is_output(d.name)}
-    s = compare.summarize(cd.layers, outputs)
+    cd.outputs = [d for d in cd.layers if store.is_output(d.name)]
+    s = compare.summarize(cd.layers, {d.name for d in cd.outputs})
     s["verdict_mode"] = cd.mode
     if cd.mode != "oracle":
         return s

@@ -23,46 +23,40 @@ has 32 values (Inductor's squeeze-excite average pools in mobilenet_v3_small at 
 3.4 bits), which no user calls a failure. It scales with the layer: an absolute slack (it was
 torch._dynamo.utils.same's `tol / 10`, 1e-5 RMSE at fp32) is 100-3000x the measured floor on a layer
 of rms 0.01 and let a 5e-4 relative weight error through (docs/verdicts.md, section 1b).
+
+Was the precision exercised, and can the verdict fail at all (`precision`, `baseline_self`)?
+A reduced-precision cell (fp16, bf16, tf32, int8, int4, fp8) passes the oracle when it is as close to
+fp64 as the trusted backend at that precision. A cell that never computed in that precision passes
+too, and then the verdict says nothing about the precision the user asked for: ONNX Runtime's CPU
+provider has no fp16 kernel for Gemm, MatMul, Softmax, BatchNormalization or Gelu, and with every
+operand a graph input (nothing stored in fp16) its optimiser removes the Cast pairs around them and
+runs the fp32 kernel: the outputs are bit-identical to fp32 (measured: a one-Gemm graph, onnxruntime
+1.31). So each layer's relative error against fp64 (against the fp32 reference when the cell is
+judged by tolerance) is compared with the format's unit roundoff u: a layer *shows the rounding* of
+its precision when rel_l2 >= u / 16 (bits_lost >= -4). One rounding of a value to the format alone
+gives rel_l2 ~ u / sqrt(3) (bits_lost ~ -0.8); an fp32 computation, even after 6 bits of accumulated
+fp32 noise (efficientnet_b0, docs/verdicts.md), stays below u_fp32 * 2^6 = 2^-18, 8x under fp16's
+u / 16 = 2^-15. A cell none of whose layers shows it is NOT_EXERCISED (parity.core.status).
+
+A cell whose provider is the oracle's baseline backend (torch_cpu against the torch CPU eager
+baseline at its own dtype; ort_cpu_noopt for an ONNX-file model) is judged against itself: its
+excess is 1 by construction and it cannot fail, so its verdict is BASELINE, not PASS.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from parity.core import dtypes
+from parity.core import dtypes, store, verdict
 from parity.core.compare import sq_error, sum_sq
 
-# precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
-BASELINE_MODES = ("cast", "autocast")
-
-
-def unit_roundoff(dtype_cfg: dict) -> float:
-    """u of the precision a cell computes in (parity.core.dtypes): the cast/autocast dtype, tf32's (10-bit
-    mantissa) for tf32, the fp32 value for int8/fp8 modes (their error is not a rounding of a float format)."""
-    mode = dtype_cfg.get("mode", "cast")
-    return dtypes.facts("tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")).u
-
-
-class Limits(NamedTuple):
-    u: float      # the dtype's unit roundoff (unit_roundoff)
-    k: float      # dtypes.<d>.oracle.k: required (parity.config.params)
-    slack: float  # dtypes.<d>.oracle.slack: 0 unless given
-
-
-def limits(dtype_cfg: dict) -> Limits:
-    """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
-    layer (parity.analysis.diffcell), a suite case (parity.suites.diff), a generation step, a
-    reduction or the report's limit line, is judged by. The one place these keys are read."""
-    o = dtype_cfg["oracle"]
-    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", 0.0)))
-
-
-def has_baseline(dtype_cfg: dict) -> bool:
-    return dtype_cfg.get("mode", "cast") in BASELINE_MODES
+# the oracle's limits and whether the trusted backend reproduces a precision are read by the one
+# verdict resolver (parity.core.verdict); named here too for the callers that judge by the oracle
+BASELINE_MODES, Limits, has_baseline, limits, unit_roundoff = (
+    verdict.BASELINE_MODES, verdict.Limits, verdict.has_baseline, verdict.limits, verdict.unit_roundoff)
 
 
 @dataclass
@@ -110,3 +104,46 @@ def judge(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> 
     return {"err_rmse": err.rmse, "floor_rmse": floor.rmse if floor is not None else None,
             "ref_rms": err.rms_ref, "excess": x, "bits_lost": bits_lost(err, u),
             "nonfinite": err.nonfinite, "passed": bool(x <= k and err.nonfinite == 0)}
+
+
+SHOWS = dtypes.SHOWS  # a layer shows the rounding when rel_l2 >= u * SHOWS
+
+
+def _rel(d) -> float | None:
+    """A layer's relative error: vs fp64 (oracle), else vs the fp32 reference (tolerance metrics)."""
+    o = d.oracle or {}
+    if o.get("ref_rms"):
+        return o["err_rmse"] / o["ref_rms"]
+    if o:
+        return None  # fp64 is all zeros: nothing to round
+    return d.rel_l2
+
+
+def precision(layers: list, f: dtypes.Format | None, mode: str) -> dict | None:
+    """{format, u, layers, rounded, exercised, largest_rel_l2, evidence} of a cell computing in the
+    reduced format `f` (parity.core.dtypes.reduced; None for fp32/fp64: then None, as when no layer has
+    values). `layers`: compare.LayerDiff with .oracle."""
+    if f is None:
+        return None
+    u = f.u
+    inner = [d for d in layers if not store.is_output(d.name)] or layers  # the layers `layers` counts
+    rels = [r for d in inner if not d.problem and (r := _rel(d)) is not None]
+    if not rels:
+        return None
+    label = f.name
+    vs = "fp64" if mode == "oracle" else "the fp32 reference"
+    rounded = sum(r >= u * SHOWS for r in rels)
+    ev = (f"{rounded} of {len(rels)} layers show {label} rounding (rel_l2 vs {vs} >= u/16 = {u * SHOWS:.2g}; "
+          f"largest {max(rels):.2g})")
+    if not rounded:
+        ev += f"; the provider ran fp32 kernels: {label} was not exercised"
+    return {"format": label, "u": u, "layers": len(rels), "rounded": rounded, "exercised": rounded > 0,
+            "largest_rel_l2": max(rels), "evidence": ev}
+
+
+def baseline_self(mode: str, provider: str | None, baseline_provider: str | None, dtype: str) -> str | None:
+    """The evidence that a cell is the oracle's baseline judged against itself, else None."""
+    if mode != "oracle" or not provider or provider != baseline_provider:
+        return None
+    return (f"provider {provider} is the oracle's baseline backend at {dtype} (baseline@<model>-{dtype}): "
+            "judged against itself, its excess is 1 by construction and it cannot fail")

@@ -50,10 +50,13 @@ ALIASES = {
     "int8_static": "int8", "int8_dynamic": "int8", "int4_weight": "int4",
 }
 
+TABLE = {**FORMATS, **{alias: FORMATS[short] for alias, short in ALIASES.items()}}  # every name -> its format
+SHOWS = 1.0 / 16  # a value shows the rounding of its format when its rel_l2 vs the exact one >= u * SHOWS
+
 
 def find(name: str) -> Format | None:
     """The format of a short name or an alias; None when unknown."""
-    return FORMATS.get(ALIASES.get(str(name), str(name)))
+    return TABLE.get(str(name))
 
 
 def facts(name: str) -> Format:

@@ -12,7 +12,7 @@ contain '-', the totals never do):
 
   baseline, not_exercised   totals of the cells with those verdicts, only when there are some
   verdict  PASS, FAIL, NOT_EXERCISED (within the limit, but no layer shows the rounding of the
-           cell's precision: parity.analysis.exercised), BASELINE (the oracle's baseline backend,
+           cell's precision: parity.analysis.oracle.precision), BASELINE (the oracle's baseline backend,
            judged against itself), or the status of a cell that did not run (UNSUPPORTED, ...)
   worst    the cell's worst error over what its verdict allows (1 is the limit: the oracle's
            excess / k over every layer and own error; tolerance mode: the worst tol_ratio)
@@ -49,15 +49,6 @@ def is_cell(key: str) -> bool:
     return "-" in key
 
 
-def worst_ratio(mode: str, k: float, excesses: list[float], worst_tol_ratio: float | None) -> float | None:
-    """The cell's worst error over what its verdict allows (<= 1 within the limit): oracle mode,
-    the largest excess (accumulated or own) / k; tolerance mode, the worst tol_ratio."""
-    if mode == "oracle":
-        finite = [x for x in excesses if x is not None]
-        return max(finite) / k if finite and k > 0 else None
-    return worst_tol_ratio
-
-
 def cell_entry(m: dict, plan: dict | None = None) -> dict:
     """summary.json's entry of one cell, from its metrics.json (and its plan.json)."""
     e = {"verdict": verdict(m)}
@@ -66,7 +57,7 @@ def cell_entry(m: dict, plan: dict | None = None) -> dict:
         e["worst"] = w
     if m.get("drift_origin"):
         e["origin"] = m["drift_origin"]
-    if m.get("shapes"):  # several input shapes (parity.analysis.shapes): each shape's verdict
+    if m.get("shapes"):  # several input shapes (parity.analysis.cellfiles): each shape's verdict
         e["shapes"] = {lab: x.get("verdict") for lab, x in m["shapes"].items()}
     if plan:
         e["plan_keep"] = len(plan.get("keep") or [])

@@ -2,9 +2,9 @@
 the last matching one winning (torch.testing's dtype table, overridable per model layer or per suite
 case). Every result names the key it came from (`tol_source`), so a user can find it.
 
-Beside it, the one verdict resolver: `diff.verdict` (oracle | tolerance) and `diff.max_mismatch`, the
-settings every model cell (parity.analysis.diffcell) and suite case (parity.suites.diff) is judged by,
-read here and nowhere else."""
+Beside it, the verdict settings: `diff.verdict` (oracle | tolerance) and `diff.max_mismatch`, which
+every model cell (parity.analysis.diffcell) and suite case (parity.suites.diff) is judged by, read here
+and nowhere else; parity.core.verdict resolves them with the rest of a cell's rule."""
 
 from __future__ import annotations
 

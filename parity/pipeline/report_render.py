@@ -56,7 +56,7 @@ def metric(m: dict, name: str, default=None):
 
 
 def shapes_text(m: dict) -> str:
-    """'s16 PASS, s128 FAIL from fc1' for a model with several input shapes (parity.analysis.shapes); ''
+    """'s16 PASS, s128 FAIL from fc1' for a model with several input shapes (parity.analysis.cellfiles); ''
     otherwise."""
     return ", ".join(f"{lab} {x.get('verdict')}" + (f" from {x['drift_origin']}" if x.get("drift_origin") else "")
                      for lab, x in (metric(m, "shapes") or {}).items())
@@ -73,7 +73,7 @@ def extra_totals(summary: dict) -> str:
 
 
 def precision_text(m: dict) -> str:
-    """'3 of 3 layers show fp16 rounding (...)' of a reduced-precision cell (parity.analysis.exercised)."""
+    """'3 of 3 layers show fp16 rounding (...)' of a reduced-precision cell (parity.analysis.oracle.precision)."""
     return (metric(m, "precision") or {}).get("evidence") or ""
 
 

@@ -23,7 +23,8 @@ What the harness does so that a valid test runs as given (each says so in the ca
 
 At a dtype other than fp32, `exercised` says whether the op really computed at that precision: the
 converted graph's outputs against the plain graph's (fp32) on the same inputs, and on the inputs
-rounded to the dtype (parity.analysis.exercised's rule: rel_l2 >= u/16 shows the rounding).
+rounded to the dtype (parity.core.dtypes.SHOWS, the rule of parity.analysis.oracle.precision: rel_l2 >=
+u/16 shows the rounding).
 Imported by the suite workers only (onnx, onnxruntime, numpy)."""
 
 from __future__ import annotations
@@ -259,7 +260,6 @@ def exercised(fmt: str, got: list, plain32: list, rounded32: list) -> dict | Non
     tell: only the storage rounding shows, as an fp32 kernel between casts or an exactly rounded op
     gives). None without float outputs."""
     from parity.core import dtypes
-    from parity.analysis.exercised import SHOWS
 
     f = dtypes.reduced(fmt)
     pairs = [(g, p, r) for g, p, r in zip(got, plain32, rounded32) if g.dtype.kind == "f" and g.size]
@@ -268,20 +268,20 @@ def exercised(fmt: str, got: list, plain32: list, rounded32: list) -> dict | Non
     u, label = f.u, f.name
     rel = max(_rel_l2(g, p) for g, p, _ in pairs)
     rel_r = max(_rel_l2(r, p) for _, p, r in pairs)  # what rounding to the format alone does here
-    if rel_r < u * SHOWS or all(np.array_equal(r, p, equal_nan=True) for _, p, r in pairs):
+    if rel_r < u * dtypes.SHOWS or all(np.array_equal(r, p, equal_nan=True) for _, p, r in pairs):
         how, ex = (f"values the {label} rounding leaves unchanged (the fp32 graph on {label}-rounded inputs, "
                    f"rounded: rel_l2 {rel_r:.2g} < u/16): cannot tell"), None
     elif all(np.array_equal(g, p, equal_nan=True) for g, p, _ in pairs):
         how, ex = f"outputs bit-identical to the fp32 graph's: onnxruntime ran fp32 kernels ({label} not exercised)", False
-    elif rel < u * SHOWS:
-        how, ex = (f"outputs within fp32 noise of the fp32 graph's (rel_l2 {rel:.2g} < u/16 = {u * SHOWS:.2g}): "
+    elif rel < u * dtypes.SHOWS:
+        how, ex = (f"outputs within fp32 noise of the fp32 graph's (rel_l2 {rel:.2g} < u/16 = {u * dtypes.SHOWS:.2g}): "
                    f"{label} not exercised"), False
     elif all(np.array_equal(g, r, equal_nan=True) for g, _, r in pairs):
         how, ex = (f"{label} storage only: outputs equal the fp32 graph's on {label}-rounded inputs, rounded to "
                    f"{label} (an fp32 kernel between casts, or an op exact at both: cannot tell)"), None
     else:
         how, ex = (f"{label} compute: outputs differ from the fp32 graph's on the same {label}-rounded values "
-                   f"(rel_l2 vs fp32 {rel:.2g} >= u/16 = {u * SHOWS:.2g})"), True
+                   f"(rel_l2 vs fp32 {rel:.2g} >= u/16 = {u * dtypes.SHOWS:.2g})"), True
     return {"format": label, "exercised": ex, "rel_l2_vs_fp32": rel if np.isfinite(rel) else None, "evidence": how}
 
 
