@@ -62,7 +62,8 @@ def test_input_spec_defaults_and_bounds():
     s = schema.section(schema.InputSpec, {"name": "x", "shape": [2, 3]})
     assert (s.shape, s.dtype, s.init, s.mean, s.std) == ((2, 3), "float32", "normal", 0.0, 1.0)
     assert schema.section(schema.InputSpec, {"name": "x", "shape": [1], "init": "uniform"}).bounds() == (0.0, 1.0)
-    assert schema.section(schema.InputSpec, {"name": "x", "shape": [1], "init": "randint", "high": 9}).bounds() == (0, 9)
+    randint = schema.section(schema.InputSpec, {"name": "x", "shape": [1], "init": "randint", "high": 9})
+    assert randint.bounds() == (0, 9)
     assert schema.mode({}) == "cast" and schema.mode({"mode": "tf32"}) == "tf32"
 
 
@@ -86,7 +87,8 @@ def test_fuzz_settings_keep_their_order_and_values():
 # the oracle k, diff.max_mismatch and diff.verdict: read through the typed config (or the one resolver),
 # never with a literal fallback. PENDING: the diff path's resolver, converted after its restructuring.
 PENDING = {"parity/core/tolerance.py"}
-RESTATED = re.compile(r"""\.get\(["'](k|max_mismatch)["'],\s*[-0-9.]|\.get\(["']verdict["'],\s*["'](oracle|tolerance)""")
+RESTATED = re.compile(r"""\.get\(["'](k|max_mismatch)["'],\s*[-0-9.]"""
+                      r"""|\.get\(["']verdict["'],\s*["'](oracle|tolerance)""")
 
 
 def test_no_literal_fallback_for_the_oracle_and_verdict_keys():

@@ -156,7 +156,7 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Reference:
-    fp64: bool = False
+    fp64: bool = False         # conf/config.yaml: true (the oracle verdict's yardstick)
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class Fuzz:
     dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
     providers: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
     seed: int = 0
-    cases: int = 200
+    cases: int = 200           # `parity fuzz` by hand; conf/config.yaml gives the stages 2000
     ops: str | list | None = None   # fnmatch patterns of case ids (None: all)
     nonfinite: bool = False
     empty: bool = True
