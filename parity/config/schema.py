@@ -251,11 +251,17 @@ def _names():
     return field(default=(), metadata=_conv(_tuple))
 
 
+def _group(cls):
+    """A selection (models, dtypes, providers): validation requires one; empty only in a params dict
+    made by hand for one section (a test's, a command's)."""
+    return field(default_factory=lambda: MappingProxyType({}), metadata=_conv(_named(cls)))
+
+
 @dataclass(frozen=True)
 class Params:
-    models: Mapping[str, Model] = field(metadata=_conv(_named(Model)))
-    dtypes: Mapping[str, Dtype] = field(metadata=_conv(_named(Dtype)))
-    providers: Mapping[str, Provider] = field(metadata=_conv(_named(Provider)))
+    models: Mapping[str, Model] = _group(Model)
+    dtypes: Mapping[str, Dtype] = _group(Dtype)
+    providers: Mapping[str, Provider] = _group(Provider)
     seed: int = 0
     strict: bool = False
     export: Export = _section(Export)
