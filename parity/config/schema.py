@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Mapping
 
 
@@ -44,9 +43,30 @@ def _make(cls, d: Mapping | None):
     return cls(**kw)
 
 
+class _Group(Mapping):
+    """{name: cls(...)} of a group (models, dtypes, providers), read-only, in params order; an option is
+    built when first read, so a reader of one section never builds (nor needs) every option."""
+
+    def __init__(self, cls, raw: Mapping | None):
+        self._cls, self._raw, self._built = cls, dict(raw or {}), {}
+
+    def __getitem__(self, name: str):
+        if name not in self._built:
+            self._built[name] = _make(self._cls, self._raw[name])
+        return self._built[name]
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"{self._cls.__name__}s({', '.join(self._raw)})"
+
+
 def _named(cls):
-    """{name: cls(...)} of a group (models, dtypes, providers), read-only, in params order."""
-    return lambda d: MappingProxyType({k: _make(cls, v) for k, v in (d or {}).items()})
+    return lambda d: _Group(cls, d)
 
 
 # --- dtypes.<d> (conf/dtypes/<d>.yaml) ---------------------------------------------------------------
@@ -254,7 +274,7 @@ def _names():
 def _group(cls):
     """A selection (models, dtypes, providers): validation requires one; empty only in a params dict
     made by hand for one section (a test's, a command's)."""
-    return field(default_factory=lambda: MappingProxyType({}), metadata=_conv(_named(cls)))
+    return field(default_factory=lambda: _Group(cls, {}), metadata=_conv(_named(cls)))
 
 
 @dataclass(frozen=True)
