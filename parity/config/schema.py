@@ -198,6 +198,7 @@ class Analysis:
     plan: bool = False
     plan_target: Tol | None = field(default=None, metadata=_conv(lambda v: None if v is None else _make(Tol, v)))
     max_keep: int = 16
+    plan_group: str = "auto"   # auto | leaf | block (main's parity.analysis.plan.GROUPS)
     reduce: bool = False
     reduce_rel_l2: float = 1e-3
 
