@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
+from parity.config import schema
 
 
 def main(argv=None) -> int:
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
 
     key = config.cell_key(a.model, a.dtype, a.provider)
     # W: the exported graph's initialisers; SA: the reference's fp32 values (beside --reference)
-    sized = memory.guard_graph("capture", key, p, a.model, Path(a.model_dir) / "model.onnx",
+    sized = memory.guard_graph("capture", key, schema.of(p).inputs.samples, a.model, Path(a.model_dir) / "model.onnx",
                                Path(a.reference).with_name("fp32.parquet") if a.reference else None)
     if sized is None:
         return 1

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from parity.config import schema
 from parity.pipeline import reference
 
 
@@ -44,7 +45,7 @@ def _run(p: dict, a) -> int:
     feeds = load(a.inputs)
     out = Path(a.out)
     try:
-        print(reference.write(p, a.model, feeds, out, bool(p.get("reference", {}).get("fp64"))))
+        print(reference.write(p, a.model, feeds, out, bool(schema.of(p).reference.fp64)))
     except reference.TinyOutput as e:
         print(f"reference@{a.model}: model output max |value| {e} <= {reference.MIN_OUTPUT_ABS:g}: a diff "
               f"against it proves nothing (any actual within atol of zero passes). Initialise the "

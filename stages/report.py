@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from parity.config import params as config
+from parity.config import schema
 from parity.core import status
 from parity.pipeline.report import write_report
 
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
                if c["metrics"].get("verdict") not in status.VERDICTS]
     unexercised = [c["key"] + f" ({(c['metrics'].get('precision') or {}).get('evidence', '')})" for c in cells
                    if c["metrics"].get("verdict") in status.STRICT_FAILS]
-    if p.get("strict") and (not_run or unexercised):
+    if schema.of(p).strict and (not_run or unexercised):
         if not_run:
             print("report: strict: true and these cells did not run: " + ", ".join(not_run), file=sys.stderr)
         if unexercised:

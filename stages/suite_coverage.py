@@ -10,6 +10,7 @@ import itertools
 from pathlib import Path
 
 from parity.config import params as config
+from parity.config import schema
 from parity.backends import load_runner
 from parity.core.io import write_json, write_text
 from parity.suites import coverage, spec
@@ -25,7 +26,7 @@ def main(argv=None) -> int:
     onnx = [n for n, prov in p["providers"].items()
             if load_runner(prov["runner"], prov.get("import")).onnx_based]
     cov = coverage.build(a.suite, cells, Path(a.diff), Path(a.timing),
-                         (p.get("suites_run") or {}).get("onnx_opset"), onnx)
+                         schema.of(p).suites_run.onnx_opset, onnx)
     out = Path(a.out)
     write_json(out / f"{a.suite}.json", cov, sort_keys=False)
     write_text(out / f"{a.suite}.csv", coverage.to_csv(cov))

@@ -6,6 +6,7 @@ Writes --out (JSON): the loss of each run, per-parameter gradient rel_l2 / max_a
 from __future__ import annotations
 
 from parity.config import params as config
+from parity.config import schema
 from parity.analysis import train_step
 from parity.core.io import exit_now, write_json
 
@@ -16,10 +17,10 @@ def main(argv=None) -> int:
         ap.add_argument(f"--{k}", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    t = p.get("train_step") or {}
-    res = train_step.check(p["models"][a.model], a.dtype, seed=int(p.get("seed", 0)), lr=float(t.get("lr", 0.01)),
-                           fp64=bool(t.get("fp64", True)), limit=t.get("limit"), device=t.get("device", "auto"),
-                           threads=int((p.get("capture") or {}).get("threads", 0)))
+    c = schema.of(p)
+    t = c.train_step
+    res = train_step.check(p["models"][a.model], a.dtype, seed=int(c.seed), lr=float(t.lr), fp64=bool(t.fp64),
+                           limit=t.limit, device=t.device, threads=int(c.capture.threads))
     write_json(a.out, dict(res, model=a.model), sort_keys=False)
     w = res["worst"] or {}
     print(f"train_step@{a.model}-{a.dtype}: {res['verdict']} (worst gradient {w.get('name')} rel_l2 "

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import io, ui
+from parity.config import schema
 from parity.analysis import fuzz
 from parity.pipeline import suite_run
 from parity.suites import diff, pool, spec
@@ -40,10 +41,9 @@ def cell_for(p: dict, dtype: str, provider: str) -> dict:
 
 
 def settings(p: dict) -> dict:
-    f = dict({"seed": 0, "cases": 200, "ops": None, "nonfinite": False, "empty": True, "max_numel": 1 << 16,
-              "timeout_s": 30, "workers": 2}, **(p.get("fuzz") or {}))
-    f.pop("suites", None), f.pop("dtypes", None), f.pop("providers", None)
-    return f
+    """A campaign's settings: `fuzz:` (or a settings dict) less what selects the campaigns, defaults
+    from parity.config.schema.Fuzz."""
+    return schema.section(schema.Fuzz, p.get("fuzz")).settings()
 
 
 def select(suite: str, section: dict, ops=None) -> list[dict]:

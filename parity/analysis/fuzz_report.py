@@ -11,6 +11,7 @@ import html
 import json
 from pathlib import Path
 
+from parity.config import schema
 from parity.core import paths
 
 SHOW_FAILURES = 25
@@ -18,15 +19,16 @@ SHOW_FAILURES = 25
 
 def load(p: dict, art: Path) -> tuple[dict, dict]:
     """({'suite-dtype-provider': campaign or None}, {'model-dtype': train step or None})."""
-    f, t = p.get("fuzz") or {}, p.get("train_step") or {}
+    c = schema.of(p)
+    f, t = c.fuzz, c.train_step
     camps, steps = {}, {}
-    for s in f.get("suites") or []:
-        for d in f.get("dtypes") or []:
-            for pr in f.get("providers") or []:
+    for s in f.suites:
+        for d in f.dtypes:
+            for pr in f.providers:
                 c = art / Path(paths.FUZZ).name / s / f"{d}-{pr}" / "campaign.json"
                 camps[f"{s}-{d}-{pr}"] = json.loads(c.read_text()) if c.exists() else None
-    for m in t.get("models") or []:
-        for d in t.get("dtypes") or []:
+    for m in t.models:
+        for d in t.dtypes:
             c = art / Path(paths.TRAIN_STEP).name / m / f"{d}.json"
             steps[f"{m}-{d}"] = json.loads(c.read_text()) if c.exists() else None
     return camps, steps

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 from parity.config import params as config
+from parity.config import schema
 from parity.core import paths
 from parity.pipeline.report_svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, num, short
 
@@ -31,11 +32,11 @@ def _decades(values: list, limit: float) -> tuple[int, int]:
 
 def load(p: dict, art: Path) -> dict:
     """{cell key: steps.json or None} for every generate cell in params (none: {})."""
-    g = p.get("generate") or {}
+    g = schema.of(p).generate
     out = {}
-    for m in g.get("models") or []:
-        for d in g.get("dtypes") or []:
-            for pr in g.get("providers") or []:
+    for m in g.models:
+        for d in g.dtypes:
+            for pr in g.providers:
                 key = config.cell_key(m, d, pr)
                 f = art / Path(paths.GENERATE).name / key / "steps.json"
                 out[key] = json.loads(f.read_text()) if f.exists() else None

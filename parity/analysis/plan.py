@@ -40,6 +40,7 @@ from pathlib import Path
 
 from parity.core import compare, store
 from parity.config import params as config
+from parity.config import schema
 from parity.backends import CaptureJob, load_runner
 from parity.backends.base import error_reason, latency_stats
 
@@ -64,9 +65,9 @@ class Target:
 
 def target(p: dict, dtype: str) -> Target:
     """analysis.plan_target if set, else the dtype's own tolerance."""
-    t = (p.get("analysis") or {}).get("plan_target")
+    t = schema.of(p).analysis.plan_target
     if t:
-        return Target(float(t["atol"]), float(t["rtol"]), "analysis.plan_target")
+        return Target(float(t.atol), float(t.rtol), "analysis.plan_target")
     t = p["dtypes"][dtype]["tol"]
     return Target(float(t["atol"]), float(t["rtol"]), f"dtypes.{dtype}.tol")
 
@@ -268,8 +269,8 @@ def _refs(path: Path) -> list[dict]:
 def _job(p: dict, c: Cell) -> CaptureJob:
     return CaptureJob(model=c.model, model_cfg=p["models"][c.model], dtype=c.dtype,
                       dtype_cfg=p["dtypes"][c.dtype], provider=c.provider, provider_cfg=p["providers"][c.provider],
-                      model_dir=Path(c.model_dir), seed=p.get("seed", 0),
-                      threads=(p.get("capture") or {}).get("threads", 0), calibration=c.calibration)
+                      model_dir=Path(c.model_dir), seed=schema.of(p).seed,
+                      threads=schema.of(p).capture.threads, calibration=c.calibration)
 
 
 def _not_run(p: dict, c: Cell) -> tuple[str, str] | None:
@@ -339,7 +340,7 @@ def _candidates(cls, p: dict, c: Cell) -> tuple[dict, dict, dict, str]:
     if not units:
         raise ValueError(f"no candidate layers in {c.model_dir}/model.onnx: no node carries {SCOPES} metadata "
                          f"naming a leaf module (export.exporter=legacy does not keep it; use dynamo)")
-    groups, members = grouped(units, str((p.get("analysis") or {}).get("plan_group", "auto")))
+    groups, members = grouped(units, str(schema.of(p).analysis.plan_group))
     by = "block" if any(len(v) > 1 or k != v[0] for k, v in members.items()) else "leaf"
     return all_units, (groups if by == "block" else units), members, by
 
@@ -347,9 +348,9 @@ def _candidates(cls, p: dict, c: Cell) -> tuple[dict, dict, dict, str]:
 def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     """Steps 1-5 (module docstring) for a cell that can run: (plan, timing)."""
     cls = load_runner(p["providers"][c.provider]["runner"])
-    job, cap = _job(p, c), p.get("capture") or {}
-    warmup, repeats = int(cap.get("warmup", 0)), int(cap.get("repeats", 1))
-    max_keep = int((p.get("analysis") or {}).get("max_keep", 16))
+    job, cfg = _job(p, c), schema.of(p)
+    warmup, repeats = int(cfg.capture.warmup), int(cfg.capture.repeats)
+    max_keep = int(cfg.analysis.max_keep)
     all_units, units, members, by = _candidates(cls, p, c)
     feeds, refs = _feeds(c.inputs), _refs(c.reference)
     ev, lat = Evaluator(cls(job), units, feeds, refs, t), {}
@@ -413,7 +414,7 @@ def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
     import yaml
 
     keep = plan.get("keep") or []
-    mode, tdt = dtype_cfg.get("mode", "cast"), dtype_cfg.get("torch")
+    mode, tdt = schema.mode(dtype_cfg), dtype_cfg.get("torch")
     doc = {"cell": plan["cell"], "status": plan["status"], "outcome": plan.get("outcome"),
            "passes": plan.get("passes", False), "target": {k: plan["target"][k] for k in ("atol", "rtol", "source")},
            "keep_fp32": keep}

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from parity.config import schema
 from parity.core.ui import plain_table
 
 # gradient rel_l2 vs fp32: 8 units of roundoff of the AMP dtype (u = 2^-11 fp16, 2^-8 bf16). Measured
@@ -30,18 +31,19 @@ LIMITS = {"float16": 4e-3, "bfloat16": 3e-2}
 def _batch(inputs: list[dict], seed: int) -> list[np.ndarray]:
     """Seeded inputs from a model's `input:` specs (normal/uniform/randint/zeros/ones)."""
     out = []
-    for i, s in enumerate(inputs):
+    for i, spec in enumerate(inputs):
         rng = np.random.default_rng([seed, 0, i])
-        shape, init = tuple(s["shape"]), s.get("init", "normal")
+        s = schema.section(schema.InputSpec, spec)
+        shape, init = s.shape, s.init
         if init == "uniform":
-            a = rng.uniform(s.get("low", 0.0), s.get("high", 1.0), shape)
+            a = rng.uniform(*s.bounds(), shape)
         elif init == "randint":
-            a = rng.integers(s.get("low", 0), s.get("high", 2), shape)
+            a = rng.integers(*s.bounds(), shape)
         elif init in ("zeros", "ones"):
             a = np.zeros(shape) if init == "zeros" else np.ones(shape)
         else:
-            a = rng.normal(s.get("mean", 0.0), s.get("std", 1.0), shape)
-        out.append(a.astype(s.get("dtype", "float32")))
+            a = rng.normal(s.mean, s.std, shape)
+        out.append(a.astype(s.dtype))
     return out
 
 

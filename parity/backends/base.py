@@ -31,6 +31,7 @@ from typing import Collection
 import numpy as np
 
 from parity.config import params as config
+from parity.config import schema
 from parity.core import status, store
 from parity.core.store import PLAIN
 
@@ -257,7 +258,7 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
         return CaptureResult("UNSUPPORTED", f"models.{job.model} is an ONNX file (arch.source: onnx) and "
                                             f"provider {job.provider} runs torch models only")
     why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
-    mode = job.dtype_cfg.get("mode", "cast")
+    mode = schema.mode(job.dtype_cfg)
     if not why and mode not in cls.precision_modes:
         why = (f"{cls.__name__} runs precision modes {list(cls.precision_modes)}, not {mode!r} "
                f"(dtypes.{job.dtype}.mode; Runner.precision_modes)")

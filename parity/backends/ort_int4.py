@@ -43,6 +43,7 @@ import logging
 from pathlib import Path
 
 from parity.backends.ort_cpu import OrtRunner
+from parity.config import schema
 
 INT4_MODES = ("int4_weight",)
 DEFAULTS = {"block_size": 32, "accuracy_level": 4, "is_symmetric": True, "gemm_to_matmul": True}
@@ -121,7 +122,7 @@ class OrtInt4Runner(OrtRunner):
     def settings(cls, job) -> dict:
         """The options the cell ran with and the weight MatMuls of model.onnx it quantizes (read from
         the graph, no weights loaded)."""
-        if job.dtype_cfg.get("mode", "cast") not in INT4_MODES:
+        if schema.mode(job.dtype_cfg) not in INT4_MODES:
             return {}
         import onnx
 
@@ -144,7 +145,7 @@ class OrtInt4Runner(OrtRunner):
         return options(self.job.provider_cfg)
 
     def _check_mode(self) -> None:
-        mode = self.job.dtype_cfg.get("mode", "cast")
+        mode = schema.mode(self.job.dtype_cfg)
         if mode not in INT4_MODES:
             raise ValueError(f"{type(self).__name__} runs precision modes {INT4_MODES}, not '{mode}' "
                              f"(dtypes.{self.job.dtype}.mode)")

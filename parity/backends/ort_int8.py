@@ -35,6 +35,7 @@ from pathlib import Path
 from parity.backends import fingerprint
 from parity.backends.base import calibration_feeds
 from parity.backends.ort_cpu import OrtRunner
+from parity.config import schema
 
 INT8_MODES = ("int8_dynamic", "int8_static")
 
@@ -96,7 +97,7 @@ class OrtInt8Runner(OrtRunner):
 
     @classmethod
     def settings(cls, job) -> dict:
-        mode = job.dtype_cfg.get("mode", "cast")
+        mode = schema.mode(job.dtype_cfg)
         if mode not in INT8_MODES:
             return {}
         return int8_settings(job.provider, mode, job.provider_cfg.get("options") or {},
@@ -106,7 +107,7 @@ class OrtInt8Runner(OrtRunner):
         """Check the precision mode and load the calibration samples (int8_static); once."""
         if getattr(self, "mode_", None):
             return
-        mode = self.job.dtype_cfg.get("mode", "cast")
+        mode = schema.mode(self.job.dtype_cfg)
         if mode not in INT8_MODES:
             raise ValueError(f"{type(self).__name__} runs precision modes {INT8_MODES}, not '{mode}' "
                              f"(dtypes.{self.job.dtype}.mode)")

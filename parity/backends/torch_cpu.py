@@ -18,6 +18,7 @@ import contextlib
 
 import numpy as np
 
+from parity.config import schema
 from parity.core import store
 from parity.backends.base import Runner, interleave
 
@@ -45,7 +46,7 @@ class TorchRunner(Runner):
         return (self.job.provider_cfg.get("options") or {}).get("device", self.device)
 
     def mode(self) -> str:
-        return self.job.dtype_cfg.get("mode", "cast")
+        return schema.mode(self.job.dtype_cfg)
 
     def _configure(self) -> None:
         """Threads, device, precision mode: what activate() and mixed() both need."""

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.backends.base import Runner, Unavailable
+from parity.config import schema
 from parity.core.io import write_bytes
 
 PLAIN, LAYERS, BUILD = "plain.plan", "layers.plan", "build.json"
@@ -66,7 +67,7 @@ def availability() -> str | None:
 
 def precision(dtype_cfg: dict) -> str:
     """fp32 | fp16 | bf16 | int8 | fp8: the builder precision a dtype option asks for."""
-    mode = dtype_cfg.get("mode", "cast")
+    mode = schema.mode(dtype_cfg)
     if mode == "int8_static":
         return "int8"
     if mode == "fp8":

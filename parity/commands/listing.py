@@ -12,6 +12,7 @@ from typing import TextIO
 
 import yaml
 
+from parity.config import schema
 from parity.core.ui import dump_json, table
 
 GROUPS = ("models", "dtypes", "providers", "suites")
@@ -51,7 +52,7 @@ def _describe(group: str, name: str, body: dict, root: Path) -> dict:
                 "input": "; ".join(f"{lab}: " + " ".join(f"{n}{list(d)}" for n, d in e.items())
                                    for lab, e in shapes.items() if isinstance(e, dict)) or _shape(body.get("input"))}
     if group == "dtypes":
-        return {"torch": body.get("torch"), "mode": body.get("mode", "cast"), "tol": _tol(body.get("tol"))}
+        return {"torch": body.get("torch"), "mode": schema.mode(body), "tol": _tol(body.get("tol"))}
     if group == "providers":
         return {"runner": body.get("runner"), "dtypes": ",".join(body.get("dtypes") or []),
                 "device": _device(body)}

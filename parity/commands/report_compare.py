@@ -22,7 +22,7 @@ from parity.commands import history
 from parity.core import paths
 from parity.pipeline import report_render as report
 from parity.pipeline import report_svg as svg
-from parity.analysis import oracle
+from parity.config import schema
 from parity.core.io import write_text
 
 COLOURS = ("#8c959f", "#0969da")  # REV_A, REV_B
@@ -64,7 +64,7 @@ def _metric_of(lj: dict, params: dict, dtype: str) -> tuple[str, list, float, st
     if lj.get("verdict_mode") == "oracle":
         dc = (params.get("dtypes") or {}).get(dtype)
         # that revision's dtypes.<d>.oracle.k; 4 (conf/dtypes' value) only when its params.yaml is unreadable
-        k = oracle.limits(dc).k if dc else 4.0
+        k = float(schema.section(schema.Oracle, dc["oracle"]).k) if dc else 4.0
         return "accumulated excess", [(d.get("oracle") or {}).get("excess") for d in layers], k, f"limit k = {k:g}"
     return "tol_ratio", [d.get("tol_ratio") for d in layers], 1.0, "tolerance (tol_ratio = 1)"
 

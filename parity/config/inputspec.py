@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from parity.config import schema
+
 INPUT_DIR = "data/inputs"  # real input files: the inputs stage's dependency (dvc.yaml)
 LABEL = re.compile(r"^[A-Za-z0-9_]+$")
 FILE_SUFFIXES = (".npy", ".npz", ".parquet")
@@ -92,7 +94,7 @@ def nbytes(m: dict, samples: int, calibration: int = 0) -> int:
     def one(lab) -> int:
         total = 0
         for s in specs_for(m, lab):
-            n = ITEMSIZE.get(s.get("dtype", "float32"), 8)
+            n = ITEMSIZE.get(s.get("dtype", schema.InputSpec.dtype), 8)
             for d in s["shape"]:
                 n *= d
             total += n
@@ -115,7 +117,8 @@ def resolve_tokens(spec: dict, arch: dict) -> dict:
     """`init: tokens` as the randint draw it is: [low, vocabulary)."""
     if spec.get("init") != "tokens":
         return spec
-    return {**spec, "init": "randint", "low": int(spec.get("low", 0)), "high": vocab_bound(spec, arch)}
+    low = spec.get("low", schema.INIT_BOUNDS["tokens"][0])
+    return {**spec, "init": "randint", "low": int(low), "high": vocab_bound(spec, arch)}
 
 
 def validate(where: str, m: dict) -> None:
@@ -142,7 +145,7 @@ def validate(where: str, m: dict) -> None:
     arch = m.get("arch") or {}
     for i, spec in enumerate(m["input"]):
         w = f"{where}.input[{i}]"
-        init = spec.get("init", "normal")
+        init = spec.get("init", schema.InputSpec.init)
         if init in ("tokens", "randint") and spec.get("dtype") not in ("int64", "int32", "bool" if init == "randint" else ""):
             raise ValueError(f"{w}.dtype: init {init} gives integers: use int64 or int32{' (or bool: 0/1 draws)' if init == 'randint' else ''}, not {spec.get('dtype')!r}")
         if spec.get("dtype") == "bool" and init not in ("randint", "zeros", "ones", "file"):
@@ -152,7 +155,7 @@ def validate(where: str, m: dict) -> None:
             raise ValueError(f"{w}: init tokens needs `high` or {where}.arch.kwargs.vocab_size")
         if init == "randint" and arch.get("source") == "hf" and spec.get("name") == "input_ids":
             vocab = (arch.get("kwargs") or {}).get("vocab_size")
-            if vocab is not None and int(spec.get("high", 2)) > int(vocab):
+            if vocab is not None and int(spec.get("high", schema.INIT_BOUNDS["randint"][1])) > int(vocab):
                 raise ValueError(f"{w}.high: {spec.get('high')} exceeds {where}.arch.kwargs.vocab_size {vocab}: "
                                  "token ids must index the embedding table (use init: tokens)")
         if init == "file":

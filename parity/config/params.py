@@ -18,6 +18,7 @@ import yaml
 
 from parity.core import codedeps, tolerance
 from parity.config import inputspec
+from parity.config import schema as S
 
 PARAMS_FILE = "params.yaml"
 
@@ -240,17 +241,17 @@ def validate(p: dict) -> dict:
 def _sections(p: dict) -> None:
     """export, inputs, capture, diff."""
     exp = p.get("export", {})
-    exporter = exp.get("exporter", "dynamo")
+    exporter = exp.get("exporter", S.Export.exporter)
     if exporter not in EXPORTERS:
         raise ConfigError(f"export.exporter: unknown exporter '{exporter}'. Valid: {_choices(EXPORTERS)}")
     lo, hi = EXPORTERS[exporter]
-    _num("export.opset", exp.get("opset", lo), lo=lo, hi=hi, integer=True)
-    _num("inputs.samples", p.get("inputs", {}).get("samples", 1), lo=1, integer=True)
-    _num("inputs.calibration", p.get("inputs", {}).get("calibration", 0), lo=0, integer=True)
+    _num("export.opset", exp.get("opset", S.Export.opset), lo=lo, hi=hi, integer=True)
+    _num("inputs.samples", p.get("inputs", {}).get("samples", S.Inputs.samples), lo=1, integer=True)
+    _num("inputs.calibration", p.get("inputs", {}).get("calibration", S.Inputs.calibration), lo=0, integer=True)
     cap = p.get("capture", {})
-    _num("capture.warmup", cap.get("warmup", 0), lo=0, integer=True)
-    _num("capture.repeats", cap.get("repeats", 1), lo=1, integer=True)
-    _num("capture.threads", cap.get("threads", 0), lo=0, integer=True)
+    _num("capture.warmup", cap.get("warmup", S.Capture.warmup), lo=0, integer=True)
+    _num("capture.repeats", cap.get("repeats", S.Capture.repeats), lo=1, integer=True)
+    _num("capture.threads", cap.get("threads", S.Capture.threads), lo=0, integer=True)
     if "max_mismatch" in (p.get("diff") or {}):  # 0 unless given (parity.core.tolerance.max_mismatch)
         _num("diff.max_mismatch", p["diff"]["max_mismatch"], lo=0, hi=1)
     verdict = tolerance.verdict(p)
@@ -266,7 +267,7 @@ def _dtypes(p: dict) -> None:
         _num(f"dtypes.{name}.oracle.k", d["oracle"]["k"], lo=1)
         if "slack" in d["oracle"]:  # 0 unless given (parity.analysis.oracle.limits)
             _num(f"dtypes.{name}.oracle.slack", d["oracle"]["slack"], lo=0)
-        mode = d.get("mode", "cast")  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
+        mode = d.get("mode", S.Dtype.mode)  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
         if d["torch"] not in TORCH_DTYPES:
             raise ConfigError(f"dtypes.{name}.torch: unknown dtype '{d['torch']}'. Valid: {_choices(TORCH_DTYPES)}")
         if mode not in DTYPE_MODES:
@@ -287,7 +288,7 @@ def _providers(p: dict) -> None:
         for u in prov["uses"]:
             if u not in valid:
                 raise ConfigError(f"{where}.uses: unknown component '{u}'. Valid: {_choices(valid)}")
-        if not isinstance(prov.get("engine", False), bool):
+        if not isinstance(prov.get("engine", S.Provider.engine), bool):
             raise ConfigError(f"{where}.engine: expected true or false, got {prov['engine']!r}")
         _provider_options(where, prov)
         if p.get("strict"):
@@ -348,13 +349,13 @@ def _model(where: str, m: dict) -> None:
         raise ConfigError(f"{where}.input: expected a non-empty list of input specs")
     for i, spec in enumerate(m["input"]):
         w = f"{where}.input[{i}]"
-        init = spec.get("init", "normal") if isinstance(spec, dict) else None
+        init = spec.get("init", S.InputSpec.init) if isinstance(spec, dict) else None
         if init not in INPUT_INITS:
             raise ConfigError(f"{w}.init: unknown init '{init}'. Valid: {_choices(INPUT_INITS)}")
         _check_keys(w, spec, {"name", "shape", "dtype", "init"} | INPUT_INITS[init], required=("name", "shape"))
         if not isinstance(spec["shape"], list) or not all(isinstance(s, int) and s > 0 for s in spec["shape"]):
             raise ConfigError(f"{w}.shape: expected a list of positive ints, got {spec['shape']!r}")
-        if spec.get("dtype", "float32") not in INPUT_DTYPES:
+        if spec.get("dtype", S.InputSpec.dtype) not in INPUT_DTYPES:
             raise ConfigError(f"{w}.dtype: unknown dtype '{spec.get('dtype')}'. Valid: {_choices(INPUT_DTYPES)}")
     try:  # shapes, token bounds, input files
         inputspec.validate(where, m)
@@ -371,10 +372,10 @@ def _input_budget(where: str, m: dict, inputs: dict) -> None:
     except ValueError:
         raise ConfigError(f"PARITY_MAX_INPUT_GIB: expected a number of GiB, got "
                           f"{os.environ['PARITY_MAX_INPUT_GIB']!r}") from None
-    n, c = inputs.get("samples", 1), inputs.get("calibration", 0)
+    n, c = inputs.get("samples", S.Inputs.samples), inputs.get("calibration", S.Inputs.calibration)
     got = inputspec.nbytes(m, n, c)
     if got > cap * 2**30:
-        one = ", ".join(f"{s['name']} {s['shape']} {s.get('dtype', 'float32')}"
+        one = ", ".join(f"{s['name']} {s['shape']} {s.get('dtype', S.InputSpec.dtype)}"
                         for s in inputspec.specs_for(m, inputspec.export_label(m)))
         gib = f"{got / 2**30:.1f}" if got < 2**1000 else f"~2^{got.bit_length() - 30}"
         raise ConfigError(f"{where}: its inputs would take {gib} GiB ({n} samples of {one}"
@@ -495,16 +496,16 @@ def _analysis(p: dict) -> None:
     """analysis: {plan: bool, plan_target: null | {atol, rtol}, max_keep: int >= 1,
     plan_group: auto | leaf | block}."""
     a = p.get("analysis") or {}
-    if not isinstance(a.get("plan", False), bool):
+    if not isinstance(a.get("plan", S.Analysis.plan), bool):
         raise ConfigError(f"analysis.plan: expected true or false, got {a['plan']!r}")
     if a.get("plan_target") is not None:
         _tol("analysis.plan_target", a["plan_target"])
-    _num("analysis.max_keep", a.get("max_keep", 16), lo=1, integer=True)
-    if a.get("plan_group", "auto") not in ("auto", "leaf", "block"):
+    _num("analysis.max_keep", a.get("max_keep", S.Analysis.max_keep), lo=1, integer=True)
+    if a.get("plan_group", S.Analysis.plan_group) not in ("auto", "leaf", "block"):
         raise ConfigError(f"analysis.plan_group: unknown '{a['plan_group']}' (valid: auto, leaf, block)")
-    if not isinstance(a.get("reduce", False), bool):
+    if not isinstance(a.get("reduce", S.Analysis.reduce), bool):
         raise ConfigError(f"analysis.reduce: expected true or false, got {a['reduce']!r}")
-    _num("analysis.reduce_rel_l2", a.get("reduce_rel_l2", 1e-3), lo=0)
+    _num("analysis.reduce_rel_l2", a.get("reduce_rel_l2", S.Analysis.reduce_rel_l2), lo=0)
 
 
 def _fuzz_train(p: dict) -> None:
@@ -534,7 +535,7 @@ def _fuzz_train(p: dict) -> None:
             raise ConfigError(f"train_step.dtypes: unknown AMP dtype {d!r}. Valid: bfloat16, float16")
     if "lr" in t:
         _num("train_step.lr", t["lr"], lo=0)
-    if t.get("device", "auto") not in ("auto", "cpu", "cuda"):
+    if t.get("device", S.TrainStep.device) not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"train_step.device: unknown device {t['device']!r}. Valid: auto, cpu, cuda")
     if t.get("limit") is not None:
         _num("train_step.limit", t["limit"], lo=0)
@@ -560,8 +561,8 @@ def _generate(p: dict) -> None:
         if src != "hf":
             raise ConfigError(f"generate.models: '{m}' is not a Hugging Face causal LM (models.{m}.arch.source: "
                               f"{src}). Valid: models with arch.source: hf")
-    _num("generate.steps", g.get("steps", 32), lo=1, hi=4096, integer=True)
-    _num("generate.prompt_len", g.get("prompt_len", 8), lo=1, hi=4096, integer=True)
+    _num("generate.steps", g.get("steps", S.Generate.steps), lo=1, hi=4096, integer=True)
+    _num("generate.prompt_len", g.get("prompt_len", S.Generate.prompt_len), lo=1, hi=4096, integer=True)
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).
@@ -574,8 +575,8 @@ def plan_dtypes(p: dict) -> list[str]:
     matrix is empty (no plan stage exists)."""
     if (p.get("analysis") or {}).get("plan") is not True:
         return []
-    return [n for n, d in p["dtypes"].items() if isinstance(d, dict) and d.get("mode", "cast") in PLAN_MODES
-            and not (d.get("mode", "cast") == "cast" and d.get("torch") in ("float32", "float64"))]
+    return [n for n, d in p["dtypes"].items() if isinstance(d, dict) and d.get("mode", S.Dtype.mode) in PLAN_MODES
+            and not (d.get("mode", S.Dtype.mode) == "cast" and d.get("torch") in ("float32", "float64"))]
 
 
 def reduce_dtypes(p: dict) -> list[str]:

@@ -124,12 +124,11 @@ def guard(stage: str, cell: str, model: str, w: int | None, sa: int | None, samp
 
 # ---- sizing: W and SA without allocating them ----
 
-def guard_graph(stage: str, cell: str, p: dict, model: str, graph: Path, values: Path | None) -> dict | None:
-    """guard() for a stage that runs the exported graph: W from `graph`'s initialisers, SA from the
-    reference's fp32 values (`values`, a store file)."""
-    samples = int((p.get("inputs") or {}).get("samples", 1))
+def guard_graph(stage: str, cell: str, samples: int, model: str, graph: Path, values: Path | None) -> dict | None:
+    """guard() for a stage that runs the exported graph (`samples`: inputs.samples): W from `graph`'s
+    initialisers, SA from the reference's fp32 values (`values`, a store file)."""
     return guard(stage, cell, model, onnx_weight_bytes(graph), parquet_value_bytes(values) if values else None,
-                 samples)
+                 int(samples))
 
 
 def onnx_weight_bytes(path: Path) -> int | None:

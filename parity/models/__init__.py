@@ -5,6 +5,8 @@ torch is imported inside the functions, so importing this package stays light.
 
 from __future__ import annotations
 
+from parity.config import schema
+
 
 def build(arch: dict, seed: int):
     """Return the model in eval mode, fp32, with seeded weights.
@@ -53,7 +55,7 @@ def construct(arch: dict):
     elif source == "hf":
         from parity.models import hf
 
-        model = hf.build(name, kwargs, arch.get("head", "base"))
+        model = hf.build(name, kwargs, arch.get("head", schema.Arch.head))
     elif source == "import":
         import importlib
 

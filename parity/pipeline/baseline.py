@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity.config import schema
+
 BASELINE_PROVIDER = "torch_cpu"  # the trusted backend
 BASELINE_RUNNER = "parity.backends.torch_cpu:TorchCpuRunner"
 
@@ -41,8 +43,8 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=dc,
                          provider=BASELINE_PROVIDER,
                          provider_cfg={"runner": BASELINE_RUNNER, "dtypes": [dtype], "options": {}},
-                         model_dir=Path(model_dir), seed=p.get("seed", 0),
-                         threads=p.get("capture", {}).get("threads", 0), reference=reference)
+                         model_dir=Path(model_dir), seed=schema.of(p).seed,
+                         threads=schema.of(p).capture.threads, reference=reference)
         # streamed sample by sample (parity.pipeline.sink); the plain graph's outputs stay out of
         # layers.parquet (they are in the oracle's sums, as before)
         sink = StoreSink(out, {"baseline": key, "status": "OK"}, {"cell": key, "kind": "own"},

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
+from parity.config import schema
 
 def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path, out: Path,
                  timing: Path, calibration: Path | None = None, engine_dir: Path | None = None,
@@ -19,12 +20,12 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     from parity.core.io import write_json
     from parity.pipeline.sink import StoreSink
 
-    cap = p.get("capture", {})
-    timed = bool(cap.get("latency", False))  # capture.latency: opt-in
+    c = schema.of(p)
+    timed = bool(c.capture.latency)  # capture.latency: opt-in
     pc = p["providers"][provider]
     job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=p["dtypes"][dtype],
-                     provider=provider, provider_cfg=pc, model_dir=Path(model_dir), seed=p.get("seed", 0),
-                     threads=cap.get("threads", 0), calibration=calibration, engine_dir=engine_dir,
+                     provider=provider, provider_cfg=pc, model_dir=Path(model_dir), seed=c.seed,
+                     threads=c.capture.threads, calibration=calibration, engine_dir=engine_dir,
                      reference=reference)
     key = config.cell_key(model, dtype, provider)
     t0 = time.perf_counter()
@@ -67,7 +68,7 @@ def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):
     from parity.pipeline.inputs import load
     from parity.pipeline.shapes import capture_by_shape
 
-    cap, pc = p.get("capture", {}), p["providers"][provider]
+    c, pc = schema.of(p), p["providers"][provider]
     unavailable = fingerprint.cluster_unavailable(provider)  # parity repro --cluster: no node offers it
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
@@ -78,8 +79,8 @@ def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):
         res, by_shape = CaptureResult("UNAVAILABLE", unavailable), None
     else:
         res, by_shape = capture_by_shape(
-            cls, job, load(inputs), inputspec.sample_sets(m, p.get("inputs", {}).get("samples", 1)),
-            cap.get("warmup", 0) if timed else 0, cap.get("repeats", 1) if timed else 0,
+            cls, job, load(inputs), inputspec.sample_sets(m, c.inputs.samples),
+            c.capture.warmup if timed else 0, c.capture.repeats if timed else 0,
             lambda label: inputspec.describe(m, label), sink)
     settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
     return res, settings, by_shape

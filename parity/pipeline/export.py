@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity.config import inputspec
+from parity.config import inputspec, schema
 
 
 class ExportError(Exception):
@@ -32,11 +32,11 @@ def export_model(p: dict, model: str, out: Path) -> str:
             return export_file(model, m, out)
         except OnnxSourceError as e:
             raise ExportError(str(e)) from None
-    exp = p.get("export", {})
-    exporter, opset = exp.get("exporter", "dynamo"), int(exp.get("opset", 18))
+    c = schema.of(p)
+    exporter, opset = c.export.exporter, int(c.export.opset)
     t0 = time.perf_counter()
     try:
-        net = build(m["arch"], p.get("seed", 0))
+        net = build(m["arch"], c.seed)
     except ValueError as e:  # an unknown model name or config key (torchvision, hf): the message lists valid ones
         raise ExportError(f"models.{model}.arch: {e}") from None
     example = _checked_example(p, model, net)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.analysis import oracle
+from parity.config import schema
 
 # runners generate@ runs (conf/providers/<p>.yaml `runner:`): how each side is driven
 SIDES = {"parity.backends.torch_cpu:TorchCpuRunner": "torch", "parity.backends.ort_cpu:OrtCpuRunner": "ort"}
@@ -54,8 +55,9 @@ def export_model(p: dict, model: str, out: Path) -> dict:
     from parity.core.io import write_json
     from parity.pipeline import decoder
 
-    lm = build_lm(p["models"][model], int(p.get("seed", 0)))
-    info = decoder.export(lm, out, opset=int((p.get("export") or {}).get("opset", 18)))
+    c = schema.of(p)
+    lm = build_lm(p["models"][model], int(c.seed))
+    info = decoder.export(lm, out, opset=int(c.export.opset))
     write_json(out / "decoder.json", info, sort_keys=False)
     return info
 
@@ -166,7 +168,7 @@ def _unsupported(p: dict, dtype: str, provider: str) -> str | None:
                 f"providers.{provider}.runner is {pc.get('runner')}")
     if dtype not in (pc.get("dtypes") or []):
         return f"providers.{provider}.dtypes does not list {dtype}"
-    if dc.get("mode", "cast") != "cast" or dc.get("torch") not in ("float32", "float16", "bfloat16"):
+    if schema.of(p).dtypes[dtype].mode != "cast" or dc.get("torch") not in ("float32", "float16", "bfloat16"):
         return f"dtypes.{dtype}: generation compares cast dtypes (mode: cast) only"
     return None
 
@@ -178,8 +180,8 @@ def _ort_runner(p: dict, model: str, dtype: str, provider: str, export_dir: Path
 
     pc = p["providers"][provider]
     job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=p["dtypes"][dtype],
-                     provider=provider, provider_cfg=pc, model_dir=export_dir, seed=int(p.get("seed", 0)),
-                     threads=int((p.get("capture") or {}).get("threads", 0)))
+                     provider=provider, provider_cfg=pc, model_dir=export_dir, seed=int(schema.of(p).seed),
+                     threads=int(schema.of(p).capture.threads))
     cls = OrtCpuRunner
     why = cls.availability(job)
     if why:
@@ -246,7 +248,7 @@ def drift_origin(p: dict, model: str, dtype: str, side: str, runner, export_dir:
     import torch
 
     dc = p["dtypes"][dtype]
-    lm = build_lm(p["models"][model], int(p.get("seed", 0))).double()
+    lm = build_lm(p["models"][model], int(schema.of(p).seed)).double()
     gold = leaf_values(lm, prefix)
     lm = lm.to(getattr(torch, dc["torch"]))
     floors = {n: oracle.Sq().add(v, gold[n]) for n, v in leaf_values(lm, prefix).items() if n in gold}
@@ -270,8 +272,8 @@ def drift_origin(p: dict, model: str, dtype: str, side: str, runner, export_dir:
 
 def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -> dict:
     """One generate@ cell: status, per-step records, first divergence / failure, drift origin."""
-    g = p.get("generate") or {}
-    steps, plen, seed = int(g.get("steps", 32)), int(g.get("prompt_len", 8)), int(p.get("seed", 0))
+    c = schema.of(p)
+    steps, plen, seed = int(c.generate.steps), int(c.generate.prompt_len), int(c.seed)
     res = {"model": model, "dtype": dtype, "provider": provider, "steps": steps, "prompt_len": plen}
     why = _unsupported(p, dtype, provider)
     if why:
@@ -283,7 +285,7 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
             return {**res, "status": bad[0], "reason": bad[1], "verdict": bad[0]}
     import torch
 
-    threads = int((p.get("capture") or {}).get("threads", 0))
+    threads = int(c.capture.threads)
     if threads:
         torch.set_num_threads(threads)
     from parity.core.io import read_json

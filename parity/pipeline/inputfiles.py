@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.config import schema
 from parity.config.inputspec import export_label, sample_sets, specs_for, vocab_bound
 
 
@@ -45,7 +46,7 @@ def load_file(spec: dict, arch: dict, n: int):
         raise InputError(f"{where}: cannot read it: {type(e).__name__}: {e}") from e
     if a.dtype.kind not in "biuf":  # strings, objects, complex, dates: not an input tensor
         raise InputError(f"{where}: array of dtype {a.dtype} ({_KINDS.get(a.dtype.kind, 'not numbers')}); "
-                         f"expected numbers for a {spec.get('dtype', 'float32')} input")
+                         f"expected numbers for a {schema.section(schema.InputSpec, spec).dtype} input")
     shape = tuple(spec["shape"])
     if a.shape == shape:
         a = a[None]
@@ -54,7 +55,7 @@ def load_file(spec: dict, arch: dict, n: int):
                          f"[N, {', '.join(map(str, shape))}] (N samples)")
     if a.shape[0] < n:
         raise InputError(f"{where}: holds {a.shape[0]} samples, inputs.samples asks for {n}")
-    dt = np.dtype(spec.get("dtype", "float32"))
+    dt = np.dtype(schema.section(schema.InputSpec, spec).dtype)
     a = a[:n]
     if a.dtype.kind == "f" and not np.isfinite(a).all():
         bad = int(a.size - np.count_nonzero(np.isfinite(a)))

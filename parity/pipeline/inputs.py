@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from parity.config import schema
+
 if TYPE_CHECKING:
     import numpy as np
 # numpy and the Parquet store (pyarrow) are imported where they are used: importing this module (the
@@ -23,13 +25,14 @@ def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool =
     import numpy as np
 
     rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
-    shape, dtype, init = tuple(spec["shape"]), np.dtype(spec.get("dtype", "float32")), spec.get("init", "normal")
+    s = schema.section(schema.InputSpec, spec)
+    shape, dtype, init = s.shape, np.dtype(s.dtype), s.init
     if init == "normal":
-        a = rng.normal(spec.get("mean", 0.0), spec.get("std", 1.0), size=shape)
+        a = rng.normal(s.mean, s.std, size=shape)
     elif init == "uniform":
-        a = rng.uniform(spec.get("low", 0.0), spec.get("high", 1.0), size=shape)
+        a = rng.uniform(*s.bounds(), size=shape)
     elif init == "randint":
-        a = rng.integers(spec.get("low", 0), spec.get("high", 2), size=shape)
+        a = rng.integers(*s.bounds(), size=shape)
     elif init == "zeros":
         a = np.zeros(shape)
     else:
@@ -42,15 +45,15 @@ def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     and `init: file` inputs from their files (parity.pipeline.inputfiles, parity.config.inputspec)."""
     from parity.pipeline import inputfiles
 
-    return inputfiles.model_samples(p["models"][model], p.get("seed", 0), p.get("inputs", {}).get("samples", 1),
-                                    generate)
+    c = schema.of(p)
+    return inputfiles.model_samples(p["models"][model], c.seed, c.inputs.samples, generate)
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     from parity.pipeline import inputfiles
 
-    return inputfiles.model_calibration(p["models"][model], p.get("seed", 0),
-                                        p.get("inputs", {}).get("calibration", 0), generate)
+    c = schema.of(p)
+    return inputfiles.model_calibration(p["models"][model], c.seed, c.inputs.calibration, generate)
 
 
 def load(path) -> list[dict[str, np.ndarray]]:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.config import schema
 from parity.core import memory
 
 
 def guard(stage: str, cell: str, p: dict, model: str, sa: int | None = None) -> dict | None:
     """guard() for a stage that builds the model itself: W (and SA, unless given, when the stage's
     coefficient uses it) from sizes()."""
-    samples = int((p.get("inputs") or {}).get("samples", 1))
+    samples = int(schema.of(p).inputs.samples)
     w, meta_sa = sizes(p, model, samples, activations=sa is None and memory.COEFFICIENTS[stage][1] != 0)
     return memory.guard(stage, cell, model, w, sa if sa is not None else meta_sa, samples)
 

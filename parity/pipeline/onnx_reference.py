@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.config import schema
 from parity.pipeline.onnx_source import (NOOPT, ORT_RUNNER, OnnxSourceError, arch_path, instrument, load_checked,
                                          to_float64, write_graphs)
 
@@ -28,7 +29,7 @@ def ort_capture(p: dict, model: str, feeds: list, dtype: str):
         job = CaptureJob(model=model, model_cfg=mc, dtype=dtype, dtype_cfg=p["dtypes"].get(dtype, {}),
                          provider="ort_cpu_noopt", provider_cfg={"runner": ORT_RUNNER, "dtypes": [dtype],
                                                                  "options": NOOPT},
-                         model_dir=Path(d), seed=p.get("seed", 0), threads=p.get("capture", {}).get("threads", 0))
+                         model_dir=Path(d), seed=schema.of(p).seed, threads=schema.of(p).capture.threads)
         return run_capture(OrtCpuRunner, job, feeds, 0, 0)
 
 
@@ -82,7 +83,7 @@ def reference(p: dict, model: str, feeds: list, out: Path) -> int:
         return 1
     msg = f"reference@{model}: {len(rows)} tensors ({len(feeds)} samples) fp32 (onnxruntime CPU, optimisation disabled)"
     (out / "fp64.parquet").unlink(missing_ok=True)
-    gold, why = golden_rows(p, model, feeds) if p.get("reference", {}).get("fp64") else ([], "")
+    gold, why = golden_rows(p, model, feeds) if schema.of(p).reference.fp64 else ([], "")
     md = {"model": model, "dtype": "float32", "by": "onnxruntime-cpu-noopt"}
     if why:  # the diff's verdict_mode_reason reads it (parity.analysis.diffcell.verdict_mode)
         md["no_fp64"] = f"the ONNX reference evaluator cannot run the float64 graph ({why})"

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.config import schema
+
 FLOAT_ELEM = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}  # TensorProto elem types
 ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\][^/]*/\S+ .*?\) ")
 NOOPT = {"graph_optimization_level": "disabled"}
@@ -184,9 +186,9 @@ def check_inputs(m, specs: list[dict], p: Path, where: str) -> None:
     for s in specs:
         tt = graph_in[s["name"]].type.tensor_type
         want = helper.tensor_dtype_to_np_dtype(tt.elem_type).name if tt.elem_type else None
-        if want and want != s.get("dtype", "float32"):
+        if want and want != s.get("dtype", schema.InputSpec.dtype):
             raise OnnxSourceError(f"{where}: {p}: input '{s['name']}' is {want}, the spec says "
-                                  f"{s.get('dtype', 'float32')}")
+                                  f"{s.get('dtype', schema.InputSpec.dtype)}")
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
         if tt.HasField("shape") and (len(dims) != len(s["shape"]) or
                                      any(d is not None and d != v for d, v in zip(dims, s["shape"]))):

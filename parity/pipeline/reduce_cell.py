@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from parity.config import schema
+
 NOOPT = {"runner": "parity.backends.ort_cpu:OrtCpuRunner", "dtypes": ["fp32"],
          "options": {"graph_optimization_level": "disabled"}}
 
@@ -39,9 +41,10 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
         why = "the baseline measured no own error (own.parquet): no torch floor per layer"
     if why:
         return {"status": "NOT_CHECKED", "against": "torch", "reason": why}
-    _, k, slack = oracle.limits(dcfg)
+    c = schema.of(p)
+    k, slack = float(c.dtypes[dtype].oracle.k), float(c.dtypes[dtype].oracle.slack)
     samples, gold, base_own = torch_reduce.load(inputs, reference, baseline)
-    threads = p.get("capture", {}).get("threads", 0)
+    threads = c.capture.threads
     res = torch_reduce.reduce_against_torch(model_dir, samples, base_own, gold, k, slack,
                                             lambda: torch_reduce.noopt_runner(model_dir, threads), prefer=origin)
     summary = torch_reduce.summary(key, res)
@@ -62,7 +65,8 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
 
     key = config.cell_key(model, dtype, provider)
     shutil.rmtree(out, ignore_errors=True)  # a re-run never keeps an earlier bundle
-    limit = float((p.get("analysis") or {}).get("reduce_rel_l2", 1e-3))
+    c = schema.of(p)
+    limit = float(c.analysis.reduce_rel_l2)
     metrics = read_json(diff_dir / "metrics.json")
     verdict = metrics.get("verdict")
     pc = p["providers"][provider]
@@ -73,8 +77,8 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
 
     def job(dt, prov, pcfg):
         return CaptureJob(model=model, model_cfg=p["models"][model], dtype=dt, dtype_cfg=p["dtypes"].get(dt, {}),
-                          provider=prov, provider_cfg=pcfg, model_dir=model_dir, seed=p.get("seed", 0),
-                          threads=p.get("capture", {}).get("threads", 0))
+                          provider=prov, provider_cfg=pcfg, model_dir=model_dir, seed=c.seed,
+                          threads=c.capture.threads)
 
     if verdict != "FAIL":
         res = {"cell": key, "status": "SKIPPED", "reason": f"verdict {verdict}: only FAIL cells are reduced"}

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 
+from parity.config import schema
+
 MIN_OUTPUT_ABS = 1e-3
 
 
@@ -27,7 +29,7 @@ def build(p: dict, model_name: str):
     from parity.models import build as build_model
 
     m = p["models"][model_name]
-    return build_model(m["arch"], p.get("seed", 0))
+    return build_model(m["arch"], schema.of(p).seed)
 
 
 def stream(p: dict, model_name: str, net, feeds: list, dtype: str, writer, inputs: bool = False) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.config import params as config
+from parity.config import schema
 from parity.core import metrics
 from parity.pipeline import report_render as render
 from parity.analysis import fuzz_report, generate_report
@@ -37,12 +38,8 @@ def cell_entry(p: dict, art: Path, model: str, dtype: str, provider: str) -> dic
 
 
 def _k(p: dict, dtype: str) -> float:
-    """The oracle's k for a dtype (oracle.limits, the one reader). Imported here, not at the top:
-    parity.analysis.oracle imports numpy (~100 ms), and `python -m stages.report --help` must answer
-    without it (tests/test_light_stages.py)."""
-    from parity.analysis import oracle
-
-    return oracle.limits(p["dtypes"][dtype]).k
+    """The oracle's k for a dtype (dtypes.<d>.oracle.k), as oracle.limits reads it."""
+    return float(schema.of(p).dtypes[dtype].oracle.k)
 
 
 def model_entry(art: Path, model: str) -> dict:
@@ -56,7 +53,7 @@ def model_entry(art: Path, model: str) -> dict:
 
 def _reduce(p: dict, path: Path) -> dict | None:
     """reduce.json of a cell (analysis.reduce), with the repro's path relative to the report."""
-    if not (p.get("analysis") or {}).get("reduce") or not path.exists():
+    if not schema.of(p).analysis.reduce or not path.exists():
         return None
     r = read_json(path)
     if r.get("repro"):
@@ -66,7 +63,7 @@ def _reduce(p: dict, path: Path) -> dict | None:
 
 def _plan(p: dict, plan: Path) -> dict | None:
     """plan.json with its measured latencies (timing.json beside it), when analysis.plan is on."""
-    if not (p.get("analysis") or {}).get("plan") or not plan.exists():
+    if not schema.of(p).analysis.plan or not plan.exists():
         return None
     t = plan.parent / "timing.json"
     return {**read_json(plan), "latency_ratio": read_json(t).get("latency_ratio") if t.exists() else None}
@@ -106,7 +103,7 @@ def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     env = {f.stem: read_json(f) for f in sorted((art / "env").glob("*.json"))
            if not f.stem.startswith(("provider-", "stage-"))}
     coverage = {}
-    for suite in p.get("suites") or {}:
+    for suite in schema.of(p).suites:
         f = art / "suites" / "coverage" / f"{suite}.json"
         coverage[suite] = read_json(f) if f.exists() else None
     # the DVC metric: totals + one compact entry per cell and suite cell (layout: parity.core.metrics)

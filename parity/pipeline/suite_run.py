@@ -5,6 +5,7 @@ Light: this process never imports torch (the workers do)."""
 from __future__ import annotations
 
 from parity.config import params as config
+from parity.config import schema
 from parity.core import store
 from parity.suites import features, pool, spec
 
@@ -12,13 +13,13 @@ from parity.suites import features, pool, spec
 def cell_of(p: dict, dtype: str, provider: str) -> dict:
     """What a worker needs to run a case of this cell: the provider's runner and options, the torch
     dtype, and the suites_run settings."""
-    sr = p.get("suites_run") or {}
-    prov = p["providers"][provider]
+    cfg = schema.of(p)
+    sr, prov = cfg.suites_run, p["providers"][provider]
     return {"provider": provider, "runner": prov["runner"], "import": prov.get("import"),
-            "torch_dtype": p["dtypes"][dtype]["torch"], "seed": int(p.get("seed", 0)),
-            "repeats": int(sr.get("repeats", 3)), "threads": int(sr.get("threads", 1)),
-            "onnx_opset": int(sr.get("onnx_opset", 17)), "options": prov.get("options") or {},
-            "grad": bool(sr.get("grad", True)),
+            "torch_dtype": p["dtypes"][dtype]["torch"], "seed": int(cfg.seed),
+            "repeats": int(sr.repeats), "threads": int(sr.threads),
+            "onnx_opset": int(sr.onnx_opset), "options": prov.get("options") or {},
+            "grad": bool(sr.grad),
             # the selected providers' runners: a case's `baseline: PROVIDER@...` runs through one of them
             "runners": {n: {"runner": c["runner"], "import": c.get("import"), "options": c.get("options") or {}}
                         for n, c in sorted(p["providers"].items())}}
@@ -26,7 +27,7 @@ def cell_of(p: dict, dtype: str, provider: str) -> dict:
 
 def _not_run(p: dict, dtype: str, provider: str) -> str | None:
     """Why no case of this cell runs (UNSUPPORTED), or None."""
-    mode = p["dtypes"][dtype].get("mode", "cast")
+    mode = schema.of(p).dtypes[dtype].mode
     if mode != "cast":
         return f"suites run cast precisions only; dtypes.{dtype}.mode is {mode!r}"
     return config.unsupported_dtype(provider, p["providers"][provider], dtype)
@@ -36,18 +37,18 @@ def run_cell(p: dict, suite: str, dtype: str, provider: str, workers: int | None
     """(rows, outputs, references, timing, pool stats) for one cell; references is {"reference": the
     fp32 reference, "gold": the fp64 oracle's values, "floor": its trusted backend at the cell's dtype
     (where run apart: parity.suites.execute)}, each a list of store.Tensor."""
-    sr = p.get("suites_run") or {}
-    cases = spec.expand(suite, p["suites"][suite], default_timeout=float(sr.get("timeout_s", 60)))
+    sr = schema.of(p).suites_run
+    cases = spec.expand(suite, p["suites"][suite], default_timeout=float(sr.timeout_s))
     why = _not_run(p, dtype, provider)
     if why:
         results, stats = [{"status": "UNSUPPORTED", "reason": why} for _ in cases], None
     else:
         cell = cell_of(p, dtype, provider)
-        limits = [c["timeout_s"] or float(sr.get("timeout_s", 60)) for c in cases]
+        limits = [c["timeout_s"] or float(sr.timeout_s) for c in cases]
         skips = [features.skip_reason(c, provider, dtype) for c in cases]  # skip_on: never sent to a worker
         todo = [i for i, why in enumerate(skips) if not why]
         results = [{"status": "SKIPPED", "reason": why} if why else None for why in skips]
-        with pool.Pool(workers or int(sr.get("workers", 2)), threads=cell["threads"]) as pl:
+        with pool.Pool(workers or int(sr.workers), threads=cell["threads"]) as pl:
             ran = pl.run([cases[i] for i in todo], cell, [limits[i] for i in todo]) if todo else []
             for i, r in zip(todo, ran):
                 results[i] = r

@@ -32,7 +32,8 @@ from collections import Counter
 
 import numpy as np
 
-from parity.core import compare, status, tolerance
+from parity.core import compare, status
+from parity.config import schema
 from parity.analysis import oracle
 from parity.suites import spec
 
@@ -86,11 +87,12 @@ def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict
         ok = row["gradcheck"]["passed"]
         res.update(status="OK" if ok else "MISMATCH", reason="" if ok else "gradcheck: " + row["gradcheck"]["reason"])
         return res
-    use_oracle = tolerance.verdict(p) == "oracle" and bool(gold)
+    dset = schema.section(schema.Diff, p.get("diff"))  # this section alone: diff_case runs per case
+    use_oracle = dset.verdict == "oracle" and bool(gold)
     ctx = {"gold": gold or {}, "floor": _floors(row, outs, refs, floor), "oracle": use_oracle,
            "lim": oracle.limits(p["dtypes"][dtype]) if use_oracle else None,
            "worst": {"out": (-1.0, None), "grad": (-1.0, None)}, "excess": {}}
-    problems, nan_both, mm = [], 0, tolerance.max_mismatch(p)
+    problems, nan_both, mm = [], 0, float(dset.max_mismatch)
     for name in row["outputs"]:
         nan_both += _diff_tensor(p, suite, dtype, row["id"], name, outs.get(name), refs.get(name), mm,
                                  ctx, problems)

@@ -40,7 +40,11 @@ from parity.backends import load_runner
 from parity.backends.base import OpJob, OpSkip
 from parity.backends.ops import TORCH_DTYPES, as_numpy, reason_of, side_at, tmap, to_dtype
 from parity.backends.torch_cpu import TorchCpuRunner
+from parity.config import schema
 from parity.suites import values
+
+# a cell left without a setting (a test's, a benchmark's) takes the params default
+SEED, RUN = schema.Params.seed, schema.SuitesRun
 
 SkipCase = OpSkip  # a case that ends with a status other than OK
 
@@ -170,9 +174,9 @@ def runner_for(cell: dict, dtype: str | None = None):
     cls, prov, why = _RUNNERS[key]
     if why:
         raise OpSkip("UNAVAILABLE", why)
-    job = OpJob(cell["provider"], prov, dtype or cell["torch_dtype"], seed=int(cell.get("seed", 0)),
-                repeats=int(cell.get("repeats", 3)), threads=int(cell.get("threads") or 1),
-                onnx_opset=int(cell.get("onnx_opset", 17)), exporter=cell.get("exporter") or "legacy")
+    job = OpJob(cell["provider"], prov, dtype or cell["torch_dtype"], seed=int(cell.get("seed", SEED)),
+                repeats=int(cell.get("repeats", RUN.repeats)), threads=int(cell.get("threads") or RUN.threads),
+                onnx_opset=int(cell.get("onnx_opset", RUN.onnx_opset)), exporter=cell.get("exporter") or "legacy")
     return cls(job)
 
 
@@ -190,7 +194,7 @@ def _baseline(case: dict, main, dt, args, kwargs, cell, gcase):
     if conf is None and b["provider"] != "torch_cpu":
         raise OpSkip("INVALID", f"baseline {b['provider']}: not a selected provider (select it, or use torch_cpu)")
     if case.get("baseline") is None or conf is None:  # torch_cpu eager, as the default always was
-        ref = TorchCpuRunner(OpJob("torch_cpu", {"options": {}}, prec, repeats=int(cell.get("repeats", 3))))
+        ref = TorchCpuRunner(OpJob("torch_cpu", {"options": {}}, prec, repeats=int(cell.get("repeats", RUN.repeats))))
     else:
         ref = runner_for(dict(cell, provider=b["provider"], **conf), prec)
     return ref.run_op(rside, r_args, r_kwargs, gcase if ref.op_grads else None), ref.op_grads
@@ -204,7 +208,7 @@ def run_case(case: dict, cell: dict) -> dict:
     cell = dict(cell)
     if case.get("export"):
         cell["exporter"] = case["export"]["exporter"]
-        cell["onnx_opset"] = case["export"].get("opset") or cell.get("onnx_opset", 17)
+        cell["onnx_opset"] = case["export"].get("opset") or cell.get("onnx_opset", RUN.onnx_opset)
     n = int(case.get("samples", 1))
     res, drawn = None, []
     for k in range(n):
@@ -294,7 +298,7 @@ def _zero_output(case: dict, ref) -> str | None:
 
 def _run_sample(case: dict, cell: dict, sample: int) -> dict:
     # long: one case's steps in order (build, reference, run, oracle), each failure mapped to its status
-    seed = int(cell.get("seed", 0))
+    seed = int(cell.get("seed", SEED))
     try:
         if case["kind"] == "onnx":  # a whole ONNX model with its expected outputs (parity.suites.onnxcase)
             from parity.suites import onnxcase
@@ -315,7 +319,7 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
             return {"status": "INVALID", "reason": "building the case: " + reason_of(e)}
         p_args = tmap(args, lambda t: values.to_cell(t, dt))
         p_kwargs = tmap(kwargs, lambda t: values.to_cell(t, dt))
-        want_grad = bool(case.get("grad")) and bool(cell.get("grad", True)) and runner.op_grads
+        want_grad = bool(case.get("grad")) and bool(cell.get("grad", RUN.grad)) and runner.op_grads
         gcase = {"loss": case.get("loss", "sum"), "seed": case_seed(seed, case["id"] + "/grad")} if want_grad else None
         if case["kind"] == "pair":
             # A vs B on the same backend: A plays the reference (INVALID if it fails)

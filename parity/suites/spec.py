@@ -59,6 +59,7 @@ from pathlib import Path
 
 import yaml
 
+from parity.config import schema
 from parity.suites import features
 
 SUITE_KEYS = {"tolerances", "spec"}
@@ -661,7 +662,7 @@ def tolerance_for(p: dict, suite: str, dtype: str, case_id: str, kind: str) -> t
     rules in order (last match wins)."""
     from parity.core import tolerance
 
-    scale = float((p.get("suites_run") or {}).get("grad_tol_scale", 1.0)) if kind == "grad" else None
+    scale = float(schema.section(schema.SuitesRun, p.get("suites_run")).grad_tol_scale) if kind == "grad" else None
     return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["suites"][suite].get("tolerances"),
                              f"suites.{suite}.tolerances", dtype, kind, scale, "suites_run.grad_tol_scale",
                              case=case_id)

@@ -1,0 +1,325 @@
+"""params.yaml as typed, frozen objects: one dataclass per section, each default declared once, here.
+
+`of(p)` builds a `Params` from the dict `parity.config.params.load()` returned (validated: a required
+key is present, a value has the right kind; validation and its error messages stay in params.py, which
+reads its defaults from these classes). Readers use attributes (`of(p).capture.threads`), never
+`p.get("capture", {}).get("threads", 0)`: a default restated at a read is a second place to change.
+Building is cheap (under a millisecond for the default params); `section(cls, d)` builds one section alone where a
+reader runs per case or is handed a section's mapping rather than the whole params.
+
+Values are kept as params.yaml gives them (an int stays an int: artifacts that echo a setting stay
+byte-identical); lists become tuples. Opaque sub-configs (a model's `arch.kwargs`, a provider's
+`options`, a suite's spec, `suite_tolerances`, `models.<m>.shapes`) stay plain mappings: their formats
+are their owners' (the runner's options schema, parity/suites/spec.py, parity/config/inputspec.py).
+Light: stdlib only (config layer: core and stdlib).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+def _tuple(v) -> tuple:
+    return tuple(v or ())
+
+
+def _conv(fn):
+    """Field metadata: build the value with fn (the raw params value in, the typed one out)."""
+    return {"conv": fn}
+
+
+def _make(cls, d: Mapping | None):
+    """cls from the mapping d: a key present is converted by its field's `conv`, a key absent takes
+    the field's default (a required field missing raises TypeError: validate first)."""
+    d = d or {}
+    kw = {}
+    for f in dataclasses.fields(cls):
+        key = f.metadata.get("key", f.name)
+        if key in d:
+            conv = f.metadata.get("conv")
+            kw[f.name] = conv(d[key]) if conv else d[key]
+    return cls(**kw)
+
+
+class _Group(Mapping):
+    """{name: cls(...)} of a group (models, dtypes, providers), read-only, in params order; an option is
+    built when first read, so a reader of one section never builds (nor needs) every option."""
+
+    def __init__(self, cls, raw: Mapping | None):
+        self._cls, self._raw, self._built = cls, dict(raw or {}), {}
+
+    def __getitem__(self, name: str):
+        if name not in self._built:
+            self._built[name] = _make(self._cls, self._raw[name])
+        return self._built[name]
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"{self._cls.__name__}s({', '.join(self._raw)})"
+
+
+def _named(cls):
+    return lambda d: _Group(cls, d)
+
+
+# --- dtypes.<d> (conf/dtypes/<d>.yaml) ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tol:
+    atol: float
+    rtol: float
+
+
+@dataclass(frozen=True)
+class Oracle:
+    k: float                   # required (validation): error vs fp64 within k x the trusted backend's
+    slack: float = 0.0
+
+
+@dataclass(frozen=True)
+class Dtype:
+    torch: str
+    tol: Tol = field(metadata=_conv(lambda v: _make(Tol, v)))
+    oracle: Oracle = field(metadata=_conv(lambda v: _make(Oracle, v)))
+    mode: str = "cast"         # precision mode (parity.config.params.DTYPE_MODES)
+
+
+# --- providers.<p> (conf/providers/<p>.yaml) ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Provider:
+    runner: str
+    dtypes: tuple[str, ...] = field(metadata=_conv(_tuple))
+    uses: tuple[str, ...] = field(metadata=_conv(_tuple))
+    options: Mapping[str, Any] = field(default_factory=dict, metadata=_conv(lambda v: v or {}))
+    engine: bool = False
+    import_: str | list | None = field(default=None, metadata={"key": "import"})
+
+
+# --- models.<m> (conf/models/<m>.yaml) ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Calibrate:
+    shape: tuple[int, ...] = field(metadata=_conv(_tuple))
+
+
+@dataclass(frozen=True)
+class Arch:
+    source: str
+    name: str = ""             # an ONNX-file model has a path instead
+    kwargs: Mapping[str, Any] = field(default_factory=dict, metadata=_conv(lambda v: v or {}))
+    calibrate: Calibrate | None = field(default=None, metadata=_conv(lambda v: _make(Calibrate, v)))
+    head: str = "base"         # hf: base (AutoModel) or causal_lm (parity.config.params.HF_HEADS)
+    import_: str | list | None = field(default=None, metadata={"key": "import"})
+    path: str | None = None    # source: onnx
+
+
+# init -> (low, high) when the spec gives none (uniform floats, integer draws, token ids)
+INIT_BOUNDS = {"uniform": (0.0, 1.0), "randint": (0, 2), "tokens": (0, 2)}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple[int, ...] = field(metadata=_conv(_tuple))
+    dtype: str = "float32"
+    init: str = "normal"
+    mean: float = 0.0
+    std: float = 1.0
+    low: float | None = None   # None: INIT_BOUNDS[init]
+    high: float | None = None
+    path: str | None = None    # init: file
+    key: str | None = None
+
+    def bounds(self) -> tuple:
+        lo, hi = INIT_BOUNDS.get(self.init, (None, None))
+        return (lo if self.low is None else self.low), (hi if self.high is None else self.high)
+
+
+@dataclass(frozen=True)
+class TolRule:
+    atol: float
+    rtol: float
+    dtype: str | None = None   # None: every dtype
+    layer: str | None = None   # fnmatch pattern; None: every layer
+
+
+@dataclass(frozen=True)
+class Model:
+    arch: Arch = field(metadata=_conv(lambda v: _make(Arch, v)))
+    input: tuple[InputSpec, ...] = field(metadata=_conv(lambda v: tuple(_make(InputSpec, s) for s in v)))
+    tolerances: tuple[TolRule, ...] = field(default=(), metadata=_conv(
+        lambda v: tuple(_make(TolRule, r) for r in v or ())))
+    shapes: Mapping[str, Any] | None = None   # parity/config/inputspec.py
+
+
+# --- the settings sections ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Export:
+    exporter: str = "dynamo"   # dynamo | legacy (parity.config.params.EXPORTERS)
+    opset: int = 18
+
+
+@dataclass(frozen=True)
+class Inputs:
+    samples: int = 1
+    calibration: int = 0
+
+
+@dataclass(frozen=True)
+class Reference:
+    fp64: bool = False         # conf/config.yaml: true (the oracle verdict's yardstick)
+
+
+@dataclass(frozen=True)
+class Capture:
+    latency: bool = False
+    warmup: int = 0
+    repeats: int = 1
+    threads: int = 0           # 0: the library's default
+
+
+@dataclass(frozen=True)
+class Diff:
+    verdict: str = "oracle"    # oracle | tolerance (parity.core.tolerance.VERDICT_MODES)
+    max_mismatch: float = 0.0
+
+
+@dataclass(frozen=True)
+class Analysis:
+    plan: bool = False
+    plan_target: Tol | None = field(default=None, metadata=_conv(lambda v: None if v is None else _make(Tol, v)))
+    max_keep: int = 16
+    plan_group: str = "auto"   # auto | leaf | block (main's parity.analysis.plan.GROUPS)
+    reduce: bool = False
+    reduce_rel_l2: float = 1e-3
+
+
+@dataclass(frozen=True)
+class SuitesRun:
+    workers: int = 2
+    threads: int = 1
+    timeout_s: float = 60
+    repeats: int = 3
+    onnx_opset: int = 17
+    grad: bool = True
+    grad_tol_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Fuzz:
+    suites: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    providers: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    seed: int = 0
+    cases: int = 200           # `parity fuzz` by hand; conf/config.yaml gives the stages 2000
+    ops: str | list | None = None   # fnmatch patterns of case ids (None: all)
+    nonfinite: bool = False
+    empty: bool = True
+    max_numel: int = 1 << 16
+    timeout_s: float = 30
+    workers: int = 2
+
+    def settings(self) -> dict:
+        """The campaign's settings (everything but what selects the campaigns)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("suites", "dtypes", "providers")}
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    models: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    lr: float = 0.01
+    fp64: bool = True
+    limit: float | None = None  # None: the AMP dtype's own (parity.analysis.train_step)
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class Generate:
+    models: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    providers: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
+    steps: int = 32
+    prompt_len: int = 8
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the report stage depends on (resolved at compose by the Hydra plugin; dvc.yaml reads them)."""
+    coverage_dep: str | None = None
+    plan_dep: str | None = None
+    reduce_dep: str | None = None
+    fuzz_dep: str | None = None
+    train_dep: str | None = None
+    generate_dep: str | None = None
+
+
+def _section(cls):
+    return field(default_factory=cls, metadata=_conv(lambda v: _make(cls, v)))
+
+
+def _names():
+    return field(default=(), metadata=_conv(_tuple))
+
+
+def _group(cls):
+    """A selection (models, dtypes, providers): validation requires one; empty only in a params dict
+    made by hand for one section (a test's, a command's)."""
+    return field(default_factory=lambda: _Group(cls, {}), metadata=_conv(_named(cls)))
+
+
+@dataclass(frozen=True)
+class Params:
+    models: Mapping[str, Model] = _group(Model)
+    dtypes: Mapping[str, Dtype] = _group(Dtype)
+    providers: Mapping[str, Provider] = _group(Provider)
+    seed: int = 0
+    strict: bool = False
+    export: Export = _section(Export)
+    inputs: Inputs = _section(Inputs)
+    reference: Reference = _section(Reference)
+    capture: Capture = _section(Capture)
+    diff: Diff = _section(Diff)
+    analysis: Analysis = _section(Analysis)
+    suites: Mapping[str, Any] = field(default_factory=dict, metadata=_conv(lambda v: v or {}))
+    suites_run: SuitesRun = _section(SuitesRun)
+    suite_tolerances: Mapping[str, Any] = field(default_factory=dict, metadata=_conv(lambda v: v or {}))
+    fuzz: Fuzz = _section(Fuzz)
+    train_step: TrainStep = _section(TrainStep)
+    generate: Generate = _section(Generate)
+    report: Report = _section(Report)
+    validated: str | None = None
+    # resolved at compose from the selection (dvc.yaml's matrices)
+    capture_providers: tuple[str, ...] = _names()
+    engine_providers: tuple[str, ...] = _names()
+    torch_models: tuple[str, ...] = _names()
+    onnx_models: tuple[str, ...] = _names()
+    plan_dtypes: tuple[str, ...] = _names()
+    reduce_dtypes: tuple[str, ...] = _names()
+
+
+def of(p: Mapping) -> Params:
+    """The typed view of a validated params dict."""
+    return _make(Params, p)
+
+
+def section(cls, d: Mapping | None):
+    """One section (or a dtype, provider, model) from its mapping alone: for code handed the mapping
+    rather than the whole params (a runner's `dtype_cfg`, a cell's provider)."""
+    return _make(cls, d)
+
+
+def mode(dtype_cfg: Mapping) -> str:
+    """The precision mode of a dtype's mapping that may be partial (a runner's `job.dtype_cfg` is
+    sometimes made by hand: a suite case's, a probe's), Dtype's default when it names none."""
+    return dtype_cfg.get("mode", Dtype.mode)
