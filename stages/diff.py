@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
+from parity.core import memory
+from parity.core.io import Corrupt
+from parity.pipeline.diff import diff_and_write
 
 # numpy/pyarrow (parity.core.compare, store, analysis) are imported where used, so `--help` starts
 # in a fraction of the time (tests/test_light_stages.py)
@@ -33,9 +36,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
-    from parity.core.io import Corrupt
-    from parity.pipeline.diff import diff_and_write
 
     try:
         print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),

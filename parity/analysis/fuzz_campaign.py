@@ -23,6 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from parity.core import io, ui
 from parity.analysis import fuzz
@@ -165,9 +167,6 @@ def summary(suite: str, dtype: str, provider: str, f: dict, rows: list[dict]) ->
 
 
 def write_campaign(out: Path, suite, dtype, provider, f, rows, failures) -> dict:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     s = summary(suite, dtype, provider, f, rows)
     cols = {"id": [], "base": [], "seed": [], "index": [], "status": [], "reason": [], "max_abs": [],
             "tol_ratio": [], "template": [], "case": []}
@@ -254,8 +253,6 @@ def minimise_case(p, suite, section, dtype, provider, m, timeout: float = 30, lo
 
 
 def load_failures(path: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
     t = pq.read_table(path).to_pylist()
     for r in t:
         r["template"], r["case"] = json.loads(r["template"]), json.loads(r["case"])

@@ -28,7 +28,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from parity import __version__
+from parity.core.io import write_text
+from parity.core.ui import at_least
+from parity.core.ui import dump_json
 
 
 def _check(args) -> int:
@@ -40,13 +47,9 @@ def _check(args) -> int:
         spec.check_selected(p)
     except (config.ConfigError, spec.SuiteError) as e:
         if args.json:
-            from parity.core.ui import dump_json
-
             dump_json({"params": args.params, "ok": False, "error": str(e)})
         config.die(e)
     if args.json:
-        from parity.core.ui import dump_json
-
         dump_json({"params": args.params, "ok": True, "models": list(p["models"]), "dtypes": list(p["dtypes"]),
                    "providers": list(p["providers"]), "cells": len(config.cells(p))})
         return 0
@@ -65,12 +68,9 @@ def _compose_error(e: Exception) -> str:
 
 
 def _compose(args) -> int:
-    import tempfile
-
     from dvc.utils.hydra import compose_and_dump
 
     from parity.config import params as config
-    from parity.core.io import write_text
 
     root = Path(args.root).resolve()
     # compose to a temp file first: a bad override leaves params.yaml untouched
@@ -150,13 +150,9 @@ def _completion(args) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("parity")
     except PackageNotFoundError:
-        from parity import __version__
-
         return __version__
 
 
@@ -175,8 +171,6 @@ def _json_flag(c: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from parity.core.ui import at_least
-
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"parity {_version()}")

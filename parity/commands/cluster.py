@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -44,13 +45,19 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
+import yaml
+
+from parity.backends import CaptureJob, load_runner
+from parity.backends import fingerprint
 from parity.commands import parallel
 from parity.backends.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
-from parity.core.ui import at_least
+from parity.core.io import write_json
+from parity.core.ui import Progress, at_least
 
 RES = "provider:"
 GPU_RES = "gpu:"
@@ -67,8 +74,6 @@ CACHED = re.compile(r"^Stage '([^']+)' is cached - skipping run", re.M)
 
 def _providers(root: Path) -> dict[str, dict]:
     """Every provider the project knows: conf/providers/*.yaml (the registry), else params.yaml's."""
-    import yaml
-
     out: dict[str, dict] = {}
     for f in sorted((root / "conf" / "providers").glob("*.yaml")):
         out.update(yaml.safe_load(f.read_text()) or {})
@@ -80,8 +85,6 @@ def _providers(root: Path) -> dict[str, dict]:
 def provider_availability(name: str, pc: dict) -> str | None:
     """None if this machine can run provider `name`, else why not (its runner's own availability probe;
     for `engine: true` providers the runner's engine_availability)."""
-    from parity.backends import CaptureJob, load_runner
-
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
         if pc.get("engine"):
@@ -96,8 +99,6 @@ def provider_availability(name: str, pc: dict) -> str | None:
 
 def node_resources(root: Path | str = ".") -> tuple[dict[str, float], dict[str, str]]:
     """({resource: amount} this node advertises, {provider: why not} for the ones it does not)."""
-    from parity.backends import fingerprint
-
     res: dict[str, float] = {}
     missing: dict[str, str] = {}
     for name, pc in sorted(_providers(Path(root)).items()):
@@ -196,8 +197,6 @@ def _run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Compl
 @contextlib.contextmanager
 def _slot(base: Path):
     """One checkout per concurrent task on a node: the first free base/slot-<k> (an flock)."""
-    import fcntl
-
     base.mkdir(parents=True, exist_ok=True)
     for k in range(1024):
         f = open(base / f"slot-{k}.lock", "w")
@@ -245,8 +244,6 @@ def run_cell(bundle: bytes, commit: str, files: dict[str, str | None], cell: str
     """One cell on this node (a Ray task): checkout, pull, repro, push; what happened, with the
     seconds of each phase."""
     import ray
-
-    from parity.core.io import write_json
 
     node = {"hostname": socket.gethostname(), "ray_node_id": ray.get_runtime_context().get_node_id()}
     base = Path(os.environ.get(WORKDIR_ENV) or Path.home() / ".cache" / "parity" / "cluster" / node["ray_node_id"][:16])
@@ -309,7 +306,6 @@ def _bundle(root: Path) -> tuple[str, bytes]:
         raise ClusterError("uncommitted changes to " + ", ".join(dirty) + ": the nodes run the commit "
                            "(git commit them first)")
     commit = _git(root, "rev-parse", "HEAD").strip()
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         _git(root, "bundle", "create", "-q", f"{d}/b.bundle", "HEAD")
@@ -384,7 +380,6 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
     if not pl.cells:
         print("parity: repro --cluster: the filters select no cell", file=out)
         return parallel.Result(2)
-    import yaml
 
     _PROVIDERS[:] = sorted(yaml.safe_load((root / "params.yaml").read_text())["providers"], key=len, reverse=True)
     import ray
@@ -502,7 +497,6 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
         refs[opts.remote(bref, commit, files, c, pl.cell_stages[c], sorted(pl.needs[c]),
                          [_rel(m, root) for m in pl.metrics.get(c, [])],
                          os.environ.get(CLUSTER_UNAVAILABLE_ENV, ""))] = c
-    from parity.core.ui import Progress
 
     prog = Progress(len(cells), out, "parity repro --cluster", every=30.0)
     done: dict[str, dict] = {}

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from parity.core.status import VERDICTS
 
 # ---- a cell's metrics.json (nested dict as the diff stage writes it) -----------------------------
 
@@ -65,8 +68,6 @@ def layer_counts(m: dict) -> tuple[int | None, int | None]:
 
 
 def ran(m: dict) -> bool:
-    from parity.core.status import VERDICTS
-
     return verdict(m) in VERDICTS
 
 
@@ -150,8 +151,6 @@ DIFF_STAGE = re.compile(r"^diff@(?P<cell>.+)$")
 
 def cell_files(root: str | Path = ".") -> dict[str, CellFiles]:
     """{cell: CellFiles} of every diff stage in dvc.yaml (DVC resolves the matrix from params.yaml)."""
-    import warnings
-
     from dvc.repo import Repo
 
     root = Path(root).resolve()

@@ -6,7 +6,9 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -34,7 +36,6 @@ def atomic_path(path: str | Path, allow_empty: bool = False):
     try:
         yield Path(tmp)
         if os.environ.get(PAUSE_ENV) == path.name:  # test-only: hold the written temp file unpublished
-            import time
 
             time.sleep(600)
         if allow_empty or os.path.getsize(tmp) > 0:
@@ -132,8 +133,6 @@ def read_json(path: str | Path):
 def exit_now(code: int) -> None:
     """End a stage process without interpreter teardown (after torch it costs ~0.75 s a process).
     Call only when every output is written and closed (atomic_path has renamed it into place)."""
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from parity.core.io import read_json, write_json
+
 GiB = 1 << 30
 # peak RSS ~= a * W + b * SA + base GiB (W: fp32 weight bytes; SA: every layer's fp32 outputs, all samples).
 # Fitted on the streaming stages (issue 23, BENCHMARKS.md section 17): llama_1b (W 4.1 GiB, SA 0.61 GiB)
@@ -181,7 +183,6 @@ def record(path: str | Path | None, stage: str, cell: str, t0: float, sized: dic
     `merge`: add them to the JSON object already there (capture's latency file)."""
     if not path:
         return
-    from parity.core.io import read_json, write_json
 
     path = Path(path)
     base = read_json(path) if merge and path.exists() else {}

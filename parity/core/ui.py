@@ -7,6 +7,7 @@ read the same. JSON goes to stdout, sorted keys, one document per command (docs/
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,8 +21,6 @@ VERDICT_STYLE = {"PASS": "green", "FAIL": "bold red", "NOT_EXERCISED": "yellow",
 def at_least(lo: int):
     """An argparse `type=` for a count: an integer >= lo, else argparse's one-line usage error."""
     def parse(text: str) -> int:
-        import argparse
-
         try:
             v = int(text)
         except ValueError:

@@ -5,6 +5,11 @@ torch is imported inside the functions, so importing this package stays light.
 
 from __future__ import annotations
 
+from parity.models import hf
+from parity.models.tv_compat import import_torchvision
+
+import importlib
+
 
 def build(arch: dict, seed: int):
     """Return the model in eval mode, fp32, with seeded weights.
@@ -43,20 +48,14 @@ def construct(arch: dict):
 
         model = zoo.BUILDERS[name](**kwargs)
     elif source == "torchvision":
-        from parity.models.tv_compat import import_torchvision
-
         tv = import_torchvision()
         available = tv.models.list_models()
         if name not in available:
             raise ValueError(f"unknown torchvision model '{name}'. Available: {', '.join(available)}")
         model = tv.models.get_model(name, weights=None, **kwargs)
     elif source == "hf":
-        from parity.models import hf
-
         model = hf.build(name, kwargs, arch.get("head", "base"))
     elif source == "import":
-        import importlib
-
         import torch
 
         mod, _, attr = name.partition(":")

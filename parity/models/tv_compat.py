@@ -7,6 +7,8 @@ detection ops themselves stay unusable (calling them raises), which parity never
 
 from __future__ import annotations
 
+import sys
+
 _LIB = None
 
 
@@ -21,7 +23,6 @@ def import_torchvision():
     except RuntimeError as e:
         if "torchvision::" not in str(e):
             raise
-    import sys
 
     for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
         del sys.modules[k]

@@ -4,9 +4,12 @@ built on torch's `meta` device (no weight bytes) and run once on meta inputs thr
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+from parity.config import inputspec
 from parity.core import memory
+from parity.models import construct
 
 
 def guard(stage: str, cell: str, p: dict, model: str, sa: int | None = None) -> dict | None:
@@ -27,9 +30,6 @@ def sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[
         return (path.stat().st_size if path.is_file() else None), None
     import torch
 
-    from parity.config import inputspec
-    from parity.models import construct
-
     try:
         with torch.device("meta"):
             net = construct(m["arch"])
@@ -46,8 +46,6 @@ def _meta_outputs(net, specs: list[dict]) -> int:
     """fp32 bytes of the model's and every leaf call's floating outputs for one sample, on meta
     tensors. Data-dependent Python branches (`if mask.all():`, in transformers' mask helpers) read
     1 / True from a meta tensor while this runs; the override is removed afterwards."""
-    import warnings
-
     import torch
 
     from parity.models.layers import LayerRecorder

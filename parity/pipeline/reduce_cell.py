@@ -10,14 +10,24 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from parity.analysis import oracle, torch_reduce
+from parity.analysis import reduce, repro
+from parity.backends import load_runner
+from parity.backends.base import CaptureJob
+from parity.backends.ort_cpu import OrtCpuRunner
+from parity.config import params as config
+from parity.core import store
+from parity.core.io import read_json, write_json
+from parity.models.onnx_weights import load_with_data
+
+import onnx
+
 NOOPT = {"runner": "parity.backends.ort_cpu:OrtCpuRunner", "dtypes": ["fp32"],
          "options": {"graph_optimization_level": "disabled"}}
 
 
 def first_sample(path: Path) -> dict:
     """The inputs stage's sample 0, {input name: array}."""
-    from parity.core import store
-
     return {t.name: t.array for t in store.read(path) if t.sample == 0}
 
 
@@ -25,8 +35,6 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
                   baseline: Path | None, origin: str | None, out: Path) -> dict:
     """The exported graphs against torch (parity.analysis.torch_reduce): {status: REDUCED (bundle
     written under `out`) | AGREES | NOT_REPRODUCED | NOT_CHECKED, reason, ...}."""
-    from parity.analysis import oracle, torch_reduce
-
     dcfg = p["dtypes"][dtype]
     why = None
     if (p["models"][model].get("arch") or {}).get("source") == "onnx":
@@ -54,12 +62,6 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
 def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path,
                 diff_dir: Path, out: Path, reference: Path | None = None, baseline: Path | None = None) -> dict:
     """reduce.json's content, after writing it (and the bundle when REDUCED) under `out`."""
-    from parity.config import params as config
-    from parity.analysis import reduce, repro
-    from parity.backends import load_runner
-    from parity.backends.base import CaptureJob
-    from parity.core.io import read_json, write_json
-
     key = config.cell_key(model, dtype, provider)
     shutil.rmtree(out, ignore_errors=True)  # a re-run never keeps an earlier bundle
     limit = float((p.get("analysis") or {}).get("reduce_rel_l2", 1e-3))
@@ -87,10 +89,6 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
         if exporter["status"] == "REDUCED":
             write_json(out / "reduce.json", exporter, sort_keys=False)
             return exporter
-        import onnx
-
-        from parity.backends.ort_cpu import OrtCpuRunner
-        from parity.models.onnx_weights import load_with_data
 
         runner = cls(job(dtype, provider, pc))
         trusted = OrtCpuRunner(job("fp32", "ort_cpu_noopt", NOOPT))
