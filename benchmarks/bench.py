@@ -71,7 +71,6 @@ import yaml
 from dvc.repo import Repo
 
 from parity.core import compare, store
-from parity.core import store
 
 HERE = Path(__file__).resolve().parent.parent
 CELL = "resnet18-fp32-ort_cpu"

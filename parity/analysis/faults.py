@@ -52,8 +52,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from parity.core.io import atomic_path, read_json, write_json
-from parity.core.io import dumps
+from parity.core.io import atomic_path, dumps, read_json, write_json
 from parity.models import onnx_weights
 from parity.pipeline.layer_export import op_inventory, prune_outputs
 

@@ -41,16 +41,13 @@ from onnx import helper
 
 from parity.analysis import oracle
 from parity.analysis.oracle import Sq
-from parity.analysis.reduce import Graph
-from parity.analysis.reduce import rel_l2
+from parity.analysis.reduce import Graph, rel_l2
 from parity.analysis.repro import write_npz
 from parity.backends.base import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import dtypes, store
-from parity.core.io import atomic_path, write_text
-from parity.core.io import write_json
-from parity.models import onnx_cut
-from parity.models import onnx_weights
+from parity.core.io import atomic_path, write_json, write_text
+from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_weights import with_data
 from parity.pipeline.onnx_source import topo_sorted
 

@@ -35,7 +35,6 @@ from parity.backends import fault
 from parity.core import store
 from parity.backends.base import OpSkip, Runner, SessionError, Unavailable, interleave
 from parity.models import onnx_cut, onnx_weights
-from parity.models import onnx_weights
 from parity.models.onnx_weights import Converted
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",

@@ -47,9 +47,7 @@ from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
 from parity.backends import fault
 from parity.backends.ort_cpu import OrtRunner
-from parity.models import onnx_int4
 from parity.models import onnx_int4, onnx_weights
-from parity.models import onnx_weights
 
 INT4_MODES = ("int4_weight",)
 DEFAULTS = {"block_size": 32, "accuracy_level": 4, "is_symmetric": True, "gemm_to_matmul": True}

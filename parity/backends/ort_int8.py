@@ -39,8 +39,7 @@ from onnxruntime.quantization.calibrate import CalibrationDataReader
 from parity.backends import fingerprint
 from parity.backends.base import calibration_feeds
 from parity.backends.ort_cpu import OrtRunner
-from parity.models.onnx_weights import load_with_data
-from parity.models.onnx_weights import with_data
+from parity.models.onnx_weights import load_with_data, with_data
 
 INT8_MODES = ("int8_dynamic", "int8_static")
 

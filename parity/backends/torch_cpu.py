@@ -24,9 +24,7 @@ from parity.backends import ops
 from parity.core import store
 from parity.backends.base import Runner, interleave
 from parity.models import build
-from parity.models.layers import flatten, output_names
-from parity.models.layers import LayerRecorder
-from parity.models.layers import LayerRecorder, leaf_modules
+from parity.models.layers import LayerRecorder, flatten, leaf_modules, output_names
 
 TORCH_MODES = ("cast", "tf32", "autocast")
 

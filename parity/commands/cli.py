@@ -34,8 +34,7 @@ from pathlib import Path
 
 from parity import __version__
 from parity.core.io import write_text
-from parity.core.ui import at_least
-from parity.core.ui import dump_json
+from parity.core.ui import at_least, dump_json
 
 
 def _check(args) -> int:

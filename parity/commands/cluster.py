@@ -52,8 +52,7 @@ from typing import Sequence, TextIO
 
 import yaml
 
-from parity.backends import CaptureJob, load_runner
-from parity.backends import fingerprint
+from parity.backends import CaptureJob, fingerprint, load_runner
 from parity.commands import parallel
 from parity.backends.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
 from parity.core.io import write_json

@@ -30,9 +30,6 @@ import json
 import sys
 from datetime import datetime
 
-from dvc.exceptions import DvcException
-from dvc.repo import Repo
-
 from parity.core import metrics as layout
 from parity.core.ui import at_least, plain_table
 
@@ -80,6 +77,9 @@ def run_from_args(args) -> int:
 
 def load(cwd: str = ".", rev: str | None = None, num: int = 1, all_commits: bool = False) -> list[dict]:
     """DVC's experiment states (as `dvc exp show --json` prints them)."""
+    from dvc.exceptions import DvcException  # lazy: dvc.repo +DVC s; `parity --help` builds this module's parser
+    from dvc.repo import Repo  # lazy: as above
+
     try:
         with Repo(cwd) as repo:
             states = repo.experiments.show(revs=[rev] if rev else None, num=num, all_commits=all_commits)

@@ -33,8 +33,7 @@ from dvc.utils.serialize import ParseError
 
 from parity.core import metrics, status
 from parity.core.io import corrupt
-from parity.core.ui import dump_json
-from parity.core.ui import table as ui_table
+from parity.core.ui import dump_json, table as ui_table
 
 CELL_METRICS = metrics.CELL_METRICS_PATH
 RAN = metrics.RAN

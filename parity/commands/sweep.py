@@ -37,8 +37,7 @@ from dvc.exceptions import DvcException
 from dvc.repo import Repo
 from dvc.repo.experiments.executor.base import ExecutorInfo
 from dvc.repo.experiments.utils import resolve_name
-from dvc.utils.hydra import compose_and_dump
-from dvc.utils.hydra import get_hydra_sweeps
+from dvc.utils.hydra import compose_and_dump, get_hydra_sweeps
 
 from parity.commands import results
 from parity.core import status

@@ -7,14 +7,11 @@ import time
 from pathlib import Path
 
 from parity.analysis.oracle import has_baseline
-from parity.backends import CaptureJob, fingerprint
-from parity.backends import fingerprint, load_runner
-from parity.backends.base import CaptureResult
-from parity.backends.base import latency_stats, write_own
+from parity.backends import CaptureJob, fingerprint, load_runner
+from parity.backends.base import CaptureResult, latency_stats, write_own
 from parity.config import inputspec, params as config
 from parity.core import store
-from parity.core.io import read_json
-from parity.core.io import write_json
+from parity.core.io import read_json, write_json
 from parity.pipeline.inputs import load
 from parity.pipeline.shapes import capture_by_shape
 from parity.pipeline.sink import StoreSink

@@ -10,8 +10,7 @@ from pathlib import Path
 from parity.config import inputspec
 from parity.core.io import write_json
 from parity.core.store import is_output
-from parity.models import build
-from parity.models import example_inputs
+from parity.models import build, example_inputs
 from parity.models.layers import module_types
 from parity.models.onnx_weights import write_checked
 from parity.pipeline.inputs import samples

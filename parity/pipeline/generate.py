@@ -32,15 +32,12 @@ import onnx
 import torch
 
 from parity.analysis import oracle
-from parity.backends import CaptureJob
-from parity.backends import fault
+from parity.backends import CaptureJob, fault
 from parity.backends.ort_cpu import OrtCpuRunner
-from parity.core.io import read_json
-from parity.core.io import write_json
+from parity.core.io import read_json, write_json
 from parity.models.onnx_cut import scopes
 from parity.pipeline import decoder
-from parity.pipeline.decoder import LOGITS, present_names
-from parity.pipeline.decoder import past_names
+from parity.pipeline.decoder import LOGITS, past_names, present_names
 
 # runners generate@ runs (conf/providers/<p>.yaml `runner:`): how each side is driven
 SIDES = {"parity.backends.torch_cpu:TorchCpuRunner": "torch", "parity.backends.ort_cpu:OrtCpuRunner": "ort"}

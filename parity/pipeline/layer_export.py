@@ -16,20 +16,19 @@ import warnings
 from pathlib import Path
 
 import onnx
-import torch
-from torch.export import Dim
 
 from parity.core.io import atomic_path
-from parity.models import onnx_cut
-from parity.models import onnx_weights
-from parity.models.layers import flatten
-from parity.models.layers import LayerRecorder
+from parity.models import onnx_cut, onnx_weights
 
 
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
                   dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
     `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec)."""
+    import torch
+
+    from parity.models.layers import LayerRecorder
+
     rec = LayerRecorder(model).eval()
     with torch.no_grad():
         rec(*example)
@@ -52,6 +51,7 @@ def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exp
     parity.config.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
     if exporter != "dynamo":
         return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
+    from torch.export import Dim
 
     objs = {d: Dim(d) for axes in dynamic.values() for d in axes.values()}
     # LayerRecorder.forward(*inputs): the spec is one tuple, for the varargs
@@ -175,6 +175,10 @@ class ExportFailed(Exception):
 def input_error(model, example) -> str | None:
     """Run the model eagerly once on the example inputs: None if it takes them, else the first
     line of its error (a shape the model cannot take is a config error, not an export failure)."""
+    import torch
+
+    from parity.models.layers import flatten
+
     try:
         with torch.no_grad():
             out = model(*example)

@@ -27,9 +27,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import helper
-from onnx import TensorProto, helper
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from parity.core.io import atomic_path
 from parity.core.store import is_output

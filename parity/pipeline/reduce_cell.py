@@ -10,8 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from parity.analysis import oracle, torch_reduce
-from parity.analysis import reduce, repro
+from parity.analysis import oracle, reduce, repro, torch_reduce
 from parity.backends import load_runner
 from parity.backends.base import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner

@@ -17,8 +17,7 @@ import contextlib
 
 from parity.core import store
 from parity.models import build as build_model
-from parity.models.layers import LayerRecorder
-from parity.models.layers import leaf_modules
+from parity.models.layers import LayerRecorder, leaf_modules
 
 import torch
 

@@ -39,11 +39,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import defs
-from onnx import defs, helper
-from onnx import helper
-from onnx import helper, numpy_helper as nh
-from onnx import numpy_helper as nh
+from onnx import defs, helper, numpy_helper as nh
 
 from parity.analysis.exercised import SHOWS
 from parity.backends.base import OpSkip

@@ -60,8 +60,7 @@ from pathlib import Path
 
 import yaml
 
-from parity.config import imports
-from parity.config import params as config
+from parity.config import imports, params as config
 from parity.core import tolerance
 from parity.suites import features
 
