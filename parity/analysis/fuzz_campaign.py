@@ -55,6 +55,7 @@ def select(suite: str, section: dict, ops=None) -> list[dict]:
     out = [t for t in fuzz.templates(suite, copy.deepcopy(section))
            if any(fnmatch.fnmatchcase(t["base"], q) for q in pats)]
     if any("opinfo" in t["case"] for t in out):
+        # lazy: fuzz_opinfo loads torch (+1.84 s CPU, BENCHMARKS 22), needed for opinfo suites only
         from parity.analysis import fuzz_opinfo
 
         out = fuzz_opinfo.convert_all(out)

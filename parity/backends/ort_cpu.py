@@ -51,7 +51,7 @@ class OrtRunner(Runner):
     @classmethod
     def availability(cls, job):
         try:
-            import onnxruntime as ort
+            import onnxruntime as ort  # optional: a missing onnxruntime is an UNAVAILABLE status
         except ImportError as e:
             return f"onnxruntime is not installed ({e})"
         if cls.ep not in ort.get_available_providers():
@@ -316,8 +316,9 @@ class OrtRunner(Runner):
     def run_op(self, side, args, kwargs, grad=None):
         """The op exported alone (TorchScript exporter, suites_run.onnx_opset) and run in a session
         with this provider's options (_session_options), fed the cell's inputs."""
-        import torch
+        import torch  # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
 
+        # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
         from parity.backends import ops
 
         sd = ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype])
@@ -347,8 +348,9 @@ class OrtRunner(Runner):
 def _export_op(side, args, kwargs, opset: int, exporter: str = "legacy"):
     """(serialised ONNX, input names, input tensors) of one side with the legacy (TorchScript) or the
     dynamo exporter; complex tensors as real [..., 2] views (ops.Wrap); OpSkip EXPORT_FAIL if it fails."""
-    import torch
+    import torch  # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
 
+    # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
     from parity.backends import ops
 
     ts = [torch.view_as_real(t) if t.is_complex() else t for _, t in ops.leaves([args, kwargs])]

@@ -242,7 +242,7 @@ def run_cell(bundle: bytes, commit: str, files: dict[str, str | None], cell: str
              pull: list[str], metrics: list[str], unavailable: str) -> dict:
     """One cell on this node (a Ray task): checkout, pull, repro, push; what happened, with the
     seconds of each phase."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     node = {"hostname": socket.gethostname(), "ray_node_id": ray.get_runtime_context().get_node_id()}
     base = Path(os.environ.get(WORKDIR_ENV) or Path.home() / ".cache" / "parity" / "cluster" / node["ray_node_id"][:16])
@@ -330,7 +330,7 @@ def reachable(address: str, timeout: float) -> str | None:
 def connect(address: str, root: Path, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """ray.init: `auto` joins the local instance (`ray start`) or starts one that advertises this
     machine's providers; anything else is a Ray address, which must answer within `timeout` s."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     quiet = dict(log_to_driver=False, logging_level="WARNING", configure_logging=True)
     if address != "auto":
@@ -349,7 +349,7 @@ def connect(address: str, root: Path, timeout: float = CONNECT_TIMEOUT_S) -> Non
 
 def offered() -> set[str]:
     """Providers some alive node advertises."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     return {k[len(RES):] for n in ray.nodes() if n.get("Alive") for k in n.get("Resources", {})
             if k.startswith(RES)}
@@ -381,7 +381,7 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
         return parallel.Result(2)
 
     _PROVIDERS[:] = sorted(yaml.safe_load((root / "params.yaml").read_text())["providers"], key=len, reverse=True)
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     try:
         connect(address, root, connect_timeout)
@@ -468,7 +468,7 @@ def _cell_of(stage: str) -> str:
 
 
 def _nodes_line() -> str:
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     return f"{len(alive)} node(s): " + "; ".join(
@@ -480,7 +480,7 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
             out: TextIO) -> dict[str, dict]:
     """Phase 2: one task per cell, progress per finished cell; Ctrl-C cancels them all. Returns
     {cell: the task's result} for the cells that completed on a node."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     if not cells:
         return {}
@@ -528,7 +528,7 @@ def _per_node(per_node: dict[str, int]) -> str:
 
 def _collect(cell: str, ref, res: parallel.Result, prog, done: dict, per_node: dict) -> None:
     """One finished task: its line (verdict, node, seconds per phase), its failure if any."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     try:
         r = ray.get(ref)

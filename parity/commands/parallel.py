@@ -215,8 +215,8 @@ def _address(stage, root: Path) -> str:
 def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Sequence[str] = (),
          dtypes: Sequence[str] = (), params: str = "params.yaml") -> Plan:
     """Which stages run where, from params.yaml (cells) and DVC's stage graph (everything else)."""
-    import networkx as nx
-    from dvc.repo import Repo
+    import networkx as nx  # lazy: +0.17 s (BENCHMARKS 22); `parity --help` builds this module's parser
+    from dvc.repo import Repo  # lazy: dvc.repo +0.29 s (BENCHMARKS 22); `parity --help` builds this module's parser
 
     root = Path(root).resolve()
     p = yaml.safe_load((root / params).read_text())

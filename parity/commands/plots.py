@@ -20,6 +20,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import vl_convert
+
 from parity.core.io import write_text
 
 DEFAULT_OUT = ".dvc/parity-plots.html"
@@ -47,8 +49,6 @@ PAGE = """<!DOCTYPE html>
 
 
 def bundle() -> str:
-    import vl_convert
-
     js = vl_convert.javascript_bundle(vl_version=VEGA_LITE)
     bad = [p for p in PLACEHOLDERS if p in js] + (["</script"] if "</script" in js.lower() else [])
     if bad:

@@ -151,6 +151,7 @@ DIFF_STAGE = re.compile(r"^diff@(?P<cell>.+)$")
 
 def cell_files(root: str | Path = ".") -> dict[str, CellFiles]:
     """{cell: CellFiles} of every diff stage in dvc.yaml (DVC resolves the matrix from params.yaml)."""
+    # lazy: dvc.repo +0.29 s (BENCHMARKS 22); parallel (the `parity --help` parser) imports this module
     from dvc.repo import Repo
 
     root = Path(root).resolve()
@@ -178,6 +179,7 @@ REFERENCE_VALUES = "fp32.parquet"
 def worst_values(files: CellFiles, rows: list[dict]) -> None:
     """Add actual, expected and allowed (atol + rtol |expected|) at each row's worst element, read
     from the capture and the fp32 reference (Parquet); rows whose values are gone keep None."""
+    # lazy: store loads pyarrow.parquet (+0.15 s, BENCHMARKS 22); only worst_values reads Parquet
     from parity.core import store
 
     for r in rows:

@@ -49,7 +49,7 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
     cases = list_cases(suite, root)
     if not resolve:
         return cases
-    from parity.suites import execute
+    from parity.suites import execute  # lazy: execute loads torch (+1.84 s, BENCHMARKS 22); `suite validate` only
 
     for c in cases:
         if c["kind"] == "onnx":
@@ -85,10 +85,9 @@ def suite_names(root: str | Path | None = None) -> list[str]:
 def main(argv=None, prog: str = "python -m parity.commands.suite_cli") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["import-opdiff"]:  # light: yaml only (parity.suites.opdiff)
-
         return opdiff.main(argv[1:], prog=f"{prog} import-opdiff")
     if argv[:1] == ["import-onnx"]:  # ONNX's backend node tests as a suite (parity.suites.onnximport)
-        from parity.suites import onnximport
+        from parity.suites import onnximport  # lazy: onnx +0.23 s (BENCHMARKS 22); `suite import-onnx` only
 
         return onnximport.main(argv[1:], prog=f"{prog} import-onnx")
     if argv[:1] == ["show"]:

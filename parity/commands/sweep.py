@@ -40,6 +40,7 @@ from dvc.repo.experiments.utils import resolve_name
 from dvc.utils.hydra import compose_and_dump, get_hydra_sweeps
 
 from parity.commands import results
+from parity.config import params as config
 from parity.core import status
 from parity.core.ui import Progress, dump_json, num, table
 
@@ -127,8 +128,6 @@ def _dvc_detached(args: list[str], cwd: str) -> str:
 def check_combo(combo: list[str], cwd: str = ".") -> str | None:
     """The one-line config error composing conf/ with these overrides gives, or None (composed into a
     temp file, validated with parity.config.params; params.yaml is not touched)."""
-    from parity.config import params as config
-
     root = Path(cwd).resolve()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td) / "params.yaml"

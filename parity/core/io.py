@@ -11,6 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -36,7 +38,6 @@ def atomic_path(path: str | Path, allow_empty: bool = False):
     try:
         yield Path(tmp)
         if os.environ.get(PAUSE_ENV) == path.name:  # test-only: hold the written temp file unpublished
-
             time.sleep(600)
         if allow_empty or os.path.getsize(tmp) > 0:
             os.replace(tmp, path)
@@ -105,8 +106,6 @@ def corrupt(path: str | Path, err: Exception) -> Corrupt:
 def _stage_writing(path: str) -> str | None:
     """The stage that has `path` (or a folder holding it) as an output: from dvc.lock, else a stage of
     dvc.yaml whose outs name it literally (no ${} template); None when neither says."""
-    import yaml
-
     p = Path(path).as_posix()
     for f in ("dvc.lock", "dvc.yaml"):
         try:

@@ -142,7 +142,7 @@ def onnx_weight_bytes(path: Path) -> int | None:
         return None
     if path.stat().st_size > 64 << 20:
         return path.stat().st_size
-    import onnx
+    import onnx  # lazy: +0.23 s (BENCHMARKS 22); the diff and baseline stages import this module for Parquet sizes
 
     g = onnx.load(str(path), load_external_data=False).graph
     n = 0
@@ -159,6 +159,7 @@ def parquet_value_bytes(path: Path) -> int | None:
     read from the Parquet footer (no values are read)."""
     if not path.is_file():
         return None
+    # lazy: `stages.diff --help` loads no pyarrow (+0.15 s, BENCHMARKS 22; tests/test_light_stages.py)
     import pyarrow.parquet as pq
 
     md = pq.ParquetFile(path).metadata

@@ -247,6 +247,7 @@ def _shapes_from_dims():
     `numpy_helper.to_array(tensor).shape`, which reads the tensor's data; for an external tensor the
     same shape is its `dims`. Swapped in for the one call (the converter's result is otherwise
     unchanged)."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22) for fp16 conversion only; the export stage never loads it
     from onnxruntime.transformers import float16
 
     orig = float16.make_value_info_from_tensor
@@ -263,6 +264,7 @@ def to_float16(m: onnx.ModelProto, base_dir, store: Converted | None, **kwargs) 
     function (convert_np_to_float16) where the converter retyped it: the values are those of a
     conversion of the whole in-memory model, and no more than one tensor is converted at a time.
     Initializers no node reads are dropped first (onnxruntime drops them too)."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22) for fp16 conversion only; the export stage never loads it
     from onnxruntime.transformers.float16 import convert_float_to_float16, convert_np_to_float16
 
     read = read_by_nodes(m)

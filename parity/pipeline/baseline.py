@@ -31,6 +31,7 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
                                                   "has no such mode; cells of this dtype are judged by tolerance"), []
     elif p["models"][model]["arch"]["source"] == "onnx":  # an ONNX file: ORT CPU, no optimisation
+        # lazy: ONNX-source models only; loads onnxruntime (+0.14 s, BENCHMARKS 22) that a torch baseline never uses
         from parity.pipeline import onnx_reference
 
         res = onnx_reference.ort_capture(p, model, load(inputs), dtype)

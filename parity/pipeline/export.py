@@ -30,7 +30,6 @@ def export_model(p: dict, model: str, out: Path) -> str:
     `out`; the summary line."""
     m = p["models"][model]
     if m["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
-
         try:
             return export_file(model, m, out)
         except OnnxSourceError as e:

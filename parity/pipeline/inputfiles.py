@@ -92,7 +92,6 @@ def _read_array(path: Path, key: str):
 
     cols = pq.read_schema(path).names
     if {"sample", "name", "data"} <= set(cols):  # parity's tensor store
-
         rows = sorted((t for t in store.read(path) if t.name == key), key=lambda t: t.sample)
         if not rows:
             raise InputError(f"{path}: no tensor named '{key}' (key:)")

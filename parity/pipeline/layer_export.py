@@ -25,8 +25,9 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
                   dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
     `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec)."""
-    import torch
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
 
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
     from parity.models.layers import LayerRecorder
 
     rec = LayerRecorder(model).eval()
@@ -51,6 +52,7 @@ def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exp
     parity.config.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
     if exporter != "dynamo":
         return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
     from torch.export import Dim
 
     objs = {d: Dim(d) for axes in dynamic.values() for d in axes.values()}
@@ -175,8 +177,9 @@ class ExportFailed(Exception):
 def input_error(model, example) -> str | None:
     """Run the model eagerly once on the example inputs: None if it takes them, else the first
     line of its error (a shape the model cannot take is a config error, not an export failure)."""
-    import torch
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
 
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
     from parity.models.layers import flatten
 
     try:

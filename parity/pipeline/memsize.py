@@ -28,6 +28,7 @@ def sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[
     if m["arch"]["source"] == "onnx":
         path = Path(str(m["arch"]["path"]))
         return (path.stat().st_size if path.is_file() else None), None
+    # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module
     import torch
 
     try:
@@ -46,8 +47,10 @@ def _meta_outputs(net, specs: list[dict]) -> int:
     """fp32 bytes of the model's and every leaf call's floating outputs for one sample, on meta
     tensors. Data-dependent Python branches (`if mask.all():`, in transformers' mask helpers) read
     1 / True from a meta tensor while this runs; the override is removed afterwards."""
+    # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module
     import torch
 
+    # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module
     from parity.models.layers import LayerRecorder
 
     lib = torch.library.Library("aten", "IMPL")

@@ -120,6 +120,7 @@ def write_graphs(m, src_dir: Path, out: Path):
 def _probe(stamps, ir_version: int) -> str | None:
     """None when the installed onnxruntime loads a one-node model stamped with these opsets and IR
     version (exactly ORT's own rule, at the cost of a tiny session), else ORT's first message line."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22); export@ of a torch model imports this module and never runs ORT
     import onnxruntime as ort
 
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
@@ -143,6 +144,7 @@ def runtime_error(m, p: Path, where: str) -> str | None:
     14; onnxruntime 1.31 reads <= 13) whose opsets it supports is lowered in place to the newest IR
     version it reads, and the returned note says so; None when nothing changed. OnnxSourceError names
     the stamp at fault otherwise: the opset, or the IR version when no lower one loads."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22); export@ of a torch model imports this module and never runs ORT
     import onnxruntime as ort
 
     stamps = [o for o in m.opset_import if o.domain in ("", "ai.onnx") or o.domain.startswith("ai.onnx.")]

@@ -40,6 +40,7 @@ def _k(p: dict, dtype: str) -> float:
     """The oracle's k for a dtype (oracle.limits, the one reader). Imported here, not at the top:
     parity.analysis.oracle imports numpy (~100 ms), and `python -m stages.report --help` must answer
     without it (tests/test_light_stages.py)."""
+    # lazy: `stages.report --help` loads no numpy (+0.10 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.analysis import oracle
 
     return oracle.limits(p["dtypes"][dtype]).k

@@ -297,7 +297,6 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
     seed = int(cell.get("seed", 0))
     try:
         if case["kind"] == "onnx":  # a whole ONNX model with its expected outputs (parity.suites.onnxcase)
-
             return onnxcase.run(case, cell, runner_class, runner_for)
         if case["kind"] == "gradcheck":
             if not runner_class(cell).op_gradcheck:
@@ -329,7 +328,6 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
             main = sides["main"]
             try:
                 if case.get("reference"):  # a user op against the user's float64 reference
-
                     fn = resolve(case["reference"], case.get("imports", ()), "op")
                     (ref, rms), base_grads = custom.run_reference(fn, p_args, p_kwargs, gcase), True
                 else:

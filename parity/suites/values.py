@@ -50,14 +50,12 @@ def make_tensor(spec: dict, rng: np.random.Generator) -> torch.Tensor:
         np_dt = {"float": np.float32, "int": np.int64, "bool": bool, "complex": np.complex64}[kind]
         a = np.asarray(_draw(spec, rng, shape)).astype(np_dt)
     if spec.get("nonfinite") and a.size:  # fuzzing: NaN / +-Inf at seeded positions
-
         custom.put_nonfinite(a, spec["nonfinite"], rng)
     t = torch.from_numpy(np.ascontiguousarray(a))
     if dtype in FIXED:
         t = t.to(FIXED[dtype])
         t._parity_fixed = True
     if spec.get("layout", "contiguous") != "contiguous":  # fuzzing: transposed / channels_last strides
-
         t = custom.with_layout(t, spec["layout"])
     return t
 
