@@ -43,7 +43,7 @@ PROJECT = ["dvc.yaml", "env", "conf", "stages", "parity", "hydra_plugins", ".dvc
 FORWARD = r"""
 import sys, time, statistics, numpy as np, onnxruntime as ort
 sys.path.insert(0, ".")
-from parity.pipeline.inputs import load
+from parity.pipeline.inputs import load  # noqa: E402
 sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 feed = {i.name: np.array(load(sys.argv[2])[0][i.name]) for i in sess.get_inputs()}
 sess.run(None, feed)

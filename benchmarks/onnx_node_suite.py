@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from parity.core import store  # noqa: E402
-from parity.pipeline import suite_run
+from parity.pipeline import suite_run  # noqa: E402
 from parity.suites import coverage, diff, onnximport  # noqa: E402
-from tests.conftest import BIN, make_repo
+from tests.conftest import BIN, make_repo  # noqa: E402
 
 
 def tests(work: Path, only: list[str]) -> dict:

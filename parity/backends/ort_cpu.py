@@ -318,8 +318,7 @@ class OrtRunner(Runner):
         with this provider's options (_session_options), fed the cell's inputs."""
         import torch  # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
 
-        # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
-        from parity.backends import ops
+        from parity.backends import ops  # lazy: parity.backends.ops loads torch (as above)
 
         sd = ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype])
         data, names, ts = _export_op(sd, args, kwargs, self.job.onnx_opset, getattr(self.job, "exporter", "legacy"))
@@ -350,8 +349,7 @@ def _export_op(side, args, kwargs, opset: int, exporter: str = "legacy"):
     dynamo exporter; complex tensors as real [..., 2] views (ops.Wrap); OpSkip EXPORT_FAIL if it fails."""
     import torch  # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
 
-    # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
-    from parity.backends import ops
+    from parity.backends import ops  # lazy: parity.backends.ops loads torch (as above)
 
     ts = [torch.view_as_real(t) if t.is_complex() else t for _, t in ops.leaves([args, kwargs])]
     wrap = ops.Wrap(side, args, kwargs).eval()
