@@ -56,13 +56,21 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+import numpy as np
+import yaml
+from dvc.repo import Repo
+
+from parity.core import compare, store
 
 HERE = Path(__file__).resolve().parent.parent
 CELL = "resnet18-fp32-ort_cpu"
@@ -98,8 +106,6 @@ def load() -> list[float]:
 def stage(repo: Path, name: str):
     """(cmd, outs) of a stage as DVC reads it from the checkout's dvc.yaml (interpolated): the
     benchmark runs what the pipeline runs, whatever that is on the revision measured."""
-    from dvc.repo import Repo
-
     with Repo(str(repo)) as r:
         try:
             st = r.stage.collect(name)[0]
@@ -176,8 +182,6 @@ def bench_oracle(repo: Path, runs: int) -> dict:
     """The extra cost of the oracle verdict and of each layer's own error, per cell (resnet18 fp32
     ort_cpu), as ratios against today's diff (the tolerance check alone) and the capture without
     own error. Whole processes, command lines as in dvc.yaml, outputs in a temp dir."""
-    import yaml
-
     tmp = Path(tempfile.mkdtemp(prefix="parity-bench-oracle-"))
     model, dtype, prov = CELL.split("-")
     p = yaml.safe_load((repo / "params.yaml").read_text())
@@ -209,10 +213,7 @@ def bench_oracle(repo: Path, runs: int) -> dict:
 
 
 def bench_store(repo: Path, runs: int) -> dict:
-    import numpy as np
-
     sys.path.insert(0, str(repo))
-    from parity.core import store
 
     src = repo / "artifacts" / "reference" / "resnet18" / "fp32.parquet"
     tensors = [store.Tensor(t.sample, t.name, t.order, np.array(t.array)) for t in store.read(src)]
@@ -302,8 +303,6 @@ def bench_capture(repo: Path, runs: int) -> dict:
 
 def new_atol(params: Path, original: str, value: float) -> None:
     """params.yaml with dtypes.<fp32>.tol.atol = value (the cell's dtype), everything else as it was."""
-    import yaml
-
     p = yaml.safe_load(original)
     p["dtypes"][CELL.split("-")[1]]["tol"]["atol"] = value
     params.write_text(yaml.safe_dump(p, sort_keys=False))
@@ -348,12 +347,7 @@ def bench_cold(repo: Path, runs: int) -> dict:
 def bench_diff(repo: Path, runs: int) -> dict:
     """compare_layer's throughput in process on the cell's real tensors, and its share of the diff
     stage (a whole process, as DVC runs it)."""
-    import shlex
-
-    import numpy as np
-
     sys.path.insert(0, str(repo))
-    from parity.core import compare, store
 
     cmd, _ = stage(repo, f"diff@{CELL}")
     args = shlex.split(cmd)
@@ -449,8 +443,6 @@ def bench_parallel(repo: Path, runs: int) -> dict:
 
 
 def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     v = {"python": platform.python_version(), "nproc": os.cpu_count(), "machine": platform.machine()}
     for dist in ("numpy", "torch", "torchvision", "onnxruntime", "onnx", "pyarrow", "dvc"):
         try:

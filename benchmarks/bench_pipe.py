@@ -31,6 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from parity.core import store
+
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
@@ -126,12 +132,6 @@ def export(repo: Path, runs: int, model: str) -> dict:
 
 def _copying_write(path, tensors, metadata):
     """store.write before this change (two copies per tensor), for the comparison."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from parity.core import store
-
     cols = {k: [] for k in store.SCHEMA.names}
     for t in tensors:
         a = np.ascontiguousarray(t.array)
@@ -143,10 +143,7 @@ def _copying_write(path, tensors, metadata):
 
 
 def store_bench(runs: int, parquet: Path | None) -> dict:
-    import numpy as np
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from parity.core import store
 
     if parquet:
         ts = [store.Tensor(t.sample, t.name, t.order, np.array(t.array)) for t in store.read(parquet)]

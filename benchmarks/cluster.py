@@ -58,7 +58,7 @@ def main() -> int:
     ap.add_argument("--providers", default="torch_cpu,ort_cpu,torch_compile,ort_int8")
     ap.add_argument("--json", help="write the raw figures here")
     a = ap.parse_args()
-    from ray.cluster_utils import Cluster
+    from ray.cluster_utils import Cluster  # optional: Ray is the parity[cluster] extra
 
     tmp = Path(tempfile.mkdtemp(prefix="parity-cluster-bench-"))
     repo = make_repo(tmp / "repo", models=a.models.split(","), dtypes=a.dtypes.split(","),

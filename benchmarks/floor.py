@@ -21,7 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import onnxruntime as ort
+import torch
+import yaml
+
 sys.path.insert(0, os.getcwd())  # the checkout being measured (parity.models: the model builder)
+
+from parity.models import build  # noqa: E402
 
 
 def main() -> int:
@@ -31,12 +38,6 @@ def main() -> int:
     ap.add_argument("--exporter", help="dynamo or legacy (default: export.exporter in --params)")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    import numpy as np
-    import onnxruntime as ort
-    import torch
-    import yaml
-
-    from parity.models import build
 
     p = yaml.safe_load(Path(a.params).read_text())
     m = p["models"][a.model]

@@ -25,9 +25,18 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
+import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from parity.backends.base import CaptureJob  # noqa: E402
+from parity.backends.ort_int8 import OrtInt8Runner  # noqa: E402
+from parity.core import store  # noqa: E402
+from parity.models import build  # noqa: E402
+from parity.pipeline.layer_export import export_layers  # noqa: E402
 
 ARCH = {"source": "parity", "name": "mlp", "kwargs": {"in_features": 16, "hidden": 32, "out_features": 8}}
 SETTINGS = [  # (dtype, options), on top of conf/providers/ort_int8.yaml's (reduce_range: auto)
@@ -61,24 +70,12 @@ print("ok")
 
 
 def _export(d: Path, feeds, calib) -> None:
-    import onnx
-    import torch
-
-    from parity.core import store
-    from parity.pipeline.layer_export import export_layers
-    from parity.models import build
-
     export_layers(build(ARCH, 0), (torch.from_numpy(feeds[0]),), ["input"], d / "layers.onnx", "dynamo", 18)
     onnx.save(onnx.load(str(d / "layers.onnx")), str(d / "model.onnx"))
     store.write(d / "calibration.parquet", [store.Tensor(k, "input", 0, c) for k, c in enumerate(calib)])
 
 
 def _quantize(d: Path) -> dict:
-    import yaml
-
-    from parity.backends.base import CaptureJob
-    from parity.backends.ort_int8 import OrtInt8Runner
-
     prov = yaml.safe_load((ROOT / "conf/providers/ort_int8.yaml").read_text())["ort_int8"]
     models = {"fp32.onnx": "fp32"}
     shutil.copy2(d / "layers.onnx", d / "fp32.onnx")

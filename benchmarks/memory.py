@@ -33,13 +33,17 @@ import sys
 import time
 from pathlib import Path
 
+import onnx
+
+from parity.core import store
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 PROJECT = ["dvc.yaml", "env", "conf", "stages", "parity", "hydra_plugins", ".dvcignore", "data"]
 FORWARD = r"""
 import sys, time, statistics, numpy as np, onnxruntime as ort
 sys.path.insert(0, ".")
-from parity.pipeline.inputs import load
+from parity.pipeline.inputs import load  # noqa: E402
 sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
 feed = {i.name: np.array(load(sys.argv[2])[0][i.name]) for i in sess.get_inputs()}
 sess.run(None, feed)
@@ -113,8 +117,6 @@ def timed(cmd: str, repo: Path) -> dict:
 
 
 def weight_bytes(model_dir: Path) -> int:
-    import onnx
-
     m = onnx.load(str(model_dir / "model.onnx"), load_external_data=False)
     n = 0
     for t in m.graph.initializer:
@@ -127,7 +129,6 @@ def weight_bytes(model_dir: Path) -> int:
 
 def sa_bytes(path: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from parity.core import store
 
     return sum(t.array.nbytes for t in store.read(path) if not store.is_output(t.name))
 

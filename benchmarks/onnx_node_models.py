@@ -22,9 +22,17 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from parity.core import store  # noqa: E402
+from parity.suites.onnxcase import data_sets  # noqa: E402
+from parity.suites.onnxcase import data_sets, plain  # noqa: E402
+from parity.suites.onnximport import write_tests  # noqa: E402
+from tests.conftest import env  # noqa: E402
+from tests.conftest import make_repo  # noqa: E402
 
 TESTS = ["test_conv_with_strides_padding", "test_conv_with_strides_no_padding", "test_gemm_default_matrix_bias",
          "test_layer_normalization_4d_axis0", "test_softmax_axis_1", "test_gru_defaults", "test_lstm_defaults",
@@ -39,10 +47,6 @@ BIN = Path(sys.executable).parent
 
 def model_conf(name: str, test: Path, repo: Path) -> str:
     """conf/models/<name>.yaml for the test's model, its inputs as .npy files under data/inputs/."""
-    import onnx
-
-    from parity.suites.onnxcase import data_sets
-
     m = onnx.load(str(test / "model.onnx"))
     ins, _ = data_sets(test)[0]
     shutil.copy(test / "model.onnx", repo / "models" / f"{name}.onnx")
@@ -55,8 +59,6 @@ def model_conf(name: str, test: Path, repo: Path) -> str:
 
 
 def run(cmd, cwd) -> subprocess.CompletedProcess:
-    from tests.conftest import env
-
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env())
 
 
@@ -70,9 +72,6 @@ def first_error(text: str) -> str:
 
 def outputs_vs_expected(repo: Path, name: str, test: Path) -> str:
     """max |capture - expected| over the model outputs, and whether ONNX's rule holds."""
-    from parity.core import store
-    from parity.suites.onnxcase import data_sets, plain
-
     _, want = data_sets(test)[0]
     cap = repo / f"artifacts/capture/{name}-fp32-ort_cpu"
     got = {}
@@ -96,8 +95,6 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=None, help="scratch folder (default: a temp dir, removed)")
     ap.add_argument("--json", default=None, help="also write the table as JSON here")
     a = ap.parse_args(argv)
-    from parity.suites.onnximport import write_tests
-    from tests.conftest import make_repo
 
     work = Path(a.work or tempfile.mkdtemp(prefix="onnx-node-models-"))
     shutil.rmtree(work, ignore_errors=True)

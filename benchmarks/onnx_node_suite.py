@@ -15,20 +15,26 @@ reused. Figures: BENCHMARKS.md ("ONNX node tests as a suite").
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from parity.core import store  # noqa: E402
-from parity.suites import diff, onnximport  # noqa: E402
+from parity.pipeline import suite_run  # noqa: E402
+from parity.suites import coverage, diff, onnximport  # noqa: E402
+from tests.conftest import BIN, make_repo  # noqa: E402
 
 
 def tests(work: Path, only: list[str]) -> dict:
@@ -41,8 +47,6 @@ def tests(work: Path, only: list[str]) -> dict:
         tmp.rename(data)
     names = sorted(d.name for d in data.iterdir() if (d / "model.onnx").is_file())
     if only:
-        import fnmatch
-
         names = [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in only)]
     os.chdir(work)  # suite paths are relative to the repository root: here, work
     doc = onnximport.suite_doc("node", Path("data/onnx/node"), names)
@@ -51,10 +55,6 @@ def tests(work: Path, only: list[str]) -> dict:
 
 def measure(work: Path, section: dict, dtype: str, provider: str, workers: int) -> tuple[list[dict], dict]:
     """(diff rows, {case id: {tensor name: provider output}}) of one cell, as the suite stages judge it."""
-    import yaml
-
-    from parity.pipeline import suite_run
-
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["suites"] = {"node": section}
     (work / "conf" / "suites").mkdir(parents=True, exist_ok=True)
@@ -130,8 +130,6 @@ def precision(rows: list[dict], dtype: str) -> dict:
 def matrix(work: Path, rows: list[dict], dtype: str, provider: str) -> None:
     """The suite coverage matrix (parity.suites.coverage, a row per op) over the cells measured so far
     in `work`: WORK/diff/<dtype>-<provider>/results.json, WORK/coverage.{json,csv}."""
-    from parity.suites import coverage
-
     d = work / "diff" / f"{dtype}-{provider}"
     d.mkdir(parents=True, exist_ok=True)
     (d / "results.json").write_text(json.dumps({"cases": rows}, default=str))
@@ -145,10 +143,6 @@ def matrix(work: Path, rows: list[dict], dtype: str, provider: str) -> None:
 def through_dvc(work: Path, dtypes: list[str], provider: str) -> None:
     """The same through DVC: a scratch repository (tests/conftest.make_repo), `parity suite
     import-onnx` (every node test), then `dvc repro suite_coverage@onnx_node`; prints each cell's counts."""
-    import shutil
-
-    from tests.conftest import BIN, make_repo
-
     shutil.rmtree(work / "dvc", ignore_errors=True)
     r = make_repo(work / "dvc", dtypes=tuple(dtypes), providers=(provider,), compose=False)
     t0 = time.monotonic()

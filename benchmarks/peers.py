@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -179,7 +180,6 @@ def ev_venv(checkout: Path, venv: Path) -> Path:
     if py.exists() and subprocess.run([str(py), "-c", "import export_validator, torch"],
                                       capture_output=True).returncode == 0:
         return py
-    from importlib.metadata import version
 
     pins = [f"{d}=={version(d).split('+')[0]}" for d in ("torch", "torchvision")]
     print(f"peers: installing {checkout} into {venv} ({', '.join(pins)}; minutes, once)")

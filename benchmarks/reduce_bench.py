@@ -22,15 +22,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy
+import onnx
+import onnxruntime
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.conftest import make_repo  # noqa: E402
 CELL = "resnet50-fp32-ort_cpu"
 
 
 def bare_venv(path: Path) -> str:
-    import numpy
-    import onnxruntime
-
     if not (path / "bin/python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     subprocess.run([str(path / "bin/pip"), "install", "-q", f"numpy=={numpy.__version__}",
@@ -44,9 +47,6 @@ def main() -> int:
     ap.add_argument("--venv", default="/tmp/reprovenv")
     ap.add_argument("--json")
     a = ap.parse_args()
-    import onnx
-
-    from tests.conftest import make_repo
 
     load0 = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="parity-reduce-bench-"))

@@ -16,9 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from parity.suites import pool, spec  # noqa: E402
+from parity.suites import execute, pool, spec  # noqa: E402
 
 
 def main() -> int:
@@ -30,7 +33,6 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     a = ap.parse_args()
     cases = spec.expand(a.suite)
-    import yaml
 
     prov = yaml.safe_load(Path(f"conf/providers/{a.provider}.yaml").read_text())[a.provider]
     cell = {"provider": a.provider, "runner": prov["runner"], "import": prov.get("import"),
@@ -51,10 +53,8 @@ def main() -> int:
         first_pass.append(n / (t2 - t1))
         pooled_cold.append(n / (t2 - t0))  # start-up + first pass
         assert all(r["status"] == "OK" for r in res), [r["status"] for r in res]
-    import torch
 
     torch.set_num_threads(1)
-    from parity.suites import execute
 
     t0 = time.perf_counter()
     for c in cases:

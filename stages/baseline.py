@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
+from parity.core import memory
+from parity.pipeline import memsize
+from parity.pipeline.baseline import capture_baseline
 
 
 def main(argv=None) -> int:
@@ -28,8 +31,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
-    from parity.pipeline import memsize
 
     key = f"{a.model}-{a.dtype}"
     # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
@@ -37,7 +38,6 @@ def main(argv=None) -> int:
         Path(a.reference).with_name("fp32.parquet")) if a.reference else None)
     if sized is None:
         return 1
-    from parity.pipeline.baseline import capture_baseline
 
     print(capture_baseline(p, a.model, a.dtype, Path(a.model_dir), Path(a.inputs), Path(a.out),
                            Path(a.reference) if a.reference else None))

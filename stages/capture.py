@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
+from parity.core import memory
+from parity.pipeline.capture import capture_cell
 from parity.config import schema
 
 
@@ -35,7 +37,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
 
     key = config.cell_key(a.model, a.dtype, a.provider)
     # W: the exported graph's initialisers; SA: the reference's fp32 values (beside --reference)
@@ -44,7 +45,6 @@ def main(argv=None) -> int:
     if sized is None:
         return 1
     # numpy, pyarrow and the backends after the arguments: `--help` and a bad argument stay quick
-    from parity.pipeline.capture import capture_cell
 
     opt = {k: Path(v) if v else None for k, v in (("calibration", a.calibration), ("engine_dir", a.engine_dir),
                                                   ("reference", a.reference))}

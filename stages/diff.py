@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
-
-# numpy/pyarrow (parity.core.compare, store, analysis) are imported where used, so `--help` starts
-# in a fraction of the time (tests/test_light_stages.py)
+from parity.core import memory
+from parity.core.io import Corrupt
 
 
 def main(argv=None) -> int:
@@ -33,8 +32,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
-    from parity.core.io import Corrupt
+    # lazy: `stages.diff --help` loads no numpy/pyarrow (+0.25 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.pipeline.diff import diff_and_write
 
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from parity.config import params as config
 from parity.core.io import write_json
+from parity.pipeline.engine import build_cell
 
 
 def main(argv=None) -> int:
@@ -26,7 +27,6 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-cache", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity.pipeline.engine import build_cell
 
     key = config.cell_key(a.model, a.dtype, a.provider)
     out, tc = Path(a.out), Path(a.timing_cache)

@@ -29,7 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="artifacts/env")
     ap.add_argument("--code", help="folder for the import models' code hashes (default: code/ beside --out)")
     a = ap.parse_args(argv)
-    from parity.backends import fingerprint  # importlib.metadata: not needed for --help
+    # lazy: `stages.env --help` loads no numpy/pyarrow (+0.23 s, BENCHMARKS 22; tests/test_light_stages.py)
+    from parity.backends import fingerprint
 
     p = config.load_or_die(a.params)
     out = Path(a.out)

@@ -14,10 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+from parity.config import params as config
+from parity.core import memory
+from parity.pipeline import memsize
+from parity.pipeline.export import ExportError, export_model
+
 
 def main(argv=None) -> int:
-    from parity.config import params as config
-
     ap = config.stage_parser("stages.export", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
@@ -25,13 +28,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
-    from parity.pipeline import memsize
 
     sized = memsize.guard("export", a.model, p, a.model)
     if sized is None:
         return 1
-    from parity.pipeline.export import ExportError, export_model
 
     try:
         line = export_model(p, a.model, Path(a.out))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from parity.config import params as config
 from parity.core.io import exit_now, write_json
+from parity.pipeline.generate import run_cell
 
 SUMMARY = ("model", "dtype", "provider", "status", "reason", "verdict", "steps", "agreement", "first_divergence",
            "first_fail", "worst_excess")
@@ -36,7 +37,6 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity.pipeline.generate import run_cell
 
     t0 = time.perf_counter()
     res = run_cell(p, a.model, a.dtype, a.provider, Path(a.export_dir))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from parity.config import params as config
 from parity.core.io import exit_now
+from parity.pipeline.generate import export_model
 
 
 def main(argv=None) -> int:
@@ -19,7 +20,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity.pipeline.generate import export_model
 
     info = export_model(p, a.model, Path(a.out))
     print(f"generate_export@{a.model}: {info['n_layers']} layers, cache [1, {info['kv_heads']}, past, "

@@ -21,8 +21,10 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", help="also write the INT8 calibration samples (inputs.calibration) here")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.18 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.core import store
 
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.18 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.pipeline.inputfiles import InputError
 
     try:  # a real input file (init: file) that does not fit its spec: named, nothing written

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.analysis.plan import Cell, run_plan
 from parity.config import params as config
 from parity.core.io import write_json, write_text
 
@@ -26,7 +27,6 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity.analysis.plan import Cell, run_plan
 
     cell = Cell(a.model, a.dtype, a.provider, Path(a.model_dir), Path(a.inputs), Path(a.reference),
                 Path(a.calibration) if a.calibration else None)

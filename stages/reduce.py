@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
+from parity.core.io import write_json
+from parity.pipeline.reduce_cell import reduce_cell
 
 
 def main(argv=None) -> int:
@@ -27,8 +29,6 @@ def main(argv=None) -> int:
     ap.add_argument("--timing", required=True)
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    from parity.core.io import write_json
-    from parity.pipeline.reduce_cell import reduce_cell
 
     key = config.cell_key(a.model, a.dtype, a.provider)
     t0 = time.perf_counter()

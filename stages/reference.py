@@ -12,13 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+from parity.config import params as config
+from parity.core import memory
+from parity.pipeline import memsize, reference
+from parity.pipeline.inputs import load
 from parity.config import schema
 from parity.pipeline import reference
 
 
 def main(argv=None) -> int:
-    from parity.config import params as config
-
     ap = config.stage_parser("stages.reference", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--inputs", required=True)
@@ -27,8 +29,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
-    from parity.pipeline import memsize
 
     sized = memsize.guard("reference", a.model, p, a.model)
     if sized is None:
@@ -40,8 +40,6 @@ def main(argv=None) -> int:
 
 
 def _run(p: dict, a) -> int:
-    from parity.pipeline.inputs import load
-
     feeds = load(a.inputs)
     out = Path(a.out)
     try:

@@ -10,10 +10,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity.config import params as config
+from parity.core import memory
+from parity.pipeline import memsize, onnx_reference
+from parity.pipeline.inputs import load
+
 
 def main(argv=None) -> int:
-    from parity.config import params as config
-
     ap = config.stage_parser("stages.reference_onnx", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--inputs", required=True)
@@ -22,9 +25,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
-    from parity.core import memory
-    from parity.pipeline import memsize, onnx_reference
-    from parity.pipeline.inputs import load
 
     sized = memsize.guard("reference", a.model, p, a.model)
     if sized is None:

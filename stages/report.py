@@ -13,6 +13,7 @@ from pathlib import Path
 from parity.config import params as config
 from parity.config import schema
 from parity.core import status
+from parity.core.io import Corrupt
 from parity.pipeline.report import write_report
 
 
@@ -23,7 +24,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     out = Path(a.out)
-    from parity.core.io import Corrupt
 
     try:
         summary, cells = write_report(p, Path(a.artifacts), out)

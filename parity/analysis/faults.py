@@ -52,6 +52,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from parity.core.io import atomic_path, dumps, read_json, write_json
+from parity.models import onnx_weights
+from parity.pipeline.layer_export import op_inventory, prune_outputs
+
 SCOPES = "pkg.torch.onnx.name_scopes"
 SUFFIX = "__fault"
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -440,10 +444,6 @@ def inject(model: onnx.ModelProto, fault: str, target: str, **options) -> tuple[
 
 def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
     """Write a faulty copy of an exported model directory (see the module docstring)."""
-    from parity.pipeline.layer_export import op_inventory, prune_outputs
-    from parity.core.io import atomic_path, read_json, write_json
-    from parity.models import onnx_weights
-
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     layers = onnx_weights.load_with_data(model_dir / "layers.onnx")  # with its weights (weights.bin): small models
     plain_outputs = [o.name for o in onnx_weights.load_graph(model_dir / "model.onnx").graph.output]
@@ -477,7 +477,6 @@ def main(argv=None) -> int:
     ap.add_argument("--channels", help="channel_swap: the two channels, comma-separated (0,1)")
     ap.add_argument("--out", required=True, help="directory to write (may be --model-dir itself)")
     a = ap.parse_args(argv)
-    from parity.core.io import dumps
 
     perm = [int(i) for i in a.perm.split(",")] if a.perm else None
     channels = [int(i) for i in a.channels.split(",")] if a.channels else None

@@ -23,6 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from parity.core import io, ui
 from parity.config import schema
@@ -53,6 +55,7 @@ def select(suite: str, section: dict, ops=None) -> list[dict]:
     out = [t for t in fuzz.templates(suite, copy.deepcopy(section))
            if any(fnmatch.fnmatchcase(t["base"], q) for q in pats)]
     if any("opinfo" in t["case"] for t in out):
+        # lazy: fuzz_opinfo loads torch (+1.84 s CPU, BENCHMARKS 22), needed for opinfo suites only
         from parity.analysis import fuzz_opinfo
 
         out = fuzz_opinfo.convert_all(out)
@@ -165,9 +168,6 @@ def summary(suite: str, dtype: str, provider: str, f: dict, rows: list[dict]) ->
 
 
 def write_campaign(out: Path, suite, dtype, provider, f, rows, failures) -> dict:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     s = summary(suite, dtype, provider, f, rows)
     cols = {"id": [], "base": [], "seed": [], "index": [], "status": [], "reason": [], "max_abs": [],
             "tol_ratio": [], "template": [], "case": []}
@@ -254,8 +254,6 @@ def minimise_case(p, suite, section, dtype, provider, m, timeout: float = 30, lo
 
 
 def load_failures(path: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
     t = pq.read_table(path).to_pylist()
     for r in t:
         r["template"], r["case"] = json.loads(r["template"]), json.loads(r["case"])

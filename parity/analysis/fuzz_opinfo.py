@@ -10,8 +10,11 @@ from __future__ import annotations
 import math
 import warnings
 
+import torch
+
 from parity.config import imports
 from parity.analysis import fuzz
+from parity.suites import execute
 
 
 class NotConvertible(ValueError):
@@ -30,10 +33,6 @@ def _op_path(op) -> str:
 def to_template(t: dict) -> dict:
     """The fuzzable template of an OpInfo template (fuzz.templates); NotConvertible if its op or an
     argument cannot be written in suite terms."""
-    import torch
-
-    from parity.suites import execute
-
     oi = t["case"]["opinfo"]
     info = execute.opinfo_db().get((oi["name"], oi.get("variant", "")))
     if info is None:

@@ -39,7 +39,8 @@ def _fmt(v) -> str:
 
 
 def _failures(c: dict) -> tuple[list[str], list[list[str]]]:
-    from parity.analysis.fuzz import FAIL_STATUSES as FAIL  # numpy: only when there is a campaign
+    # lazy: `stages.report --help` loads no numpy (+0.10 s, BENCHMARKS 22; tests/test_light_stages.py)
+    from parity.analysis.fuzz import FAIL_STATUSES as FAIL
 
     head = ["case id", "seed", "status", "values/layout", "dims", "reason"]
     rows = [[r["id"], str(r["seed"]), r["status"], f"{r['values']}/{r['layout']}",

@@ -38,11 +38,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import onnx
+import yaml
+
 from parity.core import compare, store
 from parity.config import params as config
 from parity.config import schema
 from parity.backends import CaptureJob, load_runner
 from parity.backends.base import error_reason, latency_stats
+from parity.core.io import read_json
 
 SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node
 MODULE_PREFIX = "model."  # the LayerRecorder wraps the model as `model`: scopes read model.layer1.0.conv1
@@ -94,8 +98,6 @@ def output_error(outs: list[dict], refs: list[dict], t: Target) -> dict:
 def leaves(model_dir: Path) -> list[str]:
     """Leaf modules the model calls, in first-call order (export's layers.json: `fc1`, `relu#1`,
     `name:1` are calls and extra outputs of the leaves `fc1`, `relu`, `name`)."""
-    from parity.core.io import read_json
-
     out: list[str] = []
     for entry in read_json(model_dir / "layers.json")["layers"]:
         name = entry["name"].split("#")[0].split(":")[0]
@@ -109,8 +111,6 @@ def onnx_units(model_path: Path, names: list[str]) -> dict[str, list[str]]:
     leaf module gets the nodes whose deepest module scope is that leaf; the ops between leaves
     (residual adds, flatten) are candidates of their own, named `<op> in <module>` (`add_3 in
     layer2.1`, `view in model`), else they would stay at the reduced precision in every plan."""
-    import onnx
-
     m = onnx.load(str(model_path), load_external_data=False)
     known = set(names)
     units: dict[str, list[str]] = {n: [] for n in names}
@@ -411,8 +411,6 @@ def run_plan(p: dict, c: Cell) -> tuple[dict, str, dict]:
 
 def keep_yaml(plan: dict, dtype_cfg: dict) -> str:
     """The keep-list as a user applies it (keep.yaml), with how to apply it on this backend."""
-    import yaml
-
     keep = plan.get("keep") or []
     mode, tdt = schema.mode(dtype_cfg), dtype_cfg.get("torch")
     doc = {"cell": plan["cell"], "status": plan["status"], "outcome": plan.get("outcome"),

@@ -26,6 +26,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
+from onnx import helper
+
+from parity.pipeline.onnx_source import topo_sorted
 
 
 @dataclass
@@ -60,10 +64,6 @@ class Graph:
     """The plain graph in topological order, with inferred types and who reads what."""
 
     def __init__(self, m):
-        import onnx
-
-        from parity.pipeline.onnx_source import topo_sorted
-
         self.m = topo_sorted(m)
         try:
             typed = onnx.shape_inference.infer_shapes(self.m)
@@ -83,9 +83,6 @@ class Graph:
 
     def all_outputs_model(self):
         """The graph with every typed node output a graph output (the reference run)."""
-        import onnx
-        from onnx import helper
-
         m = onnx.ModelProto()
         m.CopyFrom(self.m)
         have = {o.name for o in m.graph.output}
@@ -97,8 +94,6 @@ class Graph:
     def cut(self, idx: list[int], ref: dict):
         """(ModelProto of nodes idx, its inputs, its checked outputs); None when an input has no
         reference value (a tensor whose type inference did not reach)."""
-        from onnx import helper
-
         idx = sorted(set(idx))
         inside = set(idx)
         produced = [o for i in idx for o in self.nodes[i].output if o]

@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from parity.core.io import atomic_path, write_text
 
@@ -91,8 +92,6 @@ def write_npz(path: Path, arrays: dict) -> None:
 
 def write_repro(out: Path, cell: str, red, provider_bytes: bytes, settings: dict, limit: float) -> None:
     """The vendor's bundle for Reduction `red` (status REDUCED) under `out`."""
-    import onnx
-
     with atomic_path(out / "reduced.source.onnx") as tmp:
         onnx.save(red.model, str(tmp))
     with atomic_path(out / "reduced.onnx") as tmp:

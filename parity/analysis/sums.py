@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import store
-from parity.analysis.oracle import Sq
+from parity.analysis.oracle import Sq, has_baseline
 from parity.core.compare import sq_error, sum_sq
 from parity.core.io import read_json, write_json
 
@@ -175,8 +175,6 @@ def write_for(out_dir: Path, res, reference: Path | None, dtype_cfg: dict) -> No
     """oracle_sums.json for a capture or baseline result (parity.backends.base.CaptureResult): its
     values against the fp64 reference at `reference`, for an OK result at a dtype the oracle judges
     (none otherwise). The reference the own-error run read is reused; else it is read here."""
-    from parity.analysis.oracle import has_baseline
-
     ok = res.status == "OK" and reference is not None and Path(reference).exists() and has_baseline(dtype_cfg)
     gold = None
     if ok:

@@ -29,12 +29,27 @@ command line (`main`, which can also reduce at a value that passes: `--at`) torc
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import helper
 
+from parity.analysis import oracle
+from parity.analysis.oracle import Sq
+from parity.analysis.reduce import Graph, rel_l2
+from parity.analysis.repro import write_npz
+from parity.backends.base import CaptureJob
+from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import dtypes, store
+from parity.core.io import atomic_path, write_json, write_text
+from parity.models import onnx_cut, onnx_weights
+from parity.models.onnx_weights import with_data
+from parity.pipeline.onnx_source import topo_sorted
 
 U_FP32 = dtypes.FP32.u
 GRAPHS = ("layers.onnx", "model.onnx")
@@ -67,11 +82,6 @@ def instrumented(plain, layers):
     outputs) added back: the graph outputs of the same names, or where layers.onnx copies a value to
     name it (an Identity clone), those nodes copied onto the same tensor. Both weightless; calls
     whose tensor the plain graph does not have are left out."""
-    import onnx
-
-    from parity.models import onnx_cut
-    from parity.pipeline.onnx_source import topo_sorted
-
     lv = onnx_cut.analyse(layers)
     have = {t for n in plain.graph.node for t in n.output} | {i.name for i in plain.graph.input}
     m = onnx.ModelProto()
@@ -111,8 +121,6 @@ def limit_of(rec: dict, k: float, slack: float, u: float = U_FP32) -> float:
 
 def _sq(values: dict, name: str, gold: dict, gold_name: str, n: int):
     """oracle.Sq of values[name] against gold[gold_name] over samples 0..n-1; None when missing."""
-    from parity.analysis.oracle import Sq
-
     sq = Sq()
     for s in range(n):
         v, g = values.get((s, name)), gold.get((s, gold_name))
@@ -126,8 +134,6 @@ def check(runner, m, samples, base_own: dict, gold: dict, k: float, slack: float
     """(oracle records of every own value of `m` in execution order, as the diff judges own error
     (parity.analysis.diffcell.own_records): against fp64, the baseline's own error the floor; the
     own values; the leaf analysis)."""
-    from parity.analysis import oracle
-
     own, lv = own_values(runner, m, samples)
     recs = []
     for name in [n for (s, n), _ in sorted(own.items(), key=lambda kv: (kv[0][0], kv[1].order)) if s == 0]:
@@ -152,11 +158,6 @@ def origin_tensor(cut, name: str) -> str:
 def extract(cut, tensor: str, values: dict, model_dir: Path):
     """(ModelProto of the nodes computing `tensor` from the cut graph's inputs, weights inline; its
     inputs); `values` (sample_values) holds the inputs' values. None when an input has none."""
-    from onnx import helper
-
-    from parity.analysis.reduce import Graph
-    from parity.models.onnx_weights import with_data
-
     g = Graph(cut)
     e = next(i for i, n in enumerate(g.nodes) if tensor in n.output)
     idx = sorted(g.ancestors(e, set(range(len(g.nodes)))))
@@ -174,8 +175,6 @@ def extract(cut, tensor: str, values: dict, model_dir: Path):
 def sample_values(samples, s: int) -> dict:
     """Sample s's values under the cut graph's input names: the model inputs, torch's `pre:<call>`
     and its leaf outputs as `ref:<call>` (fp64, uncast: `fed` casts the few a cut reads)."""
-    from parity.models import onnx_cut
-
     feeds, ref = samples[s]
     vals = dict(feeds)
     vals.update((name if store.is_pre(name) else onnx_cut.REF + name, v) for name, v in ref.items())
@@ -184,8 +183,6 @@ def sample_values(samples, s: int) -> dict:
 
 def fed(name: str, v) -> np.ndarray:
     """A cut graph input's value as infer_own feeds it: torch's values (`pre:`, `ref:`) as float32."""
-    from parity.models import onnx_cut
-
     return np.asarray(v, dtype=np.float32) if name.startswith((store.PRE, onnx_cut.REF)) else np.asarray(v)
 
 
@@ -210,8 +207,6 @@ def reduce_against_torch(model_dir: Path, samples: list, base_own: dict, gold: d
     its first failing own value. `at`: reduce layers.onnx at that own value whether it fails or not
     (REDUCED when the reduced graph still mismatches, NOT_REPRODUCED when it does not).
     `make_runner()`: an ORT runner at float32 with graph optimisation disabled."""
-    from parity.models import onnx_weights
-
     layers = onnx_weights.load_graph(model_dir / "layers.onnx")
     res = TorchReduction("AGREES")
     for name in GRAPHS:
@@ -244,8 +239,6 @@ def reduce_against_torch(model_dir: Path, samples: list, base_own: dict, gold: d
 
 def _reduce(res: TorchReduction, m, lv, samples: list, make_runner, model_dir: Path) -> TorchReduction:
     """Cut graph `m` at res.origin, run the cut on sample 0, fill in the reduction."""
-    from parity.models import onnx_cut
-
     cut = onnx_cut.cut(m, lv)
     tensor = origin_tensor(cut, res.origin)
     values = sample_values(samples, 0)
@@ -265,7 +258,6 @@ def _reduce(res: TorchReduction, m, lv, samples: list, make_runner, model_dir: P
         out = runner.run_graph(runner.prepared(sub), res.feeds)[tensor]
     finally:
         runner.deactivate()
-    from parity.analysis.reduce import rel_l2
 
     res.rel_l2, res.max_abs_err = rel_l2(out, values[tensor])
     res.graph_nodes = len(m.graph.node)
@@ -339,8 +331,6 @@ if __name__ == "__main__":
 
 def summary(cell: str, res: TorchReduction) -> dict:
     """torch_reduce.json (and reduce.json's `torch` entry): deterministic, no timings."""
-    import json
-
     return json.loads(json.dumps({
         "cell": cell, "status": res.status, "against": "torch", "graph": res.graph, "reason": res.reason,
         "origin": res.origin, "failing": res.failing, "checked": res.checked, "oracle": res.record,
@@ -352,11 +342,6 @@ def summary(cell: str, res: TorchReduction) -> dict:
 
 def write_bundle(out: Path, cell: str, res: TorchReduction, k: float) -> None:
     """reduced.onnx, inputs.npz, expected.npz and repro.py under `out`."""
-    import onnx
-
-    from parity.analysis.repro import write_npz
-    from parity.core.io import atomic_path, write_text
-
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "reduced.onnx") as tmp:
         onnx.save(res.model, str(tmp))
@@ -368,9 +353,6 @@ def write_bundle(out: Path, cell: str, res: TorchReduction, k: float) -> None:
 
 def noopt_runner(model_dir: Path, threads: int = 0):
     """The runner that runs the exported graphs as written: ORT CPU, float32, optimisation disabled."""
-    from parity.backends.base import CaptureJob
-    from parity.backends.ort_cpu import OrtCpuRunner
-
     return OrtCpuRunner(CaptureJob(
         model="model", model_cfg={}, dtype="fp32", dtype_cfg={"torch": "float32"}, provider="ort_cpu_noopt",
         provider_cfg={"options": {"graph_optimization_level": "disabled"}}, model_dir=Path(model_dir),
@@ -379,9 +361,6 @@ def noopt_runner(model_dir: Path, threads: int = 0):
 
 def main(argv=None) -> int:
     """`python -m parity.analysis.torch_reduce`: the check and the bundle for one exported model."""
-    import argparse
-    import sys
-
     ap = argparse.ArgumentParser("python -m parity.analysis.torch_reduce", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", required=True, help="export output: layers.onnx, model.onnx, weights.bin")
@@ -401,8 +380,6 @@ def main(argv=None) -> int:
         print(f"torch_reduce: {e}", file=sys.stderr)
         return 2
     if res.model is not None:
-        from parity.core.io import write_json
-
         write_bundle(Path(a.out), Path(a.model_dir).name, res, a.k)
         write_json(Path(a.out) / "torch_reduce.json", summary(Path(a.model_dir).name, res), sort_keys=False)
     print(f"{res.status}: {res.reason}" + (f" -> {a.out}" if res.model is not None else ""))

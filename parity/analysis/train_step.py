@@ -18,9 +18,11 @@ import copy
 import math
 
 import numpy as np
+import torch
 
 from parity.config import schema
 from parity.core.ui import plain_table
+from parity.models import build
 
 # gradient rel_l2 vs fp32: 8 units of roundoff of the AMP dtype (u = 2^-11 fp16, 2^-8 bf16). Measured
 # here: mlp and transformer_block stay within ~1.5 u; resnet18 (batch 1, BatchNorm in train mode) does
@@ -49,8 +51,6 @@ def _batch(inputs: list[dict], seed: int) -> list[np.ndarray]:
 
 def _run(model, xs, target_seed: int, lr: float, device: str, dtype=None, amp=None):
     """(loss, {param: grad float64}, {param: weight after the step}, scaler info) of one step."""
-    import torch
-
     m = copy.deepcopy(model).to(device)
     if dtype is not None:
         m = m.to(dtype)
@@ -85,16 +85,12 @@ def _run(model, xs, target_seed: int, lr: float, device: str, dtype=None, amp=No
 
 
 def _rel(a, b) -> float:
-    import torch
-
     nb = float(torch.linalg.vector_norm(b))
     d = float(torch.linalg.vector_norm(a - b))
     return d / nb if nb > 0 else (0.0 if d == 0 else math.inf)
 
 
 def _param_row(name, ga, gf, g64) -> dict:
-    import torch
-
     finite = torch.isfinite(ga)
     row = {"name": name, "shape": list(ga.shape), "numel": int(ga.numel()),
            "nonfinite": int((~finite).sum()), "rel_l2": _rel(ga, gf) if bool(finite.all()) else math.inf,
@@ -110,10 +106,6 @@ def _param_row(name, ga, gf, g64) -> dict:
 def check(model_cfg: dict, amp_dtype: str, seed: int = 0, lr: float = 1e-2, device: str = "auto",
           fp64: bool = True, limit: float | None = None, threads: int = 0) -> dict:
     """The training-step result for one model at one AMP dtype ("float16" | "bfloat16")."""
-    import torch
-
-    from parity.models import build
-
     if threads:
         torch.set_num_threads(threads)
     if device == "auto":  # CUDA when present (never run on a GPU in this project's checks), else CPU

@@ -7,14 +7,13 @@ from __future__ import annotations
 import importlib
 
 from parity.backends.base import STATUSES, CaptureJob, CaptureResult, Runner, run_capture  # noqa: F401
+from parity.config import imports as code
 
 
 def load_runner(path: str, imports=None) -> type[Runner]:
     """The Runner class `path` ('package.module:Class') names. Only parity.backends.* is imported
     unless `imports` (the provider's `import:`) declares the module as code to run; parity.config.params
     checked the same rule at compose, without importing."""
-    from parity.config import imports as code
-
     if not path.startswith(code.RUNNER_NAMESPACE) and not any(
             path.partition(":")[0] == d or path.startswith(d + ".") for d in code.declared(imports, "import")):
         raise ValueError(f"runner '{path}' is not a parity backend ({code.RUNNER_NAMESPACE}*) and the provider "

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Collection
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from parity.config import params as config
 from parity.config import schema
@@ -430,8 +431,6 @@ def _has_reference(job: CaptureJob) -> bool:
 
 def reference_samples(path: Path) -> int:
     """How many samples fp64.parquet holds (its `sample` column alone is read)."""
-    import pyarrow.parquet as pq
-
     col = pq.read_table(path, columns=["sample"]).column("sample").to_pylist()
     return len(set(col))
 

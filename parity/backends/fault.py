@@ -13,6 +13,12 @@ The capture stage fails the cell (EXPORT_FAIL, listing node names) when the mode
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from parity.models import onnx_weights
+
 
 def find(m, target: str):
     """The main-graph node named `target`, or producing a tensor named `target`; None if absent."""
@@ -34,12 +40,6 @@ def inject(m, spec: dict, base_dir=None):
     """A copy of `m` with the fault applied (m itself when the node is not in it). `m` may be
     weightless (parity.models.onnx_weights): the weight to scale is read from its external data under
     `base_dir`, and its scaled copy goes into the graph inline."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from parity.models import onnx_weights
-
     node = find(m, str(spec["node"]))
     if node is None:
         return m

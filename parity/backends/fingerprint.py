@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import importlib.util
+import json
 import os
+import platform
 import re
 from pathlib import Path
 
@@ -187,18 +189,12 @@ CLUSTER_UNAVAILABLE_ENV = "PARITY_CLUSTER_UNAVAILABLE"
 def cluster_unavailable(provider: str) -> str | None:
     """Why no node of the cluster can run `provider` (the env probe writes it into provider-<name>.json,
     so such a cell is cached apart from real runs; the capture reports it as UNAVAILABLE), or None."""
-    import json
-    import os
-
     return json.loads(os.environ.get(CLUSTER_UNAVAILABLE_ENV) or "{}").get(provider)
 
 
 def cluster_node(uses, declared: dict | None = None) -> dict | None:
     """The node a cluster cell runs on, for its status.json: hostname, Ray node id and this node's
     fingerprint of the components the provider uses. None off a cluster."""
-    import json
-    import os
-
     raw = os.environ.get(CLUSTER_NODE_ENV)
     return {**json.loads(raw), "fingerprint": collect(uses, declared)} if raw else None
 
@@ -211,8 +207,6 @@ def host(os_release: str | Path = "/etc/os-release") -> dict:
     """The machine as a reader of the report wants it: OS, kernel, Python, logical CPUs and the ones
     this process may use, thread-count variables that are set. Not a fingerprint component (no stage
     depends on it: only the report shows it), but as stable: no load, clock or free memory."""
-    import platform
-
     try:
         rel = dict(line.split("=", 1) for line in Path(os_release).read_text().splitlines() if "=" in line)
     except OSError:

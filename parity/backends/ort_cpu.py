@@ -20,12 +20,22 @@ Runner.mixed (the mixed-precision plan): the plain graph converted with chosen n
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto
 
+from parity.backends import fault
 from parity.core import store
-from parity.backends.base import Runner, SessionError, Unavailable, interleave
+from parity.backends.base import OpSkip, Runner, SessionError, Unavailable, interleave
+from parity.models import onnx_cut, onnx_weights
+from parity.models.onnx_weights import Converted
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
               "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
@@ -41,7 +51,7 @@ class OrtRunner(Runner):
     @classmethod
     def availability(cls, job):
         try:
-            import onnxruntime as ort
+            import onnxruntime as ort  # optional: a missing onnxruntime is an UNAVAILABLE status
         except ImportError as e:
             return f"onnxruntime is not installed ({e})"
         if cls.ep not in ort.get_available_providers():
@@ -72,7 +82,6 @@ class OrtRunner(Runner):
         if torch_dtype not in ("float32", "float16"):
             raise ValueError(f"{type(self).__name__} has no conversion for dtype {self.job.dtype} "
                              f"(dtypes.{self.job.dtype}.torch: {torch_dtype}). Valid: float32, float16")
-        from parity.models import onnx_weights
 
         if m is None and torch_dtype == "float32" and not self._fault():
             return str(path), None
@@ -80,8 +89,6 @@ class OrtRunner(Runner):
             m = onnx_weights.load_graph(path)
         base = Path(path).parent if path is not None else Path(getattr(self.job, "model_dir", None) or ".")  # OpJob: no model dir
         if self._fault():
-            from parity.backends import fault
-
             m = fault.inject(m, self._fault(), base)
         if torch_dtype == "float16":
             m, base = onnx_weights.to_float16(m, base, self._converted(), keep_io_types=True), self._converted().dir
@@ -90,8 +97,6 @@ class OrtRunner(Runner):
     def _converted(self):
         """This runner's temp weights file of converted tensors (parity.models.onnx_weights.Converted)."""
         if getattr(self, "_conv", None) is None:
-            from parity.models.onnx_weights import Converted
-
             self._conv = Converted()
         return self._conv
 
@@ -137,8 +142,6 @@ class OrtRunner(Runner):
 
     @staticmethod
     def _ort():
-        import onnxruntime as ort
-
         return ort
 
     def _session_options(self):
@@ -163,10 +166,6 @@ class OrtRunner(Runner):
         """model.onnx (weightless), loaded once for every mixed() call: value_info of initializers
         dropped (the dynamo exporter records them; converters then insert casts twice or fail on stale
         shapes) and shapes inferred once, so each conversion can skip shape inference."""
-        import onnx
-
-        from parity.models import onnx_weights
-
         if getattr(self, "_plan_src", None) is None:
             m = onnx_weights.load_graph(self.job.model_dir / "model.onnx")
             inits = {t.name for t in m.graph.initializer}
@@ -177,8 +176,6 @@ class OrtRunner(Runner):
         return self._plan_src
 
     def mixed(self, reduced, flip=()):
-        import onnx
-
         src = self._plan_source()
         nodes = {n.name for n in src.graph.node}
         fp32 = set(flip) if reduced else nodes - set(flip)
@@ -212,9 +209,6 @@ class OrtRunner(Runner):
 
     def activate(self) -> None:
         if self._fault():
-            from parity.backends import fault
-            from parity.models import onnx_weights
-
             fault.check(onnx_weights.load_graph(self.job.model_dir / "model.onnx"), self._fault(),
                         f"providers.{self.job.provider}.options.fault")
         self.layers = self.plain = self.own = None
@@ -261,8 +255,6 @@ class OrtRunner(Runner):
         except Unavailable:
             raise
         except Exception as e:
-            import re
-
             dt = self._torch_dtype()
             conv = (f" as converted to {dt} (onnxruntime.transformers.float16, float32 inputs/outputs)"
                     if dt == "float16" else f" as prepared for {self.job.dtype}" if not isinstance(model, str) else "")
@@ -286,8 +278,6 @@ class OrtRunner(Runner):
         return None
 
     def _own_session(self, ref: dict) -> None:
-        from parity.models import onnx_cut, onnx_weights
-
         m = getattr(self, "own_source", None)  # another graph with leaf outputs (torch_reduce: the plain one)
         if m is None:
             m = onnx_weights.load_graph(self.job.model_dir / "layers.onnx")  # weightless: cut the graph only
@@ -327,11 +317,9 @@ class OrtRunner(Runner):
     def run_op(self, side, args, kwargs, grad=None):
         """The op exported alone (TorchScript exporter, suites_run.onnx_opset) and run in a session
         with this provider's options (_session_options), fed the cell's inputs."""
-        import onnx
-        import torch
+        import torch  # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
 
-        from parity.backends import ops
-        from parity.backends.base import OpSkip
+        from parity.backends import ops  # lazy: parity.backends.ops loads torch (as above)
 
         sd = ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype])
         data, names, ts = _export_op(sd, args, kwargs, self.job.onnx_opset, getattr(self.job, "exporter", "legacy"))
@@ -360,14 +348,9 @@ class OrtRunner(Runner):
 def _export_op(side, args, kwargs, opset: int, exporter: str = "legacy"):
     """(serialised ONNX, input names, input tensors) of one side with the legacy (TorchScript) or the
     dynamo exporter; complex tensors as real [..., 2] views (ops.Wrap); OpSkip EXPORT_FAIL if it fails."""
-    import contextlib
-    import io
-    import warnings
+    import torch  # lazy: only run_op (suites) needs torch (+1.84 s, BENCHMARKS 22); an ORT capture never loads it
 
-    import torch
-
-    from parity.backends import ops
-    from parity.backends.base import OpSkip
+    from parity.backends import ops  # lazy: parity.backends.ops loads torch (as above)
 
     ts = [torch.view_as_real(t) if t.is_complex() else t for _, t in ops.leaves([args, kwargs])]
     wrap = ops.Wrap(side, args, kwargs).eval()
@@ -400,8 +383,6 @@ def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False, weights=None):
     value (fold_cast_pairs). And it names repeated Casts alike (dedupe_nodes). `weights`: for a
     weightless `m`, (folder of its external data, parity.models.onnx_weights.Converted to write the
     converted weights to); None when its weights are inline."""
-    from parity.models import onnx_weights
-
     base, store = weights if weights is not None else (None, None)
     m = onnx_weights.to_float16(m, base, store, keep_io_types=True, node_block_list=sorted(fp32_nodes),
                                 disable_shape_infer=shapes_inferred)
@@ -411,8 +392,6 @@ def mixed_fp16(m, fp32_nodes, shapes_inferred: bool = False, weights=None):
 def fold_cast_pairs(m):
     """Cast(float32 -> float16) followed by Cast(-> float32): the second becomes Identity of the first's
     float32 input (no rounding between float32 nodes); the first goes when nothing else reads it."""
-    from onnx import TensorProto
-
     def to(n):
         return next((a.i for a in n.attribute if a.name == "to"), None) if n.op_type == "Cast" else None
 

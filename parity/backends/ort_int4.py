@@ -42,7 +42,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import onnx
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+from parity.backends import fault
 from parity.backends.ort_cpu import OrtRunner
+from parity.models import onnx_int4, onnx_weights
 from parity.config import schema
 
 INT4_MODES = ("int4_weight",)
@@ -60,15 +65,11 @@ def options(provider_cfg: dict) -> dict:
 
 def weight_matmuls(m, gemm: bool, exclude=()) -> list[str]:
     """The weight MatMuls the quantizers take (parity.models.onnx_int4.weight_matmuls)."""
-    from parity.models import onnx_int4
-
     return onnx_int4.weight_matmuls(m, gemm, exclude)
 
 
 def gemm_to_matmul(m, exclude=()) -> int:
     """The Gemm rewrite (parity.models.onnx_int4.gemm_to_matmul), weights inline."""
-    from parity.models import onnx_int4
-
     return onnx_int4.gemm_to_matmul(m, exclude)
 
 
@@ -102,7 +103,6 @@ def _quantizer():
     logger's handlers and level are put back as they were."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     for h in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(h)
@@ -124,7 +124,6 @@ class OrtInt4Runner(OrtRunner):
         the graph, no weights loaded)."""
         if schema.mode(job.dtype_cfg) not in INT4_MODES:
             return {}
-        import onnx
 
         o = options(job.provider_cfg)
         path = Path(job.model_dir) / "model.onnx"
@@ -160,13 +159,9 @@ class OrtInt4Runner(OrtRunner):
         quantization, the graph its MatMulNBitsQuantizer would write) into this runner's temp weights
         file, shared by the cell's graphs, so no model meets protobuf's 2 GiB limit. A graph given with
         its weights inline (reduce) stays inline: (serialised graph, None)."""
-        from parity.models import onnx_weights
-
         base = Path(path).parent if isinstance(path, (str, Path)) else Path(self.job.model_dir)
         src = onnx_weights.load_graph(path) if isinstance(path, (str, Path)) else path
         if self._fault():
-            from parity.backends import fault
-
             src = fault.inject(src, self._fault(), base)
         want = [(o.name, o.type.tensor_type.elem_type) for o in src.graph.output]
         q, names = self._quantized(src, base, ())
@@ -183,8 +178,6 @@ class OrtInt4Runner(OrtRunner):
     def _quantized(self, m, base: Path, exclude):
         """onnx_int4.quantize of `m` (external data under `base`; into this runner's Converted store
         when it has any, else inline)."""
-        from parity.models import onnx_int4, onnx_weights
-
         store = self._converted() if onnx_weights.has_external(m) else None
         return onnx_int4.quantize(m, base, store, self._opts(), exclude)
 
@@ -193,8 +186,6 @@ class OrtInt4Runner(OrtRunner):
     def plan_units(cls, units: dict, model_dir: Path, provider_cfg: dict) -> dict:
         """Only the weight MatMuls of each candidate leaf: the other nodes are float32 anyway. A leaf
         with none is no candidate."""
-        import onnx
-
         m = onnx.load(str(Path(model_dir) / "model.onnx"), load_external_data=False)
         w = set(weight_matmuls(m, bool(options(provider_cfg)["gemm_to_matmul"])))
         return {k: [n for n in v if n in w] for k, v in units.items() if any(n in w for n in v)}

@@ -32,9 +32,14 @@ import logging
 import tempfile
 from pathlib import Path
 
+import onnx
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization.calibrate import CalibrationDataReader
+
 from parity.backends import fingerprint
 from parity.backends.base import calibration_feeds
 from parity.backends.ort_cpu import OrtRunner
+from parity.models.onnx_weights import load_with_data, with_data
 from parity.config import schema
 
 INT8_MODES = ("int8_dynamic", "int8_static")
@@ -129,12 +134,9 @@ class OrtInt8Runner(OrtRunner):
         """(the quantized graph serialised, None: no external data): onnxruntime's quantizer takes a whole model, so the
         weights are read in (onnx.load resolves weights.bin beside the graph): int8 is for models
         whose fp32 weights fit a protobuf (under 2 GiB)."""
-        import onnx
-
         # The dynamo exporter records value_info for initializers; the quantizer rewrites some
         # weights (e.g. transposes Gemm's B) and strict shape inference then fails on the stale
         # entries. Drop value_info: the quantizer infers shapes again.
-        from parity.models.onnx_weights import load_with_data
 
         src = load_with_data(path)  # weights.bin read in (hard-linked by DVC's cache: onnx's loader refuses it)
         del src.graph.value_info[:]
@@ -146,11 +148,6 @@ class OrtInt8Runner(OrtRunner):
         """`src` (a ModelProto) quantized as this cell quantizes; `exclude`: node names left in float32
         (the quantizer's nodes_to_exclude); `calibration_cache`: a JSON file of calibrated tensor
         ranges, written by the first call and read by the next (onnxruntime's calibration_cache_path)."""
-        import onnx
-        from onnxruntime.quantization import (CalibrationMethod, QuantFormat, QuantType, quantize_dynamic,
-                                              quantize_static)
-        from onnxruntime.quantization.calibrate import CalibrationDataReader
-
         o = self._opts()
         common = {"per_channel": bool(o.get("per_channel", False)),
                   "reduce_range": self.settings_["reduce_range"],
@@ -174,8 +171,6 @@ class OrtInt8Runner(OrtRunner):
         """Runner.mixed for int8: (quantized as the cell is, with `fp32_nodes` excluded, None); `m`'s
         weights are read in (the quantizer takes a whole model). Calibration runs once per runner
         (its ranges are cached for the next calls)."""
-        from parity.models.onnx_weights import with_data
-
         self._prepare()
         m = with_data(m, self.job.model_dir)
         if getattr(self, "_cal_dir", None) is None:

@@ -14,8 +14,12 @@ Compilation happens on the first call (and on recompiles), so a compile failure 
 
 from __future__ import annotations
 
-from parity.backends.base import CompileError
+import torch
+
+from parity.backends import ops
+from parity.backends.base import CompileError, OpSkip
 from parity.backends.torch_cpu import TorchRunner
+from parity.backends.torch_cuda import cuda_availability
 
 # modules whose exceptions mean "the compiler failed", not "the model failed"
 COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch.fx", "torch._subclasses")
@@ -42,8 +46,6 @@ class TorchCompileRunner(TorchRunner):
     def availability(cls, job):
         dev = (job.provider_cfg.get("options") or {}).get("device", cls.device)
         if dev.startswith("cuda"):
-            from parity.backends.torch_cuda import cuda_availability
-
             return cuda_availability(dev)
         return None
 
@@ -91,11 +93,6 @@ class TorchCompileRunner(TorchRunner):
 
     def run_op(self, side, args, kwargs, grad=None):
         """The op compiled with the provider's options (a compiler error: COMPILE_FAIL)."""
-        import torch
-
-        from parity.backends import ops
-        from parity.backends.base import OpSkip
-
         sd, args, kwargs = self._op_inputs(side, args, kwargs)
         compiled = torch.compile(lambda *a, **k: ops.call(sd, a, k), **self._compile_kwargs())
         try:

@@ -15,12 +15,17 @@ Both reuse LayerRecorder's call naming."""
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import numpy as np
+import torch
 
+from parity.backends import ops
 from parity.config import schema
 from parity.core import store
 from parity.backends.base import Runner, interleave
+from parity.models import build
+from parity.models.layers import LayerRecorder, flatten, leaf_modules, output_names
 
 TORCH_MODES = ("cast", "tf32", "autocast")
 
@@ -50,8 +55,6 @@ class TorchRunner(Runner):
 
     def _configure(self) -> None:
         """Threads, device, precision mode: what activate() and mixed() both need."""
-        import torch
-
         if self.job.threads:
             torch.set_num_threads(self.job.threads)
         self.torch = torch
@@ -72,9 +75,6 @@ class TorchRunner(Runner):
         self.input_names = [s["name"] for s in self.job.model_cfg["input"]]
 
     def activate(self) -> None:
-        from parity.models import build
-        from parity.models.layers import LayerRecorder
-
         self._configure()
         model = build(self.job.model_cfg["arch"], self.job.seed).to(device=self.dev, dtype=self.dtype)
         self.rec = LayerRecorder(model).eval()
@@ -89,11 +89,6 @@ class TorchRunner(Runner):
         model takes float32 inputs, as ORT's keep_io_types: a chain of float32 leaves, the first one
         included, sees no rounding. autocast mode: the model runs under autocast (reduced) or not; a
         `flip` leaf runs with autocast off on float32 inputs, or on with its outputs cast to float32."""
-        import copy
-
-        from parity.models import build
-        from parity.models.layers import LayerRecorder, leaf_modules
-
         if getattr(self, "_fp32_model", None) is None:
             self._configure()
             self._low = self.amp or self.dtype
@@ -155,8 +150,6 @@ class TorchRunner(Runner):
         return v.numpy()
 
     def infer_plain(self, feeds):
-        from parity.models.layers import flatten, output_names
-
         with self.torch.no_grad(), self._ctx():
             out = self._plain(feeds)
         return [(n, self._np(v)) for n, v in zip(output_names(out), flatten(out))]
@@ -202,8 +195,6 @@ class TorchRunner(Runner):
 
     def _op_inputs(self, side, args, kwargs):
         """The side and arguments at the cell's dtype on this runner's device."""
-        from parity.backends import ops
-
         dev = self._device()
         dev = None if dev == "cpu" else dev
         if dev is not None:
@@ -211,10 +202,6 @@ class TorchRunner(Runner):
         return ops.side_at(side, ops.TORCH_DTYPES[self.job.dtype], dev), args, kwargs
 
     def run_op(self, side, args, kwargs, grad=None):
-        import torch
-
-        from parity.backends import ops
-
         sd, args, kwargs = self._op_inputs(side, args, kwargs)
         with torch.no_grad():
             out, ms = ops.timed(lambda: ops.call(sd, args, kwargs), self.job.repeats)

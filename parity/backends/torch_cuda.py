@@ -11,7 +11,7 @@ from parity.backends.torch_cpu import TorchRunner
 def cuda_availability(device: str) -> str | None:
     """None if torch can run on `device` here, else why not. Imports torch (only torch cells call it)."""
     try:
-        import torch
+        import torch  # optional: a missing torch is an UNAVAILABLE status
     except ImportError as e:
         return f"torch is not installed ({e})"
     if not torch.cuda.is_available():

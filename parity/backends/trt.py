@@ -34,9 +34,9 @@ PLAIN, LAYERS, BUILD = "plain.plan", "layers.plan", "build.json"
 
 def _cudart():
     try:
-        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
+        from cuda.bindings import runtime as cudart  # optional: cuda-python >= 12.6
     except ImportError:
-        from cuda import cudart  # older cuda-python
+        from cuda import cudart  # optional: older cuda-python
     return cudart
 
 
@@ -50,7 +50,7 @@ def _check(ret):
 def availability() -> str | None:
     """None if TensorRT 10 can build and run engines here, else why not (cheap: no device work)."""
     try:
-        import tensorrt as trt
+        import tensorrt as trt  # optional: a missing TensorRT is an UNAVAILABLE status
     except ImportError as e:
         return f"TensorRT is not installed (import tensorrt: {e})"
     major = int(str(trt.__version__).split(".")[0])
@@ -157,7 +157,7 @@ def _layer_info(trt, logger, plan: bytes) -> list[dict]:
 def build(model_dir: Path, dtype_cfg: dict, opts: dict, calib_feeds: list[dict] | None, out: Path,
           timing_cache: Path, layer_names: list[str]) -> dict:
     """Build plain.plan and layers.plan under `out`; read/update `timing_cache`. Returns build info."""
-    import tensorrt as trt
+    import tensorrt as trt  # optional: TensorRT is no dependency (TensorRT machines only)
 
     logger = trt.Logger(trt.Logger.WARNING)
     prec = precision(dtype_cfg)
@@ -257,7 +257,7 @@ class TrtRunner(Runner):
         return None
 
     def activate(self) -> None:
-        import tensorrt as trt
+        import tensorrt as trt  # optional: TensorRT is no dependency (TensorRT machines only)
 
         d = Path(self.job.engine_dir)
         b = json.loads((d / BUILD).read_text())

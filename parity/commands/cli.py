@@ -28,25 +28,28 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from parity import __version__
+from parity.core.io import write_text
+from parity.core.ui import at_least, dump_json
 
 
 def _check(args) -> int:
+    # lazy: `parity check` only; parity.config.params +0.03 s (BENCHMARKS 22)
     from parity.config import params as config
-    from parity.suites import spec
+    from parity.suites import spec  # lazy: `parity check` only; parity.suites.spec +0.03 s (BENCHMARKS 22)
 
     try:
         p = config.load(args.params)
         spec.check_selected(p)
     except (config.ConfigError, spec.SuiteError) as e:
         if args.json:
-            from parity.core.ui import dump_json
-
             dump_json({"params": args.params, "ok": False, "error": str(e)})
         config.die(e)
     if args.json:
-        from parity.core.ui import dump_json
-
         dump_json({"params": args.params, "ok": True, "models": list(p["models"]), "dtypes": list(p["dtypes"]),
                    "providers": list(p["providers"]), "cells": len(config.cells(p))})
         return 0
@@ -65,12 +68,10 @@ def _compose_error(e: Exception) -> str:
 
 
 def _compose(args) -> int:
-    import tempfile
+    from dvc.utils.hydra import compose_and_dump  # lazy: dvc.repo +0.29 s (BENCHMARKS 22), `parity compose` only
 
-    from dvc.utils.hydra import compose_and_dump
-
+    # lazy: `parity compose` only; parity.config.params +0.03 s (BENCHMARKS 22)
     from parity.config import params as config
-    from parity.core.io import write_text
 
     root = Path(args.root).resolve()
     # compose to a temp file first: a bad override leaves params.yaml untouched
@@ -91,12 +92,14 @@ def _compose(args) -> int:
 
 
 def _compare(args) -> int:
+    # lazy: `parity compare` only; parity.commands.history +0.30 s (BENCHMARKS 22)
     from parity.commands.history import compare
 
     try:
         rc = compare(args.rev_a, args.rev_b, show_all=args.all, fail_on_regression=args.fail_on_regression,
                      as_json=args.json, providers=args.provider, models=args.model)
         if args.html:
+            # lazy: `parity compare` only; parity.commands.report_compare +0.42 s (BENCHMARKS 22)
             from parity.commands.report_compare import write_page
 
             # on stderr with --json, so stdout stays one JSON document
@@ -109,7 +112,7 @@ def _compare(args) -> int:
 
 
 def _sweep(args) -> int:
-    from parity.commands.sweep import sweep
+    from parity.commands.sweep import sweep  # lazy: `parity sweep` only; parity.commands.sweep +0.47 s (BENCHMARKS 22)
 
     try:
         return sweep(args.override, jobs=args.jobs, as_json=args.json)
@@ -123,6 +126,7 @@ def _sweep(args) -> int:
 
 
 def _show(args) -> int:
+    # lazy: `parity show` only; parity.commands.show +0.10 s (BENCHMARKS 22)
     from parity.commands.show import ShowError, show
 
     try:
@@ -133,6 +137,7 @@ def _show(args) -> int:
 
 
 def _list(args) -> int:
+    # lazy: `parity list` only; parity.commands.listing +0.04 s (BENCHMARKS 22)
     from parity.commands.listing import ListError, show
 
     try:
@@ -143,28 +148,26 @@ def _list(args) -> int:
 
 
 def _completion(args) -> int:
-    import shtab
+    import shtab  # lazy: +0.06 s (BENCHMARKS 22), `parity completion` only
 
     print(shtab.complete(parser(), shell=args.shell))
     return 0
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("parity")
     except PackageNotFoundError:
-        from parity import __version__
-
         return __version__
 
 
 def _repro(args) -> int:
     if args.cluster:  # Ray is imported only here (the optional parity[cluster] extra)
+        # lazy: `parity suite|fuzz` skip the parser; parity.commands.cluster +0.23 s (BENCHMARKS 22)
         from parity.commands import cluster
 
         return cluster.run_from_args(args)
+    # lazy: `parity suite|fuzz` skip the parser; parity.commands.parallel +0.06 s (BENCHMARKS 22)
     from parity.commands import parallel
 
     return parallel.run_from_args(args)
@@ -175,8 +178,6 @@ def _json_flag(c: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from parity.core.ui import at_least
-
     ap = argparse.ArgumentParser(prog="parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=f"parity {_version()}")
@@ -209,6 +210,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _add_run_commands(sub) -> None:
     """repro (local or on a cluster) and worker."""
+    # lazy: `parity suite|fuzz` skip the parser; parity.commands.parallel +0.06 s (BENCHMARKS 22)
     from parity.commands import parallel
 
     c = sub.add_parser("repro", help="dvc repro with N independent cells at once (DVC has no jobs flag)",
@@ -216,11 +218,13 @@ def _add_run_commands(sub) -> None:
     parallel.add_arguments(c)
     c.add_argument("--cluster", metavar="ADDRESS", help="run the cells on a Ray cluster (`auto`: the local "
                    "instance); needs parity[cluster] and a DVC remote every node reaches (docs/cluster.md)")
+    # lazy: `parity suite|fuzz` skip the parser; parity.commands.cluster +0.23 s (BENCHMARKS 22)
     from parity.commands.cluster import add_timeout_argument
 
     add_timeout_argument(c)
     c.set_defaults(fn=_repro)
     c = sub.add_parser("worker", help="join a Ray cluster advertising this node's providers (parity[cluster])")
+    # lazy: `parity suite|fuzz` skip the parser; parity.commands.cluster +0.23 s (BENCHMARKS 22)
     from parity.commands.cluster import add_worker_arguments
 
     add_worker_arguments(c)
@@ -242,6 +246,7 @@ def _add_result_commands(sub, at_least) -> None:
                    add_help=False)
     sub.add_parser("fuzz", help="SUITE --dtype D --provider P: fuzz a suite's cases; --reproduce/--minimise ID",
                    add_help=False)
+    # lazy: `parity suite|fuzz` skip the parser; parity.commands.expview +0.02 s (BENCHMARKS 22)
     from parity.commands import expview
 
     c = sub.add_parser("exp", help="dvc exp show narrowed: differing params, totals, one verdict per cell",
@@ -266,17 +271,19 @@ def _add_result_commands(sub, at_least) -> None:
 
 
 def _deps(args) -> int:
-    from parity.commands import stagedeps
+    from parity.commands import stagedeps  # lazy: `parity deps` only; parity.commands.stagedeps +0.03 s (BENCHMARKS 22)
 
     return stagedeps.main(args)
 
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["suite"]:  # its own parser (parity.commands.suite_cli): list / validate
+        # lazy: `parity suite` only; parity.commands.suite_cli +0.04 s (BENCHMARKS 22)
         from parity.commands.suite_cli import main as suite_main
 
         return suite_main(argv[1:], prog="parity suite")
     if argv[:1] == ["fuzz"]:  # its own parser (parity.commands.fuzz_cli): campaign / --reproduce / --minimise
+        # lazy: `parity fuzz` only; parity.commands.fuzz_cli +0.21 s (BENCHMARKS 22)
         from parity.commands.fuzz_cli import main as fuzz_main
 
         return fuzz_main(argv[1:])

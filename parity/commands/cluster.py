@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -44,13 +45,18 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence, TextIO
 
+import yaml
+
+from parity.backends import CaptureJob, fingerprint, load_runner
 from parity.commands import parallel
 from parity.backends.fingerprint import CLUSTER_NODE_ENV, CLUSTER_UNAVAILABLE_ENV
-from parity.core.ui import at_least
+from parity.core.io import write_json
+from parity.core.ui import Progress, at_least
 
 RES = "provider:"
 GPU_RES = "gpu:"
@@ -67,8 +73,6 @@ CACHED = re.compile(r"^Stage '([^']+)' is cached - skipping run", re.M)
 
 def _providers(root: Path) -> dict[str, dict]:
     """Every provider the project knows: conf/providers/*.yaml (the registry), else params.yaml's."""
-    import yaml
-
     out: dict[str, dict] = {}
     for f in sorted((root / "conf" / "providers").glob("*.yaml")):
         out.update(yaml.safe_load(f.read_text()) or {})
@@ -80,8 +84,6 @@ def _providers(root: Path) -> dict[str, dict]:
 def provider_availability(name: str, pc: dict) -> str | None:
     """None if this machine can run provider `name`, else why not (its runner's own availability probe;
     for `engine: true` providers the runner's engine_availability)."""
-    from parity.backends import CaptureJob, load_runner
-
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
         if pc.get("engine"):
@@ -96,8 +98,6 @@ def provider_availability(name: str, pc: dict) -> str | None:
 
 def node_resources(root: Path | str = ".") -> tuple[dict[str, float], dict[str, str]]:
     """({resource: amount} this node advertises, {provider: why not} for the ones it does not)."""
-    from parity.backends import fingerprint
-
     res: dict[str, float] = {}
     missing: dict[str, str] = {}
     for name, pc in sorted(_providers(Path(root)).items()):
@@ -196,8 +196,6 @@ def _run(cmd: list[str], cwd: Path, env: dict | None = None) -> subprocess.Compl
 @contextlib.contextmanager
 def _slot(base: Path):
     """One checkout per concurrent task on a node: the first free base/slot-<k> (an flock)."""
-    import fcntl
-
     base.mkdir(parents=True, exist_ok=True)
     for k in range(1024):
         f = open(base / f"slot-{k}.lock", "w")
@@ -244,9 +242,7 @@ def run_cell(bundle: bytes, commit: str, files: dict[str, str | None], cell: str
              pull: list[str], metrics: list[str], unavailable: str) -> dict:
     """One cell on this node (a Ray task): checkout, pull, repro, push; what happened, with the
     seconds of each phase."""
-    import ray
-
-    from parity.core.io import write_json
+    import ray  # optional: Ray is the parity[cluster] extra
 
     node = {"hostname": socket.gethostname(), "ray_node_id": ray.get_runtime_context().get_node_id()}
     base = Path(os.environ.get(WORKDIR_ENV) or Path.home() / ".cache" / "parity" / "cluster" / node["ray_node_id"][:16])
@@ -309,7 +305,6 @@ def _bundle(root: Path) -> tuple[str, bytes]:
         raise ClusterError("uncommitted changes to " + ", ".join(dirty) + ": the nodes run the commit "
                            "(git commit them first)")
     commit = _git(root, "rev-parse", "HEAD").strip()
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         _git(root, "bundle", "create", "-q", f"{d}/b.bundle", "HEAD")
@@ -335,7 +330,7 @@ def reachable(address: str, timeout: float) -> str | None:
 def connect(address: str, root: Path, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """ray.init: `auto` joins the local instance (`ray start`) or starts one that advertises this
     machine's providers; anything else is a Ray address, which must answer within `timeout` s."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     quiet = dict(log_to_driver=False, logging_level="WARNING", configure_logging=True)
     if address != "auto":
@@ -354,7 +349,7 @@ def connect(address: str, root: Path, timeout: float = CONNECT_TIMEOUT_S) -> Non
 
 def offered() -> set[str]:
     """Providers some alive node advertises."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     return {k[len(RES):] for n in ray.nodes() if n.get("Alive") for k in n.get("Resources", {})
             if k.startswith(RES)}
@@ -384,10 +379,9 @@ def repro(address: str, *, providers: Sequence[str] = (), models: Sequence[str] 
     if not pl.cells:
         print("parity: repro --cluster: the filters select no cell", file=out)
         return parallel.Result(2)
-    import yaml
 
     _PROVIDERS[:] = sorted(yaml.safe_load((root / "params.yaml").read_text())["providers"], key=len, reverse=True)
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     try:
         connect(address, root, connect_timeout)
@@ -474,7 +468,7 @@ def _cell_of(stage: str) -> str:
 
 
 def _nodes_line() -> str:
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     return f"{len(alive)} node(s): " + "; ".join(
@@ -486,7 +480,7 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
             out: TextIO) -> dict[str, dict]:
     """Phase 2: one task per cell, progress per finished cell; Ctrl-C cancels them all. Returns
     {cell: the task's result} for the cells that completed on a node."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     if not cells:
         return {}
@@ -502,7 +496,6 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
         refs[opts.remote(bref, commit, files, c, pl.cell_stages[c], sorted(pl.needs[c]),
                          [_rel(m, root) for m in pl.metrics.get(c, [])],
                          os.environ.get(CLUSTER_UNAVAILABLE_ENV, ""))] = c
-    from parity.core.ui import Progress
 
     prog = Progress(len(cells), out, "parity repro --cluster", every=30.0)
     done: dict[str, dict] = {}
@@ -535,7 +528,7 @@ def _per_node(per_node: dict[str, int]) -> str:
 
 def _collect(cell: str, ref, res: parallel.Result, prog, done: dict, per_node: dict) -> None:
     """One finished task: its line (verdict, node, seconds per phase), its failure if any."""
-    import ray
+    import ray  # optional: Ray is the parity[cluster] extra
 
     try:
         r = ray.get(ref)

@@ -77,8 +77,9 @@ def run_from_args(args) -> int:
 
 def load(cwd: str = ".", rev: str | None = None, num: int = 1, all_commits: bool = False) -> list[dict]:
     """DVC's experiment states (as `dvc exp show --json` prints them)."""
+    # lazy: dvc.repo +0.29 s (BENCHMARKS 22); `parity --help` builds this module's parser
     from dvc.exceptions import DvcException
-    from dvc.repo import Repo
+    from dvc.repo import Repo  # lazy: dvc.repo +0.29 s (BENCHMARKS 22); `parity --help` builds this module's parser
 
     try:
         with Repo(cwd) as repo:

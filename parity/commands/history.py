@@ -21,11 +21,19 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+from dvc.exceptions import DvcException
+from dvc.repo import Repo
+from dvc.utils.serialize import ParseError
+
 from parity.core import metrics, status
+from parity.core.io import corrupt
+from parity.core.ui import dump_json, table as ui_table
 
 CELL_METRICS = metrics.CELL_METRICS_PATH
 RAN = metrics.RAN
@@ -96,10 +104,6 @@ def _first_line(e) -> str:
 
 def _locked_outputs(rev: str, root: str) -> set[str]:
     """Paths of the outputs recorded in dvc.lock at `rev` (what DVC can restore from a cache)."""
-    import subprocess
-
-    import yaml
-
     p = subprocess.run(["git", "show", f"{rev}:./dvc.lock"], cwd=root, capture_output=True, text=True)
     lock = (yaml.safe_load(p.stdout) or {}) if p.returncode == 0 else {}
     return {o["path"] for st in (lock.get("stages") or {}).values()
@@ -159,14 +163,10 @@ def _rev_metrics(rev: str, files: dict, root: str, remote: str | None) -> dict:
 
 def _corrupt(err) -> bool:
     """A metrics file DVC found but could not parse (not a missing one)."""
-    from dvc.utils.serialize import ParseError
-
     return isinstance(err, ParseError)
 
 
 def _corrupt_message(rev: str, path: str, err) -> str:
-    from parity.core.io import corrupt
-
     if rev != WORKSPACE:
         return (f"corrupt: {path} at {rev}: {_first_line(err.__cause__ or err)}; the cached copy does not "
                 f"parse: remove it from the cache and re-fetch it (`dvc fetch -r <remote> --all-commits`), "
@@ -179,8 +179,6 @@ def _corrupt_message(rev: str, path: str, err) -> str:
 
 
 def _dvc_repo(cwd: str):
-    from dvc.repo import Repo
-
     return Repo(cwd)
 
 
@@ -196,8 +194,6 @@ def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[
     """({cell: metrics} at rev_a, the same at rev_b or the workspace). The cells are those the
     revision's summary.json names (the DVC metric); each cell's metrics.json is read at that
     revision as a `dvc metrics show` target (a plain output since parity.core.metrics' layout)."""
-    from dvc.exceptions import DvcException
-
     rev_b = rev_b or WORKSPACE
     out = []
     try:
@@ -342,8 +338,6 @@ def compare(rev_a: str, rev_b: str | None = None, show_all: bool = False, fail_o
         c.tolerance = bool(tolerance_moved(c, params))
     reg = [c for c in cs if c.regression]
     if as_json:
-        from parity.core.ui import dump_json
-
         dump_json(document(rev_a, rev_b, cs, params), out)
     else:
         _print(rev_a, rev_b, cs, params, show_all, out)
@@ -354,8 +348,6 @@ def compare(rev_a: str, rev_b: str | None = None, show_all: bool = False, fail_o
 
 
 def _print(rev_a: str, rev_b: str | None, cs: list[Change], params: dict, show_all: bool, out) -> None:
-    from parity.core.ui import table as ui_table
-
     label = f"{rev_a}..{rev_b or WORKSPACE}"
     for key, (a, b) in params.items():
         print(f"tolerance changed: {key} {_fmt(a)} -> {_fmt(b)}", file=out)

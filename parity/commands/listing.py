@@ -14,6 +14,7 @@ import yaml
 
 from parity.config import schema
 from parity.core.ui import dump_json, table
+from parity.suites import spec
 
 GROUPS = ("models", "dtypes", "providers", "suites")
 
@@ -56,7 +57,6 @@ def _describe(group: str, name: str, body: dict, root: Path) -> dict:
     if group == "providers":
         return {"runner": body.get("runner"), "dtypes": ",".join(body.get("dtypes") or []),
                 "device": _device(body)}
-    from parity.suites import spec
 
     try:
         n: int | str = len(spec.expand(name, body, root))

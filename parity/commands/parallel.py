@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -50,8 +51,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, TextIO
 
+import yaml
+
+from parity.commands import results
 from parity.core import paths
-from parity.core.ui import at_least
+from parity.core.ui import Progress, at_least
 
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
 KILL_S = 5.0     # after SIGTERM, before SIGKILL
@@ -211,9 +215,8 @@ def _address(stage, root: Path) -> str:
 def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Sequence[str] = (),
          dtypes: Sequence[str] = (), params: str = "params.yaml") -> Plan:
     """Which stages run where, from params.yaml (cells) and DVC's stage graph (everything else)."""
-    import networkx as nx
-    import yaml
-    from dvc.repo import Repo
+    import networkx as nx  # lazy: +0.17 s (BENCHMARKS 22); `parity --help` builds this module's parser
+    from dvc.repo import Repo  # lazy: dvc.repo +0.29 s (BENCHMARKS 22); `parity --help` builds this module's parser
 
     root = Path(root).resolve()
     p = yaml.safe_load((root / params).read_text())
@@ -254,8 +257,6 @@ def plan(root: Path = Path("."), *, providers: Sequence[str] = (), models: Seque
 
 def cell_verdict(files: list[str]) -> tuple[str | None, str | None]:
     """(verdict, drift origin) from a cell's metrics files (its diff stage's metrics.json)."""
-    from parity.commands import results
-
     for f in files:
         try:
             m = json.loads(Path(f).read_text())
@@ -272,8 +273,6 @@ class _CellLog:
     a rich bar on a terminal, plain lines elsewhere)."""
 
     def __init__(self, total: int, out: TextIO, metrics: dict[str, list[str]] | None = None):
-        from parity.core.ui import Progress
-
         self.failed = 0
         self.metrics = metrics or {}
         self.verdicts: dict[str, str] = {}
@@ -358,8 +357,6 @@ class Locked(RuntimeError):
 def repo_lock(root: Path):
     """Hold the repository for one `parity repro` (an exclusive flock on LOCK_FILE; the kernel frees
     it when the process dies, so a killed run never leaves it stale). Locked at once if held."""
-    import fcntl
-
     path = Path(root) / LOCK_FILE
     if not path.parent.parent.is_dir():  # not a DVC repository: plan() says so
         yield

@@ -20,6 +20,10 @@ import argparse
 import sys
 from pathlib import Path
 
+import vl_convert
+
+from parity.core.io import write_text
+
 DEFAULT_OUT = ".dvc/parity-plots.html"
 VEGA_LITE = "5.20"  # the newest 5.x vl-convert bundles; DVC's templates are v5 specs
 # what DVC substitutes in a template (dvc_render.html.HTML): a bundle containing any would be mangled
@@ -45,8 +49,6 @@ PAGE = """<!DOCTYPE html>
 
 
 def bundle() -> str:
-    import vl_convert
-
     js = vl_convert.javascript_bundle(vl_version=VEGA_LITE)
     bad = [p for p in PLACEHOLDERS if p in js] + (["</script"] if "</script" in js.lower() else [])
     if bad:
@@ -69,7 +71,6 @@ def main(argv=None) -> int:
         print("parity.commands.plots: vl-convert-python is not installed (pip install -e .; make setup does it)",
               file=sys.stderr)
         return 2
-    from parity.core.io import write_text
 
     write_text(Path(a.out), text)
     print(f"parity.commands.plots: offline DVC plot template ({len(text) // 1024} KiB) -> {a.out}")

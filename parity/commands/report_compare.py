@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
+from dvc.exceptions import DvcException
+from dvc.repo import Repo
 
 from parity.commands import history
 from parity.core import paths
@@ -36,8 +38,6 @@ def read_layers(rev: str | None, cells: list[str], root: Path) -> dict:
             f = root / paths.cell_layers(cell)
             out[cell] = json.loads(f.read_text()) if f.exists() else f"{f} not found (run the pipeline)"
         return out
-    from dvc.exceptions import DvcException
-    from dvc.repo import Repo
 
     with Repo.open(str(root), rev=rev, uninitialized=True) as repo:
         for cell in cells:

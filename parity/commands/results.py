@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from parity.core.status import VERDICTS
 
 # ---- a cell's metrics.json (nested dict as the diff stage writes it) -----------------------------
 
@@ -65,8 +68,6 @@ def layer_counts(m: dict) -> tuple[int | None, int | None]:
 
 
 def ran(m: dict) -> bool:
-    from parity.core.status import VERDICTS
-
     return verdict(m) in VERDICTS
 
 
@@ -150,8 +151,7 @@ DIFF_STAGE = re.compile(r"^diff@(?P<cell>.+)$")
 
 def cell_files(root: str | Path = ".") -> dict[str, CellFiles]:
     """{cell: CellFiles} of every diff stage in dvc.yaml (DVC resolves the matrix from params.yaml)."""
-    import warnings
-
+    # lazy: dvc.repo +0.29 s (BENCHMARKS 22); parallel (the `parity --help` parser) imports this module
     from dvc.repo import Repo
 
     root = Path(root).resolve()
@@ -179,6 +179,7 @@ REFERENCE_VALUES = "fp32.parquet"
 def worst_values(files: CellFiles, rows: list[dict]) -> None:
     """Add actual, expected and allowed (atol + rtol |expected|) at each row's worst element, read
     from the capture and the fp32 reference (Parquet); rows whose values are gone keep None."""
+    # lazy: store loads pyarrow.parquet (+0.15 s, BENCHMARKS 22); only worst_values reads Parquet
     from parity.core import store
 
     for r in rows:

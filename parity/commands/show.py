@@ -16,6 +16,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from dvc.exceptions import DvcException
+
 from parity.commands import results
 from parity.core.io import Corrupt, read_json
 from parity.core.ui import dump_json, num, table
@@ -29,8 +31,6 @@ class ShowError(RuntimeError):
 
 def collect(cell: str, root: str = ".", all_layers: bool = False) -> dict:
     """The cell's view as a dict (the --json document; docs/cli-json.md "show")."""
-    from dvc.exceptions import DvcException
-
     try:
         files = results.cell_files(root)
     except DvcException as e:  # not a DVC repository, a broken dvc.yaml

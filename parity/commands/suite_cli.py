@@ -21,7 +21,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from parity.suites import spec
+from parity.commands import suite_show as show
+from parity.config import imports as code
+from parity.suites import opdiff, spec
 
 
 def _load(name_or_file: str, root: Path | None) -> tuple[str, dict, str, Path | None]:
@@ -47,8 +49,7 @@ def validate(suite: str, root: str | Path | None = None, resolve: bool = True) -
     cases = list_cases(suite, root)
     if not resolve:
         return cases
-    from parity.config import imports as code
-    from parity.suites import execute
+    from parity.suites import execute  # lazy: execute loads torch (+1.84 s, BENCHMARKS 22); `suite validate` only
 
     for c in cases:
         if c["kind"] == "onnx":
@@ -84,16 +85,12 @@ def suite_names(root: str | Path | None = None) -> list[str]:
 def main(argv=None, prog: str = "python -m parity.commands.suite_cli") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["import-opdiff"]:  # light: yaml only (parity.suites.opdiff)
-        from parity.suites import opdiff
-
         return opdiff.main(argv[1:], prog=f"{prog} import-opdiff")
     if argv[:1] == ["import-onnx"]:  # ONNX's backend node tests as a suite (parity.suites.onnximport)
-        from parity.suites import onnximport
+        from parity.suites import onnximport  # lazy: onnx +0.23 s (BENCHMARKS 22); `suite import-onnx` only
 
         return onnximport.main(argv[1:], prog=f"{prog} import-onnx")
     if argv[:1] == ["show"]:
-        from parity.commands import suite_show as show
-
         return show.main(argv[1:], prog=f"{prog} show")
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.replace("python -m parity.commands.suite_cli", prog),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

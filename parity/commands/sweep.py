@@ -33,7 +33,14 @@ import time
 import warnings
 from pathlib import Path
 
+from dvc.exceptions import DvcException
+from dvc.repo import Repo
+from dvc.repo.experiments.executor.base import ExecutorInfo
+from dvc.repo.experiments.utils import resolve_name
+from dvc.utils.hydra import compose_and_dump, get_hydra_sweeps
+
 from parity.commands import results
+from parity.config import params as config
 from parity.core import status
 from parity.core.ui import Progress, dump_json, num, table
 
@@ -44,8 +51,6 @@ STARTUP_S = 60.0  # how often (s) to ask whether a queue worker is alive while e
 def expand(overrides: list[str]) -> list[list[str]]:
     """['dtypes=fp32,fp16', 'seed=1'] -> [['dtypes=fp32', 'seed=1'], ['dtypes=fp16', 'seed=1']], by
     DVC's Hydra sweep parser (lists `[a],[b]`, `range()`, `choice()`, quoted commas)."""
-    from dvc.utils.hydra import get_hydra_sweeps
-
     for o in overrides:
         if "=" not in o and not o.startswith("~"):
             raise ValueError(f"sweep override '{o}' is not key=value (e.g. 'dtypes=fp32,fp16')")
@@ -123,10 +128,6 @@ def _dvc_detached(args: list[str], cwd: str) -> str:
 def check_combo(combo: list[str], cwd: str = ".") -> str | None:
     """The one-line config error composing conf/ with these overrides gives, or None (composed into a
     temp file, validated with parity.config.params; params.yaml is not touched)."""
-    from dvc.utils.hydra import compose_and_dump
-
-    from parity.config import params as config
-
     root = Path(cwd).resolve()
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td) / "params.yaml"
@@ -163,15 +164,10 @@ class Queue:
         self.since = time.time() - 1.0 if since is None else since
 
     def _repo(self):
-        from dvc.repo import Repo
-
         return Repo(self.cwd)
 
     def status(self) -> tuple[dict[str, str], dict[str, str]]:
         """({name: Queued|Running|Success|Failed}, {name of a running experiment: its workspace})."""
-        from dvc.exceptions import DvcException
-        from dvc.repo.experiments.executor.base import ExecutorInfo
-
         with warnings.catch_warnings(), self._repo() as repo:
             warnings.simplefilter("ignore", DeprecationWarning)
             q = repo.experiments.celery_queue
@@ -217,8 +213,6 @@ class Queue:
 
     def metrics(self, names: list[str]) -> dict[str, dict]:
         """{experiment: {metrics path: data}} of finished experiments (DVC's metrics of their commits)."""
-        from dvc.repo.experiments.utils import resolve_name
-
         with warnings.catch_warnings(), self._repo() as repo:
             warnings.simplefilter("ignore", DeprecationWarning)
             refs = resolve_name(repo.scm, names)

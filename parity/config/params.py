@@ -7,16 +7,20 @@ fails before any stage runs. Errors name the bad key and list the valid choices.
 
 from __future__ import annotations
 
+import argparse
+import ast
 import itertools
 import math
 import numbers
 import os
 import re
+import sys
 from pathlib import Path
 
 import yaml
 
 from parity.core import codedeps, tolerance
+from parity.config import imports, inputspec
 from parity.config import inputspec
 from parity.config import schema as S
 
@@ -189,8 +193,6 @@ def _option_ok(rule, v) -> tuple[bool, str]:
 def runner_options(prov: dict) -> dict | None:
     """The `options_schema` the provider's runner class declares (or inherits), read from its source,
     never imported; None when it declares none."""
-    from parity.config import imports
-
     mod, _, cls = str(prov.get("runner", "")).partition(":")
     got = imports.class_value(mod, cls, "options_schema") if cls else None
     return got if isinstance(got, dict) else None
@@ -403,8 +405,6 @@ def check_runner(where: str, prov: dict) -> None:
     """A provider's `runner:` is code: it must be a parity backend (parity.backends.*, the runners of
     conf/providers/*.yaml) unless the provider declares `import: <module>` (code of your own, to be
     reviewed as such). The module is located and read for the class, never imported here."""
-    from parity.config import imports
-
     def valid() -> list[str]:  # the registry: runner values of conf/providers/*.yaml
         d = Path("conf/providers")
         d = d if d.is_dir() else Path(__file__).resolve().parents[2] / "conf" / "providers"
@@ -430,8 +430,6 @@ def check_runner(where: str, prov: dict) -> None:
 def runner_components(prov: dict) -> dict:
     """Fingerprint components the provider's runner class declares (Runner.fingerprint_components,
     read from its source, never imported): {name: distributions}."""
-    from parity.config import imports
-
     mod, _, cls = str(prov.get("runner", "")).partition(":")
     got = imports.class_literal(mod, cls, "fingerprint_components") if cls else None
     return got if isinstance(got, dict) else {}
@@ -440,8 +438,6 @@ def runner_components(prov: dict) -> dict:
 def parity_zoo() -> tuple[str, ...]:
     """parity's own models: the keys of parity/models/zoo.py's BUILDERS, read from its source (torch is
     not imported at compose), so a zoo model is a builder there plus its conf file."""
-    import ast
-
     tree = ast.parse((Path(__file__).parents[1] / "models" / "zoo.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILDERS" for t in node.targets):
@@ -464,10 +460,6 @@ def check_import_model(where: str, name, declared=None) -> None:
     `arch.import: <package>` (an installed one); never the standard library, builtins or parity's own
     modules. Located without importing anything (validation never runs user code); its files are what
     the env stage hashes into the model's code dependency (parity.core.codedeps)."""
-    import sys
-
-    from parity.config import imports
-
     base = where.rpartition(".")[0]
     try:
         pkgs = imports.declared(declared, f"{base}.import")
@@ -655,7 +647,6 @@ def summary_line(p: dict) -> str:
 
 def die(err: Exception, code: int = 2):
     """Print a config error the way every entry point does, and exit non-zero."""
-    import sys
     print(f"parity: config error: {err}", file=sys.stderr)
     raise SystemExit(code)
 
@@ -677,8 +668,6 @@ def unsupported_dtype(provider: str, prov: dict, dtype: str) -> str | None:
 def stage_parser(module: str, doc: str | None, cell: bool = False):
     """The argument parser every stage starts from: --params, plus --model/--dtype/--provider for
     per-cell stages."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=PARAMS_FILE, help="the composed config (default: %(default)s)")

@@ -6,8 +6,12 @@ import contextlib
 import json
 import math
 import os
+import sys
 import tempfile
+import time
 from pathlib import Path
+
+import yaml
 
 
 _UMASK = os.umask(0)
@@ -34,8 +38,6 @@ def atomic_path(path: str | Path, allow_empty: bool = False):
     try:
         yield Path(tmp)
         if os.environ.get(PAUSE_ENV) == path.name:  # test-only: hold the written temp file unpublished
-            import time
-
             time.sleep(600)
         if allow_empty or os.path.getsize(tmp) > 0:
             os.replace(tmp, path)
@@ -104,8 +106,6 @@ def corrupt(path: str | Path, err: Exception) -> Corrupt:
 def _stage_writing(path: str) -> str | None:
     """The stage that has `path` (or a folder holding it) as an output: from dvc.lock, else a stage of
     dvc.yaml whose outs name it literally (no ${} template); None when neither says."""
-    import yaml
-
     p = Path(path).as_posix()
     for f in ("dvc.lock", "dvc.yaml"):
         try:
@@ -132,8 +132,6 @@ def read_json(path: str | Path):
 def exit_now(code: int) -> None:
     """End a stage process without interpreter teardown (after torch it costs ~0.75 s a process).
     Call only when every output is written and closed (atomic_path has renamed it into place)."""
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

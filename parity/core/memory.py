@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from parity.core.io import read_json, write_json
+
 GiB = 1 << 30
 # peak RSS ~= a * W + b * SA + base GiB (W: fp32 weight bytes; SA: every layer's fp32 outputs, all samples).
 # Fitted on the streaming stages (issue 23, BENCHMARKS.md section 17): llama_1b (W 4.1 GiB, SA 0.61 GiB)
@@ -139,7 +141,7 @@ def onnx_weight_bytes(path: Path) -> int | None:
         return None
     if path.stat().st_size > 64 << 20:
         return path.stat().st_size
-    import onnx
+    import onnx  # lazy: +0.23 s (BENCHMARKS 22); the diff and baseline stages import this module for Parquet sizes
 
     g = onnx.load(str(path), load_external_data=False).graph
     n = 0
@@ -156,6 +158,7 @@ def parquet_value_bytes(path: Path) -> int | None:
     read from the Parquet footer (no values are read)."""
     if not path.is_file():
         return None
+    # lazy: `stages.diff --help` loads no pyarrow (+0.15 s, BENCHMARKS 22; tests/test_light_stages.py)
     import pyarrow.parquet as pq
 
     md = pq.ParquetFile(path).metadata
@@ -180,7 +183,6 @@ def record(path: str | Path | None, stage: str, cell: str, t0: float, sized: dic
     `merge`: add them to the JSON object already there (capture's latency file)."""
     if not path:
         return
-    from parity.core.io import read_json, write_json
 
     path = Path(path)
     base = read_json(path) if merge and path.exists() else {}

@@ -9,6 +9,7 @@ Arrow's value buffer and hand out each tensor as a read-only numpy view of it (n
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Iterable, Iterator
 
 import contextlib
 import os
+from collections import OrderedDict
 
 import numpy as np
 import pyarrow as pa
@@ -202,9 +204,6 @@ class Rows:
     them, not a whole sample: resnet50's fp64 sample is 490 MB (issue 23)."""
 
     def __init__(self, path: str | Path, keep: int = 2):
-        import bisect
-        from collections import OrderedDict
-
         self.path, self.keep, self._bisect = Path(path), keep, bisect.bisect_right
         try:
             self.file = pq.ParquetFile(path, memory_map=False)

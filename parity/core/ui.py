@@ -7,6 +7,7 @@ read the same. JSON goes to stdout, sorted keys, one document per command (docs/
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -20,8 +21,6 @@ VERDICT_STYLE = {"PASS": "green", "FAIL": "bold red", "NOT_EXERCISED": "yellow",
 def at_least(lo: int):
     """An argparse `type=` for a count: an integer >= lo, else argparse's one-line usage error."""
     def parse(text: str) -> int:
-        import argparse
-
         try:
             v = int(text)
         except ValueError:
@@ -42,6 +41,7 @@ def is_tty(stream: TextIO) -> bool:
 
 
 def _console(stream: TextIO):
+    # lazy: rich.console +0.04 s (BENCHMARKS 22); plain_table/dump_json users never draw with rich
     from rich.console import Console
 
     return Console(file=stream, highlight=False, soft_wrap=False)
@@ -62,6 +62,7 @@ def table(head: list[str], rows: list[list[str]], out: TextIO = sys.stdout, titl
             print(title, file=out)
         print(plain_table(head, rows), file=out)
         return
+    # lazy: rich.console +0.04 s (BENCHMARKS 22); plain_table/dump_json users never draw with rich
     from rich.table import Table
 
     t = Table(*head, title=title, title_justify="left", header_style="bold")
@@ -71,6 +72,7 @@ def table(head: list[str], rows: list[list[str]], out: TextIO = sys.stdout, titl
 
 
 def _escape(s: str) -> str:
+    # lazy: rich.console +0.04 s (BENCHMARKS 22); plain_table/dump_json users never draw with rich
     from rich.markup import escape
 
     return escape(s)
@@ -116,7 +118,9 @@ class Progress:
         self.last = time.monotonic()
         self._bar = self._task = None
         if is_tty(out):
+            # lazy: rich.console +0.04 s (BENCHMARKS 22); plain_table/dump_json users never draw with rich
             from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
+            # lazy: rich.console +0.04 s (BENCHMARKS 22); plain_table/dump_json users never draw with rich
             from rich.progress import TimeElapsedColumn
 
             self._bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

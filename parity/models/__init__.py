@@ -5,7 +5,11 @@ torch is imported inside the functions, so importing this package stays light.
 
 from __future__ import annotations
 
+import importlib
+
 from parity.config import schema
+from parity.models import hf
+from parity.models.tv_compat import import_torchvision
 
 
 def build(arch: dict, seed: int):
@@ -19,6 +23,7 @@ def build(arch: dict, seed: int):
     otherwise run BatchNorm as the identity, and activations vanish (efficientnet_b0 output ~1e-14,
     depthwise convs get kaiming fan_out = C*k*k) or grow with depth (resnet50 layer4 ~1e2).
     """
+    # lazy: torch +1.84 s (BENCHMARKS 22) in every stage importing parity.models.onnx_weights/onnx_cut (ORT)
     import torch
 
     torch.manual_seed(seed)
@@ -41,24 +46,19 @@ def construct(arch: dict):
     under `torch.device("meta")` it allocates nothing (parity.core.memory sizes a model that way)."""
     source, name, kwargs = arch["source"], arch["name"], dict(arch.get("kwargs") or {})
     if source == "parity":
-        from parity.models import zoo
+        from parity.models import zoo  # lazy: zoo loads torch (as below); ORT stages import parity.models.onnx_weights
 
         model = zoo.BUILDERS[name](**kwargs)
     elif source == "torchvision":
-        from parity.models.tv_compat import import_torchvision
-
         tv = import_torchvision()
         available = tv.models.list_models()
         if name not in available:
             raise ValueError(f"unknown torchvision model '{name}'. Available: {', '.join(available)}")
         model = tv.models.get_model(name, weights=None, **kwargs)
     elif source == "hf":
-        from parity.models import hf
-
         model = hf.build(name, kwargs, arch.get("head", schema.Arch.head))
     elif source == "import":
-        import importlib
-
+        # lazy: torch +1.84 s (BENCHMARKS 22) in every stage importing parity.models.onnx_weights/onnx_cut (ORT)
         import torch
 
         mod, _, attr = name.partition(":")
@@ -71,6 +71,7 @@ def construct(arch: dict):
 
 
 def _calibrate_bn(model, shape, seed: int) -> None:
+    # lazy: torch +1.84 s (BENCHMARKS 22) in every stage importing parity.models.onnx_weights/onnx_cut (ORT)
     import torch
 
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -93,6 +94,7 @@ def _calibrate_bn(model, shape, seed: int) -> None:
 
 def example_inputs(input_specs: list[dict], arrays: dict):
     """Torch tensors (in spec order) from the numpy arrays of one sample."""
+    # lazy: torch +1.84 s (BENCHMARKS 22) in every stage importing parity.models.onnx_weights/onnx_cut (ORT)
     import torch
 
     return tuple(torch.from_numpy(arrays[s["name"]].copy()) for s in input_specs)

@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx.helper import tensor_dtype_to_np_dtype
+from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, DefaultWeightOnlyQuantizer
 
 from parity.models import onnx_weights
 
@@ -95,8 +97,6 @@ def block_quantizer(block_size: int, is_symmetric: bool, accuracy_level: int):
     logging.basicConfig(level=INFO) on import: the root logger's handlers and level are put back."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
-                                                                  DefaultWeightOnlyQuantizer)
 
     for h in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(h)
@@ -110,7 +110,6 @@ def read(t: TensorProto, base_dir) -> np.ndarray:
     not a map: the pages read do not stay in the process)."""
     if not onnx_weights.is_external(t):
         return numpy_helper.to_array(t)
-    from onnx.helper import tensor_dtype_to_np_dtype
 
     info = onnx_weights.external_info(t)
     dt = np.dtype(tensor_dtype_to_np_dtype(t.data_type))

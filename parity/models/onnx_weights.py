@@ -25,11 +25,16 @@ protobuf's 2 GiB limit:
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
+from onnx.helper import tensor_dtype_to_np_dtype
+from onnx.numpy_helper import to_array
+
+from parity.core.io import atomic_path
 
 WEIGHTS = "weights.bin"
 THRESHOLD = 1024   # bytes: onnx's default size_threshold; smaller tensors stay inline
@@ -91,8 +96,6 @@ def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS) -
     tensor's bytes come from its inline fields or from its external file under `base_dir`. `m` is
     changed in place and returned. Returns without holding more than one CHUNK of weights in memory
     (inline tensors excepted: they are in `m` already)."""
-    from onnx.numpy_helper import to_array
-
     base = Path(base_dir)
     with open(weights, "wb") as out:
         for t in initializers(m):
@@ -158,8 +161,6 @@ def check(path, full_check: bool = True) -> None:
 def write_checked(m: onnx.ModelProto, path, full_check: bool = True) -> None:
     """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file
     beside it (`full_check`: with strict shape inference; a user's ONNX file is checked as given)."""
-    from parity.core.io import atomic_path
-
     with atomic_path(path) as tmp:
         save_graph(m, tmp)
         check(tmp, full_check)
@@ -167,8 +168,6 @@ def write_checked(m: onnx.ModelProto, path, full_check: bool = True) -> None:
 
 def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
     """The values of external tensor `t` as a read-only view of its memory-mapped file under `base_dir`."""
-    from onnx.helper import tensor_dtype_to_np_dtype
-
     info = external_info(t)
     f = str(Path(base_dir) / info["location"])
     if f not in maps:
@@ -202,8 +201,6 @@ def with_data(m: onnx.ModelProto, base_dir) -> onnx.ModelProto:
     tensor_view), not by onnx's loader: onnx refuses an external data file with several hard links
     ("potential hardlink attack"), and DVC's `cache.type hardlink` links every output to its cache
     object, so weights.bin always has two."""
-    from onnx import TensorProto
-
     maps: dict = {}
     for t in initializers(m):
         if is_external(t):
@@ -226,8 +223,6 @@ class Converted:
     (a graph's external data folder: SessionOptions `session.model_external_initializers_file_folder_path`)."""
 
     def __init__(self):
-        import tempfile
-
         self._tmp = tempfile.TemporaryDirectory(prefix="parity-weights-")
         self.dir = Path(self._tmp.name)
         self.index: dict[tuple[str, str], tuple[int, int]] = {}  # (name, dtype) -> (offset, length)
@@ -252,7 +247,7 @@ def _shapes_from_dims():
     `numpy_helper.to_array(tensor).shape`, which reads the tensor's data; for an external tensor the
     same shape is its `dims`. Swapped in for the one call (the converter's result is otherwise
     unchanged)."""
-    from onnx import helper
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22) for fp16 conversion only; the export stage never loads it
     from onnxruntime.transformers import float16
 
     orig = float16.make_value_info_from_tensor
@@ -269,6 +264,7 @@ def to_float16(m: onnx.ModelProto, base_dir, store: Converted | None, **kwargs) 
     function (convert_np_to_float16) where the converter retyped it: the values are those of a
     conversion of the whole in-memory model, and no more than one tensor is converted at a time.
     Initializers no node reads are dropped first (onnxruntime drops them too)."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22) for fp16 conversion only; the export stage never loads it
     from onnxruntime.transformers.float16 import convert_float_to_float16, convert_np_to_float16
 
     read = read_by_nodes(m)

@@ -7,21 +7,23 @@ detection ops themselves stay unusable (calling them raises), which parity never
 
 from __future__ import annotations
 
+import sys
+
 _LIB = None
 
 
 def import_torchvision():
     global _LIB
-    import torch
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.models imports this module in ORT stages too
 
     try:
+        # lazy: only through this workaround; torchvision +3.85 s (BENCHMARKS 22)
         import torchvision  # noqa: F401  (fine where the extension loads, e.g. a CUDA machine)
 
         return torchvision
     except RuntimeError as e:
         if "torchvision::" not in str(e):
             raise
-    import sys
 
     for k in [k for k in sys.modules if k == "torchvision" or k.startswith("torchvision.")]:
         del sys.modules[k]
@@ -32,6 +34,6 @@ def import_torchvision():
                 _LIB.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             except RuntimeError:
                 pass  # already defined
-    import torchvision
+    import torchvision  # lazy: only through this workaround; torchvision +3.85 s (BENCHMARKS 22)
 
     return torchvision

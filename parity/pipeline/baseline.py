@@ -6,6 +6,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity.analysis import sums
+from parity.analysis.oracle import has_baseline
+from parity.backends.base import CaptureJob, run_capture, write_own
+from parity.backends.torch_cpu import TorchCpuRunner
+from parity.core import store
+from parity.core.io import write_json
+from parity.pipeline.inputs import load
+from parity.pipeline.sink import StoreSink
 from parity.config import schema
 
 BASELINE_PROVIDER = "torch_cpu"  # the trusted backend
@@ -16,12 +24,6 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
                      reference: Path | None = None) -> str:
     """The trusted backend at `dtype` (layers.parquet, own.parquet, status.json under `out`): the
     oracle's yardstick. UNSUPPORTED for precision modes torch CPU eager does not reproduce."""
-    from parity.core import store
-    from parity.analysis.oracle import has_baseline
-    from parity.analysis import sums
-    from parity.backends.base import CaptureJob, run_capture, write_own
-    from parity.pipeline.inputs import load
-
     dc = p["dtypes"][dtype]
     key = f"{model}-{dtype}"
     t0 = time.perf_counter()
@@ -30,6 +32,7 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
                                                   "has no such mode; cells of this dtype are judged by tolerance"), []
     elif p["models"][model]["arch"]["source"] == "onnx":  # an ONNX file: ORT CPU, no optimisation
+        # lazy: ONNX-source models only; loads onnxruntime (+0.14 s, BENCHMARKS 22) that a torch baseline never uses
         from parity.pipeline import onnx_reference
 
         res = onnx_reference.ort_capture(p, model, load(inputs), dtype)
@@ -37,9 +40,6 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)
                 if not t.name.startswith(store.PLAIN)]
     else:
-        from parity.backends.torch_cpu import TorchCpuRunner
-        from parity.pipeline.sink import StoreSink
-
         job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=dc,
                          provider=BASELINE_PROVIDER,
                          provider_cfg={"runner": BASELINE_RUNNER, "dtypes": [dtype], "options": {}},
@@ -65,8 +65,6 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
 
 
 def _done(out: Path, key: str, provider: str, res_status: str, reason: str, own: dict, n: int, t0: float) -> str:
-    from parity.core.io import write_json
-
     write_json(out / "status.json", {"baseline": key, "provider": provider, "status": res_status,
                                      "reason": reason, "own": own})
     return (f"baseline@{key}: {res_status}{' (' + reason + ')' if reason else ''}, {n} tensors, "

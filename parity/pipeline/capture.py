@@ -6,20 +6,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity.config import params as config
+from parity.analysis.oracle import has_baseline
+from parity.backends import CaptureJob, fingerprint, load_runner
+from parity.backends.base import CaptureResult, latency_stats, write_own
+from parity.config import inputspec, params as config
+from parity.core import store
+from parity.core.io import read_json, write_json
+from parity.pipeline.inputs import load
+from parity.pipeline.shapes import capture_by_shape
+from parity.pipeline.sink import StoreSink
 from parity.config import schema
 
 def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path, out: Path,
                  timing: Path, calibration: Path | None = None, engine_dir: Path | None = None,
                  reference: Path | None = None) -> list[str]:
     """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
-    from parity.analysis.oracle import has_baseline
-    from parity.backends import CaptureJob, fingerprint
-    from parity.backends.base import latency_stats, write_own
-    from parity.core import store
-    from parity.core.io import write_json
-    from parity.pipeline.sink import StoreSink
-
     c = schema.of(p)
     timed = bool(c.capture.latency)  # capture.latency: opt-in
     pc = p["providers"][provider]
@@ -62,12 +63,6 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
 
 def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):
     """The provider's runner on every input shape: (CaptureResult, runner settings, status by shape)."""
-    from parity.backends import fingerprint, load_runner
-    from parity.backends.base import CaptureResult
-    from parity.config import inputspec
-    from parity.pipeline.inputs import load
-    from parity.pipeline.shapes import capture_by_shape
-
     c, pc = schema.of(p), p["providers"][provider]
     unavailable = fingerprint.cluster_unavailable(provider)  # parity repro --cluster: no node offers it
     try:
@@ -99,8 +94,6 @@ def _lines(key: str, res, n_layers: int, lat: dict, status: dict, settings: dict
 
 def _engine_info(engine_dir: Path) -> dict:
     """Which engine each number comes from, and what fusion removed in the engine under test."""
-    from parity.core.io import read_json
-
     b = read_json(engine_dir / "build.json")
     return {k: b[k] for k in ("per_layer_values_from", "plain_output_and_latency_from", "fused_away_in_plain",
                               "precision") if k in b}

@@ -30,10 +30,19 @@ module (parity.pipeline.generate.resolve_fault) names the same node in both.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from pathlib import Path
 
+import onnx
+import torch
+from onnx import TensorProto
+from torch import nn
+from torch.export import Dim
+from transformers.cache_utils import DynamicCache
+
+from parity.core.io import atomic_path
+from parity.models import hf
 from parity.models.layers import LayerRecorder
+from parity.pipeline.layer_export import prune_outputs, strip_paths
 
 LM = "lm"  # DecoderStep keeps the causal LM as `self.lm`: layer names drop this prefix
 LOGITS = "logits"
@@ -42,8 +51,6 @@ LOGITS = "logits"
 def build_causal_lm(name: str, kwargs: dict):
     """The causal LM of Hugging Face model type `name` with config `kwargs` (arch.kwargs), cache on,
     seeded by the caller. ValueError naming the bad key, or the type without a causal LM head."""
-    from parity.models import hf
-
     tf = hf.load()
     kw = dict(kwargs)
     extra = {k: kw.pop(k) for k in hf.FROM_CONFIG_KEYS if k in kw}
@@ -77,8 +84,6 @@ class DecoderStep(nn.Module):
         self.n_layers = int(lm.config.num_hidden_layers)
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
-        from transformers.cache_utils import DynamicCache
-
         cache = DynamicCache(config=self.lm.config)
         for i in range(self.n_layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
@@ -127,13 +132,6 @@ def feeds(ids, past_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 def export(lm: nn.Module, out_dir, opset: int = 18) -> dict:
     """decoder_layers.onnx and decoder.onnx under `out_dir` (module docstring); returns decoder.json:
     input/output names, cache shape, the leaf output names in execution order."""
-    from pathlib import Path
-
-    import onnx
-
-    from parity.pipeline.layer_export import prune_outputs, strip_paths
-    from parity.core.io import atomic_path
-
     out_dir = Path(out_dir)
     n = int(lm.config.num_hidden_layers)
     rec = record(lm)
@@ -146,7 +144,6 @@ def export(lm: nn.Module, out_dir, opset: int = 18) -> dict:
     layers = layer_names(rec, 1 + 2 * n)
     inputs = ["input_ids", "attention_mask", "position_ids", *past_names(n)]
     outputs = [LOGITS, *present_names(n), *layers]
-    from torch.export import Dim
 
     p, s, t = Dim("past", min=0, max=1 << 16), Dim("seq", min=1, max=1 << 16), Dim("total", min=1, max=1 << 17)
     shapes = ({1: s}, {1: t}, {1: s}, *({2: p} for _ in range(2 * n)))
@@ -174,12 +171,6 @@ def externalize(m, out_dir, name: str) -> int:
     location relative to the graph). Both decoder graphs refer to the one file: the weights are on
     disk once, no graph is near protobuf's 2 GiB limit, and onnxruntime reads them by path. Returns
     the bytes written."""
-    from pathlib import Path
-
-    from onnx import TensorProto
-
-    from parity.core.io import atomic_path
-
     written = 0
     with atomic_path(Path(out_dir) / name, allow_empty=True) as tmp, open(tmp, "wb") as f:
         for t in m.graph.initializer:

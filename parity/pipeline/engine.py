@@ -5,26 +5,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.backends import load_runner
+from parity.backends.base import calibration_feeds, error_reason
+from parity.backends.fingerprint import cluster_unavailable
 from parity.config import params as config
+from parity.core.io import read_json
 
 
 def build_cell(p: dict, dtype: str, provider: str, model_dir: Path, calibration: Path, out: Path,
                timing_cache: Path) -> dict:
     """build.json's content (without the cell key); the engines and timing cache are written."""
-    from parity.backends import load_runner
-
     pc, dc = p["providers"][provider], p["dtypes"][dtype]
     why = config.unsupported_dtype(provider, pc, dtype)
     if why:
         return {"status": "UNSUPPORTED", "reason": why}
     cls = load_runner(pc["runner"], pc.get("import"))
-    from parity.backends.fingerprint import cluster_unavailable
 
     why = cluster_unavailable(provider) or cls.engine_availability()  # parity repro --cluster: no node offers it
     if why:
         return {"status": "UNAVAILABLE", "reason": why}
-    from parity.backends.base import calibration_feeds, error_reason
-    from parity.core.io import read_json
 
     names = [x["name"] for x in read_json(Path(model_dir) / "layers.json")["layers"]]
     calib = calibration_feeds(calibration) if cls.engine_precision(dc) == "int8" else None

@@ -7,6 +7,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from parity.config import inputspec
+from parity.core.io import write_json
+from parity.core.store import is_output
+from parity.models import build, example_inputs
+from parity.models.layers import module_types
+from parity.models.onnx_weights import write_checked
+from parity.pipeline.inputs import samples
+from parity.pipeline.layer_export import ExportFailed, export_checked, op_inventory, prune_outputs
+from parity.pipeline.layer_export import layer_regions
+from parity.pipeline.layer_export import NO_OUTPUT, input_error
+from parity.pipeline.onnx_export import export_file
+from parity.pipeline.onnx_source import OnnxSourceError
 from parity.config import inputspec, schema
 
 
@@ -17,17 +29,8 @@ class ExportError(Exception):
 def export_model(p: dict, model: str, out: Path) -> str:
     """Write layers.onnx, model.onnx (both pointing at one weights.bin), layers.json and ops.json under
     `out`; the summary line."""
-    from parity.pipeline.layer_export import ExportFailed, export_checked, op_inventory, prune_outputs
-    from parity.models.onnx_weights import write_checked
-    from parity.core.io import write_json
-    from parity.models import build
-    from parity.core.store import is_output
-
     m = p["models"][model]
     if m["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
-        from parity.pipeline.onnx_export import export_file
-        from parity.pipeline.onnx_source import OnnxSourceError
-
         try:
             return export_file(model, m, out)
         except OnnxSourceError as e:
@@ -65,10 +68,6 @@ def export_model(p: dict, model: str, out: Path) -> str:
 def _checked_example(p: dict, model: str, net):
     """The example the export traces (the largest shape with `models.<m>.shapes`), after checking
     that the model takes every shape's inputs (a shape it cannot take is a config error)."""
-    from parity.pipeline.layer_export import NO_OUTPUT, input_error
-    from parity.models import example_inputs
-    from parity.pipeline.inputs import samples
-
     m = p["models"][model]
     firsts, labels = samples({**p, "inputs": {"samples": 1}}, model), inputspec.labels(m)  # one per shape
     for label, first in zip(labels, firsts):
@@ -84,9 +83,6 @@ def _checked_example(p: dict, model: str, net):
 
 
 def _layers_json(model: str, net, names: list, outputs: list, full, exporter: str, opset: int) -> dict:
-    from parity.pipeline.layer_export import layer_regions
-    from parity.models.layers import module_types
-
     types = module_types(net)
     called = {n.split("#")[0].split(":")[0] for n in names}
     # Leaf modules the forward never calls as modules (nn.MultiheadAttention.out_proj: MHA uses its

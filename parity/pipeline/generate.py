@@ -28,8 +28,16 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
+import torch
 
 from parity.analysis import oracle
+from parity.backends import CaptureJob, fault
+from parity.backends.ort_cpu import OrtCpuRunner
+from parity.core.io import read_json, write_json
+from parity.models.onnx_cut import scopes
+from parity.pipeline import decoder
+from parity.pipeline.decoder import LOGITS, past_names, present_names
 from parity.config import schema
 
 # runners generate@ runs (conf/providers/<p>.yaml `runner:`): how each side is driven
@@ -39,10 +47,6 @@ PROMPT_SEED = 23  # numpy stream of the prompt: default_rng([seed, PROMPT_SEED])
 
 def build_lm(model_cfg: dict, seed: int):
     """The model's causal LM (arch.source: hf), seeded weights, eval mode, fp32."""
-    import torch
-
-    from parity.pipeline import decoder
-
     arch = model_cfg["arch"]
     if arch.get("source") != "hf":
         raise ValueError(f"arch.source: {arch.get('source')}: generation needs a Hugging Face causal LM (hf)")
@@ -52,9 +56,6 @@ def build_lm(model_cfg: dict, seed: int):
 
 def export_model(p: dict, model: str, out: Path) -> dict:
     """decoder.onnx, decoder_layers.onnx and decoder.json under `out` (parity.pipeline.decoder.export)."""
-    from parity.core.io import write_json
-    from parity.pipeline import decoder
-
     c = schema.of(p)
     lm = build_lm(p["models"][model], int(c.seed))
     info = decoder.export(lm, out, opset=int(c.export.opset))
@@ -81,10 +82,6 @@ def decode(step, prompt_ids: list[int], tokens: list[int], steps: int):
 
 def torch_step(lm):
     """A decode step on torch (DecoderStep, the model's own cache)."""
-    import torch
-
-    from parity.pipeline import decoder
-
     step, empty = decoder.DecoderStep(lm), decoder.empty_past(lm)
 
     def run(ids, past, n):
@@ -96,8 +93,6 @@ def torch_step(lm):
 
 def ort_feeds(ids: list[int], past, n: int, info: dict) -> dict:
     """decoder.onnx's inputs for a step feeding `ids` after `n` cached tokens (past None: empty)."""
-    from parity.pipeline.decoder import past_names
-
     s, names = len(ids), past_names(int(info["n_layers"]))
     if past is None:
         past = [np.zeros((1, info["kv_heads"], 0, info["head_dim"]), np.float32)] * len(names)
@@ -107,8 +102,6 @@ def ort_feeds(ids: list[int], past, n: int, info: dict) -> dict:
 
 def ort_step(sess, info: dict):
     """A decode step on an onnxruntime session of decoder.onnx (past/present as float32 numpy)."""
-    from parity.pipeline.decoder import LOGITS, present_names
-
     outs = [LOGITS, *present_names(int(info["n_layers"]))]
 
     def run(ids, past, n):
@@ -175,9 +168,6 @@ def _unsupported(p: dict, dtype: str, provider: str) -> str | None:
 
 def _ort_runner(p: dict, model: str, dtype: str, provider: str, export_dir: Path):
     """(runner, None) for an ORT provider, or (None, (status, reason))."""
-    from parity.backends import CaptureJob
-    from parity.backends.ort_cpu import OrtCpuRunner  # the one ORT runner in SIDES
-
     pc = p["providers"][provider]
     job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=p["dtypes"][dtype],
                      provider=provider, provider_cfg=pc, model_dir=export_dir, seed=int(schema.of(p).seed),
@@ -188,10 +178,6 @@ def _ort_runner(p: dict, model: str, dtype: str, provider: str, export_dir: Path
         return None, ("UNAVAILABLE", why)
     spec = (pc.get("options") or {}).get("fault")
     if spec:
-        import onnx
-
-        from parity.backends import fault
-
         m = onnx.load(str(export_dir / "decoder.onnx"), load_external_data=False)
         spec = resolve_fault(m, spec)
         try:
@@ -208,9 +194,6 @@ def resolve_fault(m, spec: dict) -> dict:
     graph (the first node in its name_scopes reading a floating initializer); decoder.onnx and
     decoder_layers.onnx share node names (one is pruned from the other), so the same fault hits both.
     A node or tensor name is kept as it is."""
-    from parity.backends import fault
-    from parity.models.onnx_cut import scopes
-
     target = str(spec["node"])
     if fault.find(m, target) is not None:
         return spec
@@ -230,10 +213,6 @@ def session(runner, path: Path):
 
 def leaf_values(lm, prefix: list[int]) -> dict:
     """Every leaf module's output (float64 numpy, execution order) on `prefix`, no cache."""
-    import torch
-
-    from parity.pipeline import decoder
-
     rec = decoder.record(lm)
     with torch.no_grad():
         out = rec(*decoder.feeds(prefix, 0), *decoder.empty_past(lm))
@@ -245,8 +224,6 @@ def drift_origin(p: dict, model: str, dtype: str, side: str, runner, export_dir:
                  prefix: list[int]) -> dict:
     """Per-layer oracle on the full prefix (no cache): fp64, baseline and provider leaf outputs; the
     first leaf over the limit in execution order is the origin."""
-    import torch
-
     dc = p["dtypes"][dtype]
     lm = build_lm(p["models"][model], int(schema.of(p).seed)).double()
     gold = leaf_values(lm, prefix)
@@ -283,12 +260,10 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
         runner, bad = _ort_runner(p, model, dtype, provider, export_dir)
         if bad:
             return {**res, "status": bad[0], "reason": bad[1], "verdict": bad[0]}
-    import torch
 
     threads = int(c.capture.threads)
     if threads:
         torch.set_num_threads(threads)
-    from parity.core.io import read_json
 
     info = read_json(export_dir / "decoder.json")
     lm = build_lm(p["models"][model], seed)

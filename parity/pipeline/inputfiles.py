@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 from parity.config import schema
 from parity.config.inputspec import export_label, sample_sets, specs_for, vocab_bound
+from parity.core import store
 
 
 class InputError(ValueError):
@@ -31,8 +34,6 @@ def model_samples(m: dict, seed: int, n: int, generate) -> list[dict]:
 def load_file(spec: dict, arch: dict, n: int):
     """The first n samples of a file input, as an [n, *shape] array of the spec's dtype (InputError
     naming the file and the problem otherwise)."""
-    import numpy as np
-
     path, name = Path(spec["path"]), spec["name"]
     key = spec.get("key", name)
     where = f"input '{name}' (init: file, path: {path})"
@@ -81,8 +82,6 @@ _KINDS = {"U": "strings", "S": "bytes", "O": "Python objects", "c": "complex num
 
 
 def _read_array(path: Path, key: str):
-    import numpy as np
-
     if path.suffix == ".npy":
         return np.load(path, allow_pickle=False)
     if path.suffix == ".npz":
@@ -90,12 +89,9 @@ def _read_array(path: Path, key: str):
             if key not in z.files:
                 raise InputError(f"{path}: no array '{key}' (key:). Arrays: {', '.join(z.files)}")
             return z[key]
-    import pyarrow.parquet as pq
 
     cols = pq.read_schema(path).names
     if {"sample", "name", "data"} <= set(cols):  # parity's tensor store
-        from parity.core import store
-
         rows = sorted((t for t in store.read(path) if t.name == key), key=lambda t: t.sample)
         if not rows:
             raise InputError(f"{path}: no tensor named '{key}' (key:)")
@@ -120,7 +116,5 @@ def model_calibration(m: dict, seed: int, c: int, generate) -> list[dict]:
 
 def _count(spec: dict) -> int:
     """How many samples a file input holds."""
-    import numpy as np
-
     a = _read_array(Path(spec["path"]), spec.get("key", spec["name"]))
     return 1 if tuple(a.shape) == tuple(spec["shape"]) else int(np.shape(a)[0])

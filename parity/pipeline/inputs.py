@@ -22,6 +22,7 @@ CALIBRATION = 0xCA11B  # tags the calibration samples' seed sequence (distinct f
 
 
 def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool = False) -> np.ndarray:
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.10 s, BENCHMARKS 22; tests/test_light_stages.py)
     import numpy as np
 
     rng = np.random.default_rng([seed, CALIBRATION, sample, index] if calibration else [seed, sample, index])
@@ -43,6 +44,7 @@ def generate(spec: dict, seed: int, sample: int, index: int, calibration: bool =
 def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     """Per sample {input name: array}; with `models.<m>.shapes`, one set of samples per shape label,
     and `init: file` inputs from their files (parity.pipeline.inputfiles, parity.config.inputspec)."""
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.18 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.pipeline import inputfiles
 
     c = schema.of(p)
@@ -50,6 +52,7 @@ def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.18 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.pipeline import inputfiles
 
     c = schema.of(p)
@@ -57,6 +60,7 @@ def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
 
 
 def load(path) -> list[dict[str, np.ndarray]]:
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.18 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.core import store
 
     by_sample: dict[int, dict[str, np.ndarray]] = {}
@@ -67,6 +71,7 @@ def load(path) -> list[dict[str, np.ndarray]]:
 
 def rows(p: dict, model: str, calibration: bool = False) -> list:
     """The samples (or the calibration samples) as Parquet store rows."""
+    # lazy: `stages.inputs --help` loads no numpy/pyarrow (+0.18 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.core import store
 
     specs = p["models"][model]["input"]

@@ -11,17 +11,23 @@ measured on the plain graph, since extra outputs can change what a backend fuses
 from __future__ import annotations
 
 import collections
+import tempfile
+import warnings
 from pathlib import Path
 
 import onnx
+
+from parity.core.io import atomic_path
+from parity.models import onnx_cut, onnx_weights
 
 
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
                   dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
     `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec)."""
-    import torch
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
 
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
     from parity.models.layers import LayerRecorder
 
     rec = LayerRecorder(model).eval()
@@ -46,6 +52,7 @@ def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exp
     parity.config.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
     if exporter != "dynamo":
         return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
     from torch.export import Dim
 
     objs = {d: Dim(d) for axes in dynamic.values() for d in axes.values()}
@@ -132,8 +139,6 @@ def layer_regions(m: onnx.ModelProto) -> dict[str, dict]:
     """layers.json `regions`: per leaf call, the leaf calls feeding it and the op types between them
     (from the exported nodes' name_scopes; parity.models.onnx_cut.regions). A graph without that
     metadata (the legacy exporter) gives {} rather than failing the export."""
-    from parity.models import onnx_cut
-
     try:
         return onnx_cut.regions(m)
     except Exception:  # naming is a diagnostic aid: never fail an export over it
@@ -172,8 +177,9 @@ class ExportFailed(Exception):
 def input_error(model, example) -> str | None:
     """Run the model eagerly once on the example inputs: None if it takes them, else the first
     line of its error (a shape the model cannot take is a config error, not an export failure)."""
-    import torch
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
 
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
     from parity.models.layers import flatten
 
     try:
@@ -197,12 +203,6 @@ def export_checked(model, example, input_names, out: Path, exporter: str, opset:
     its initializers refer to weights.bin). ExportFailed when the exporter raises. The exporter writes
     into a temp folder beside `out`; its weights are then copied, in graph order, into weights.bin
     (parity.models.onnx_weights.pack), never loaded into a protobuf."""
-    import tempfile
-    import warnings
-
-    from parity.core.io import atomic_path
-    from parity.models import onnx_weights
-
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.export-", dir=out.parent) as d:
         tmp = Path(d) / "layers.onnx"

@@ -4,10 +4,13 @@ built on torch's `meta` device (no weight bytes) and run once on meta inputs thr
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
+from parity.config import inputspec
 from parity.config import schema
 from parity.core import memory
+from parity.models import construct
 
 
 def guard(stage: str, cell: str, p: dict, model: str, sa: int | None = None) -> dict | None:
@@ -26,10 +29,8 @@ def sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[
     if m["arch"]["source"] == "onnx":
         path = Path(str(m["arch"]["path"]))
         return (path.stat().st_size if path.is_file() else None), None
+    # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module
     import torch
-
-    from parity.config import inputspec
-    from parity.models import construct
 
     try:
         with torch.device("meta"):
@@ -47,10 +48,10 @@ def _meta_outputs(net, specs: list[dict]) -> int:
     """fp32 bytes of the model's and every leaf call's floating outputs for one sample, on meta
     tensors. Data-dependent Python branches (`if mask.all():`, in transformers' mask helpers) read
     1 / True from a meta tensor while this runs; the override is removed afterwards."""
-    import warnings
-
+    # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module
     import torch
 
+    # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module
     from parity.models.layers import LayerRecorder
 
     lib = torch.library.Library("aten", "IMPL")

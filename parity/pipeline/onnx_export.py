@@ -7,15 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from parity.core.io import write_json
+from parity.pipeline.layer_export import op_inventory
 from parity.pipeline.onnx_source import arch_path, check_inputs, load_checked, write_graphs
 
 
 def export_file(model: str, model_cfg: dict, out: Path) -> str:
     """export@model for an ONNX file: layers.onnx, model.onnx, layers.json, ops.json under `out`.
     Checks everything first (OnnxSourceError), so a bad file writes nothing. Returns a summary line."""
-    from parity.pipeline.layer_export import op_inventory
-    from parity.core.io import write_json
-
     where = f"models.{model}.arch.path"
     path = arch_path(model_cfg)
     notes: list[str] = []

@@ -5,11 +5,17 @@ graph cast to float64 (onnxruntime has no float64 Conv). Why this reference: onn
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from onnx.reference import ReferenceEvaluator
 
+from parity.backends.base import CaptureJob, run_capture
+from parity.backends.ort_cpu import OrtCpuRunner
+from parity.core import store
+from parity.models.onnx_weights import with_data
 from parity.config import schema
 from parity.pipeline.onnx_source import (NOOPT, ORT_RUNNER, OnnxSourceError, arch_path, instrument, load_checked,
                                          to_float64, write_graphs)
@@ -18,9 +24,6 @@ from parity.pipeline.onnx_source import (NOOPT, ORT_RUNNER, OnnxSourceError, arc
 def ort_capture(p: dict, model: str, feeds: list, dtype: str):
     """The ONNX file's per-node graph on ORT CPU with graph optimisation disabled, at conf dtype
     `dtype` (the reference at fp32, the oracle's trusted baseline at the cell's dtype): a CaptureResult."""
-    from parity.backends.base import CaptureJob, run_capture
-    from parity.backends.ort_cpu import OrtCpuRunner
-
     mc = p["models"][model]
     path = arch_path(mc)
     m = load_checked(path, f"models.{model}.arch.path")
@@ -35,8 +38,6 @@ def ort_capture(p: dict, model: str, feeds: list, dtype: str):
 
 def reference_rows(p: dict, model: str, feeds: list) -> list:
     """fp32 reference rows (model output, then every node output), per sample."""
-    from parity.core import store
-
     res = ort_capture(p, model, feeds, "fp32")
     if res.status != "OK":
         raise OnnxSourceError(f"reference@{model}: onnxruntime CPU (optimisation disabled) could not run "
@@ -47,12 +48,6 @@ def reference_rows(p: dict, model: str, feeds: list) -> list:
 
 def golden_rows(p: dict, model: str, feeds: list) -> tuple[list, str]:
     """(fp64 rows, "") from the ONNX reference evaluator on the graph cast to float64, or ([], why not)."""
-    from onnx.reference import ReferenceEvaluator
-
-    from parity.core import store
-
-    from parity.models.onnx_weights import with_data
-
     path = arch_path(p["models"][model])
     # the evaluator runs a whole in-memory model (numpy): the fp64 golden run is for small graphs
     layers, _, _, _ = instrument(with_data(load_checked(path, f"models.{model}.arch.path"), path.parent))
@@ -72,10 +67,6 @@ def golden_rows(p: dict, model: str, feeds: list) -> tuple[list, str]:
 def reference(p: dict, model: str, feeds: list, out: Path) -> int:
     """reference@model for an ONNX file: fp32.parquet (ORT CPU, no optimisation) and, with
     reference.fp64, fp64.parquet from the evaluator when the graph allows it. Returns the exit code."""
-    import sys
-
-    from parity.core import store
-
     try:
         rows = reference_rows(p, model, feeds)
     except OnnxSourceError as e:

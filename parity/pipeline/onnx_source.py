@@ -25,6 +25,14 @@ import re
 from pathlib import Path
 
 import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, helper, numpy_helper
+
+from parity.core.io import atomic_path
+from parity.core.store import is_output
+from parity.models import onnx_weights
+from parity.models.onnx_weights import external_info, initializers, is_external
 
 from parity.config import schema
 
@@ -53,9 +61,6 @@ def load_checked(path: str | Path, where: str = "arch.path", notes: list | None 
     their references, relative to the file's folder), or OnnxSourceError naming file and problem.
     The checker runs by path, so a file whose weights are over 2 GiB is checked too. What was changed
     to load it (an IR version lowered: runtime_error) is appended to `notes`."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
     p = Path(path)
     if not p.is_file():
         raise OnnxSourceError(f"{where}: {p}: no such file")
@@ -78,8 +83,6 @@ def load_checked(path: str | Path, where: str = "arch.path", notes: list | None 
         notes.append(note)
     _check_external(m, p, where)
     try:
-        from parity.models import onnx_weights
-
         onnx_weights.check(p, full_check=False)  # by path; a DVC hard-linked weights file is read by parity
     except onnx.checker.ValidationError as e:
         raise OnnxSourceError(f"{where}: {p}: invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
@@ -88,8 +91,6 @@ def load_checked(path: str | Path, where: str = "arch.path", notes: list | None 
 
 def _check_external(m, p: Path, where: str) -> None:
     """Check every external-data file the initializers name: present, long enough (not read)."""
-    from parity.models.onnx_weights import external_info, initializers, is_external
-
     for t in initializers(m):
         if not is_external(t):
             continue
@@ -108,9 +109,6 @@ def write_graphs(m, src_dir: Path, out: Path):
     """layers.onnx and model.onnx of graph `m` (weightless, loaded by load_checked from a file in
     `src_dir`) under `out`, both pointing at one `out`/weights.bin (its weights copied there, in graph
     order; parity.models.onnx_weights.pack), each checked by path. Returns instrument(m)."""
-    from parity.core.io import atomic_path
-    from parity.models import onnx_weights
-
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / onnx_weights.WEIGHTS, allow_empty=True) as w:
         onnx_weights.pack(m, src_dir, w)  # small tensors come inline first: shape inference reads them
@@ -124,8 +122,8 @@ def write_graphs(m, src_dir: Path, out: Path):
 def _probe(stamps, ir_version: int) -> str | None:
     """None when the installed onnxruntime loads a one-node model stamped with these opsets and IR
     version (exactly ORT's own rule, at the cost of a tiny session), else ORT's first message line."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22); export@ of a torch model imports this module and never runs ORT
     import onnxruntime as ort
-    from onnx import TensorProto, helper
 
     g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
@@ -148,6 +146,7 @@ def runtime_error(m, p: Path, where: str) -> str | None:
     14; onnxruntime 1.31 reads <= 13) whose opsets it supports is lowered in place to the newest IR
     version it reads, and the returned note says so; None when nothing changed. OnnxSourceError names
     the stamp at fault otherwise: the opset, or the IR version when no lower one loads."""
+    # lazy: onnxruntime +0.14 s (BENCHMARKS 22); export@ of a torch model imports this module and never runs ORT
     import onnxruntime as ort
 
     stamps = [o for o in m.opset_import if o.domain in ("", "ai.onnx") or o.domain.startswith("ai.onnx.")]
@@ -161,7 +160,6 @@ def runtime_error(m, p: Path, where: str) -> str | None:
                 f"and supports opset {opset}")
         m.ir_version = lower
         return note
-    from onnx import helper
 
     base = [helper.make_opsetid("", 13)]  # an opset every onnxruntime we run reads: isolates the IR version
     newest = next((ir for ir in range(m.ir_version, 2, -1) if _probe(base, ir) is None), None)
@@ -175,8 +173,6 @@ def runtime_error(m, p: Path, where: str) -> str | None:
 
 def check_inputs(m, specs: list[dict], p: Path, where: str) -> None:
     """The model conf's `input:` specs against the graph's inputs: same names, dtypes, static dims."""
-    from onnx import helper
-
     inits = {t.name for t in m.graph.initializer}
     graph_in = {i.name: i for i in m.graph.input if i.name not in inits}
     names = [s["name"] for s in specs]
@@ -202,8 +198,6 @@ def check_inputs(m, specs: list[dict], p: Path, where: str) -> None:
 def topo_sorted(m):
     """A copy of m with the main graph's nodes in topological order (stable: file order among ready
     nodes). ONNX requires it already; a file that breaks the rule is repaired, not refused."""
-    import onnx
-
     out = onnx.ModelProto()
     out.CopyFrom(m)
     g = out.graph
@@ -236,11 +230,6 @@ def output_names(n: int) -> list[str]:
 
 def instrument(m):
     """(layers model, plain model, [(layer tensor, op type)] in topological order, {output: tensor})."""
-    import onnx
-    from onnx import helper
-
-    from parity.core.store import is_output
-
     m = topo_sorted(m)
     try:
         typed = onnx.shape_inference.infer_shapes(m)
@@ -278,9 +267,6 @@ def instrument(m):
 def to_float64(m):
     """A copy of m computing in float64: float32 initializers, graph value types, Cast targets and
     constant attributes become float64."""
-    import onnx
-    from onnx import TensorProto, numpy_helper
-
     out = onnx.ModelProto()
     out.CopyFrom(m)
     g = out.graph

@@ -10,6 +10,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from parity.analysis import oracle, reduce, repro, torch_reduce
+from parity.backends import load_runner
+from parity.backends.base import CaptureJob
+from parity.backends.ort_cpu import OrtCpuRunner
+from parity.config import params as config
+from parity.core import store
+from parity.core.io import read_json, write_json
+from parity.models.onnx_weights import load_with_data
+import onnx
 from parity.config import schema
 
 NOOPT = {"runner": "parity.backends.ort_cpu:OrtCpuRunner", "dtypes": ["fp32"],
@@ -18,8 +27,6 @@ NOOPT = {"runner": "parity.backends.ort_cpu:OrtCpuRunner", "dtypes": ["fp32"],
 
 def first_sample(path: Path) -> dict:
     """The inputs stage's sample 0, {input name: array}."""
-    from parity.core import store
-
     return {t.name: t.array for t in store.read(path) if t.sample == 0}
 
 
@@ -27,8 +34,6 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
                   baseline: Path | None, origin: str | None, out: Path) -> dict:
     """The exported graphs against torch (parity.analysis.torch_reduce): {status: REDUCED (bundle
     written under `out`) | AGREES | NOT_REPRODUCED | NOT_CHECKED, reason, ...}."""
-    from parity.analysis import oracle, torch_reduce
-
     dcfg = p["dtypes"][dtype]
     why = None
     if (p["models"][model].get("arch") or {}).get("source") == "onnx":
@@ -57,12 +62,6 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
 def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path,
                 diff_dir: Path, out: Path, reference: Path | None = None, baseline: Path | None = None) -> dict:
     """reduce.json's content, after writing it (and the bundle when REDUCED) under `out`."""
-    from parity.config import params as config
-    from parity.analysis import reduce, repro
-    from parity.backends import load_runner
-    from parity.backends.base import CaptureJob
-    from parity.core.io import read_json, write_json
-
     key = config.cell_key(model, dtype, provider)
     shutil.rmtree(out, ignore_errors=True)  # a re-run never keeps an earlier bundle
     c = schema.of(p)
@@ -91,10 +90,6 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
         if exporter["status"] == "REDUCED":
             write_json(out / "reduce.json", exporter, sort_keys=False)
             return exporter
-        import onnx
-
-        from parity.backends.ort_cpu import OrtCpuRunner
-        from parity.models.onnx_weights import load_with_data
 
         runner = cls(job(dtype, provider, pc))
         trusted = OrtCpuRunner(job("fp32", "ort_cpu_noopt", NOOPT))

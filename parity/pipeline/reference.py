@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import contextlib
 
+from parity.core import store
+from parity.models import build as build_model
+from parity.models.layers import LayerRecorder, leaf_modules
+import torch
 from parity.config import schema
 
 MIN_OUTPUT_ABS = 1e-3
@@ -26,8 +30,6 @@ class TinyOutput(Exception):
 
 def build(p: dict, model_name: str):
     """The model of `model_name`, fp32, seeded, in eval mode."""
-    from parity.models import build as build_model
-
     m = p["models"][model_name]
     return build_model(m["arch"], schema.of(p).seed)
 
@@ -35,11 +37,6 @@ def build(p: dict, model_name: str):
 def stream(p: dict, model_name: str, net, feeds: list, dtype: str, writer, inputs: bool = False) -> dict:
     """One reference run of `net` at torch dtype `dtype` on `feeds`, each sample's rows handed to
     `writer` (store.Writer) as soon as that sample has run. Returns {output name: max |value|}."""
-    import torch
-
-    from parity.core import store
-    from parity.models.layers import LayerRecorder
-
     m = p["models"][model_name]
     tdt = getattr(torch, dtype)
     rec = LayerRecorder(net, inputs=inputs).eval()
@@ -72,8 +69,6 @@ def run(p: dict, model_name: str, feeds: list, dtype: str, inputs: bool = False)
 @contextlib.contextmanager
 def _at(net, tdt):
     """A callable running the recorder at `tdt`: float32 as built; float64 leaf by leaf (fp64_leaves)."""
-    import torch
-
     if tdt == torch.float32:
         yield lambda rec, xs: rec(*xs)
         return
@@ -105,10 +100,6 @@ def fp64_leaves(net):
     converted on entry, the float32 originals put back on exit); non-leaf modules' own tensors and
     the leaves of modules that hold tensors of their own (they may read a child's weights without
     calling it) in float64 for the whole block. Yields a state dict: `restore()` undoes it all."""
-    import torch
-
-    from parity.models.layers import leaf_modules
-
     leaves = dict(leaf_modules(net))
     owners = {n for n, mod in net.named_modules() if n not in leaves and _own_tensors(mod)}
     permanent = [mod for n, mod in net.named_modules() if n not in leaves and _own_tensors(mod)]
@@ -183,8 +174,6 @@ def tiny_outputs(peak: dict) -> dict:
 def write(p: dict, model_name: str, feeds: list, out, fp64: bool) -> str:
     """fp32.parquet (and fp64.parquet) under `out`, streamed; the summary line. TinyOutput when the
     model's output is too small to prove anything (nothing is published)."""
-    from parity.core import store
-
     net = build(p, model_name)
     with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))

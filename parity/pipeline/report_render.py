@@ -7,6 +7,7 @@ import html
 import math
 
 from parity.pipeline import report_svg as svg
+from parity.suites.render import render_coverage_html
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
                    "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700", "COMPILE_FAIL": "#9a6700",
@@ -612,8 +613,6 @@ def html_page(title: str, summary: dict, cells: list[dict], env: dict, coverage:
         if cov is None:
             h.append("<p>No coverage file: run <code>dvc repro</code>.</p>")
         else:
-            from parity.suites.render import render_coverage_html
-
             h.append(render_coverage_html(cov))
         h.append("</section>")
     if peaks:

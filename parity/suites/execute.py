@@ -35,11 +35,13 @@ import zlib
 
 import numpy as np
 import torch
+from torch.testing._internal.common_methods_invocations import op_db
 
 from parity.backends import load_runner
 from parity.backends.base import OpJob, OpSkip
 from parity.backends.ops import TORCH_DTYPES, as_numpy, reason_of, side_at, tmap, to_dtype
 from parity.backends.torch_cpu import TorchCpuRunner
+from parity.suites import custom, onnxcase, values
 from parity.config import schema
 from parity.suites import values
 
@@ -65,7 +67,6 @@ def opinfo_db() -> dict:
     if _OP_DB is None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from torch.testing._internal.common_methods_invocations import op_db
         _OP_DB = {(o.name, o.variant_test_name): o for o in op_db}
     return _OP_DB
 
@@ -301,8 +302,6 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
     seed = int(cell.get("seed", SEED))
     try:
         if case["kind"] == "onnx":  # a whole ONNX model with its expected outputs (parity.suites.onnxcase)
-            from parity.suites import onnxcase
-
             return onnxcase.run(case, cell, runner_class, runner_for)
         if case["kind"] == "gradcheck":
             if not runner_class(cell).op_gradcheck:
@@ -334,8 +333,6 @@ def _run_sample(case: dict, cell: dict, sample: int) -> dict:
             main = sides["main"]
             try:
                 if case.get("reference"):  # a user op against the user's float64 reference
-                    from parity.suites import custom
-
                     fn = resolve(case["reference"], case.get("imports", ()), "op")
                     (ref, rms), base_grads = custom.run_reference(fn, p_args, p_kwargs, gcase), True
                 else:

@@ -29,9 +29,14 @@ Checked at expansion (parity.suites.spec calls in here) and carried in each expa
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import hashlib
 import re
 from pathlib import Path
+
+from parity.config import imports
+from parity.core import codedeps
 
 FOLLOW_DTYPES = ("float", "complex", "int", "bool")
 FIXED_DTYPES = ("float64", "float32", "float16", "bfloat16", "complex64", "complex128", "int8", "int16", "int32",
@@ -79,8 +84,6 @@ def file_module(path: str) -> str | None:
 def check_file_target(target: str, root: Path) -> Path:
     """The file of `file:path.py::Symbol` under root (the repository); raises ValueError if it is
     absolute, leaves the root, does not exist or does not bind Symbol (read, never imported)."""
-    from parity.config import imports
-
     path, attr = split_file_target(target)
     p = Path(path)
     if p.is_absolute() or ".." in p.parts:
@@ -100,8 +103,6 @@ def check_file_target(target: str, root: Path) -> Path:
 def top_level_kind(path: Path, name: str) -> str | None:
     """"class", "function" or "other" for what binds `name` at the top level of a .py file (read,
     never imported); None if the file cannot be read or parsed."""
-    import ast
-
     try:
         tree = ast.parse(Path(path).read_text(encoding="utf-8", errors="replace"))
     except (OSError, SyntaxError):
@@ -266,11 +267,6 @@ def suite_code(cases: list[dict], root: Path, roots=None) -> dict:
     names (declared `import:` modules, file: modules, targets under them) and what those import from
     the same source tree (parity.core.codedeps). Torch targets and parity's own test ops are not listed
     (their versions/files are fingerprinted or stage deps already)."""
-    import hashlib
-
-    from parity.core import codedeps
-    from parity.config import imports
-
     roots = [root, *(codedeps.search_roots(root) if roots is None else roots)]
     mods, files = set(), {}
     for c in cases:
@@ -301,8 +297,6 @@ def suite_code(cases: list[dict], root: Path, roots=None) -> dict:
 
 def _folder_digest(folder: Path) -> str:
     """sha256 over the relative names and bytes of every file under `folder` (sorted)."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
         h.update(f.relative_to(folder).as_posix().encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())

@@ -36,9 +36,16 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import defs, helper, numpy_helper as nh
 
 from parity.backends.base import OpSkip
+from parity.core import dtypes
+from parity.pipeline import onnx_source
+from parity.pipeline.onnx_source import ORT_PREFIX
 
 # the suite diff's verdict on these cases (parity.suites.diff): their tests' expected outputs are the truth
 NO_ORACLE = "judged by tolerance against the test's expected outputs (no float64 run for ONNX model cases)"
@@ -53,9 +60,6 @@ UNAVAILABLE_RE = re.compile(r"locale")  # a kernel needing what this machine lac
 def read_value(f: Path, tp):
     """A .pb of the graph value typed `tp` (onnx TypeProto): an ndarray, a list (sequence), None or an
     element (optional), a dict (map)."""
-    import onnx
-    from onnx import numpy_helper as nh
-
     kind = tp.WhichOneof("value") if tp is not None else "tensor_type"
     proto = {"sequence_type": onnx.SequenceProto, "optional_type": onnx.OptionalProto,
              "map_type": onnx.MapProto}.get(kind, onnx.TensorProto)()
@@ -123,10 +127,6 @@ def data_sets(folder: Path, m) -> list[tuple[list, list]]:
 @lru_cache(maxsize=None)
 def ort_max_opset(domain: str = "") -> int:
     """The newest opset of `domain` the installed onnxruntime loads (probed as onnx_source does)."""
-    from onnx import defs, helper
-
-    from parity.pipeline import onnx_source
-
     top = defs.onnx_opset_version() if domain == "" else 5
     return next((v for v in range(top, 0, -1) if onnx_source._probe([helper.make_opsetid(domain, v)], 8) is None), 0)
 
@@ -144,9 +144,6 @@ def lower_opset(m) -> str | None:
     the same definition at the newest opset it reads (the op's since_version at the stamp is not newer),
     is restamped to that opset in place: the returned note says so. None when the stamp loads as it is;
     OpSkip SKIPPED naming the op versions the runtime lacks otherwise."""
-    import onnxruntime as ort
-    from onnx import defs
-
     stamp = next((o for o in m.opset_import if o.domain in ("", "ai.onnx")), None)
     top = ort_max_opset("")
     if stamp is None or stamp.version <= top:
@@ -174,8 +171,6 @@ def lower_opset(m) -> str | None:
 # ------------------------------------------------------------------------------ feeds and runs
 def _exotic(elem_type: int) -> bool:
     """An element type onnxruntime's numpy feed/fetch cannot take (bfloat16, float8, float4, int4, int2)."""
-    from onnx import helper
-
     try:
         return helper.tensor_dtype_to_np_dtype(elem_type).type.__module__ != "numpy"
     except Exception:
@@ -190,9 +185,6 @@ def raw_values(m) -> bool:
 
 def ort_value(a, elem_type: int):
     """An OrtValue of ONNX element type `elem_type` holding `a` (its raw ONNX data: packed 4/2-bit)."""
-    import onnxruntime as ort
-    from onnx import numpy_helper as nh
-
     a = np.asarray(a)
     if not _exotic(elem_type):
         return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
@@ -208,7 +200,6 @@ def from_ort_value(v, elem_type: int) -> np.ndarray:
     """An OrtValue's tensor as numpy (an exotic type read back from its raw bytes, as ml_dtypes)."""
     if not _exotic(elem_type):
         return v.numpy()
-    from onnx import helper, numpy_helper as nh
 
     raw = ctypes.string_at(v.data_ptr(), v.tensor_size_in_bytes())
     return nh.to_array(helper.make_tensor("v", elem_type, v.shape(), raw, raw=True))
@@ -228,8 +219,6 @@ def refused(e: BaseException, what: str) -> OpSkip:
     """onnxruntime's error as a case status: UNSUPPORTED when the runtime says it has no kernel, schema
     or support for the op, type or attribute (its own words), UNAVAILABLE when the machine lacks what
     the kernel needs (a locale), INFER_FAIL otherwise."""
-    import onnxruntime as ort
-
     msg = _first(e)
     if UNAVAILABLE_RE.search(msg):
         return OpSkip("UNAVAILABLE", f"onnxruntime {what}: this machine lacks what the kernel needs: {msg}")
@@ -239,8 +228,6 @@ def refused(e: BaseException, what: str) -> OpSkip:
 
 
 def _first(e: BaseException) -> str:
-    from parity.pipeline.onnx_source import ORT_PREFIX
-
     return f"{type(e).__name__}: " + ORT_PREFIX.sub("", (str(e).strip().splitlines() or [""])[0])
 
 
@@ -259,8 +246,6 @@ def exercised(fmt: str, got: list, plain32: list, rounded32: list) -> dict | Non
     outputs rounded to fmt. `exercised`: True (computed at fmt), False (fp32 kernels), None (cannot
     tell: only the storage rounding shows, as an fp32 kernel between casts or an exactly rounded op
     gives). None without float outputs."""
-    from parity.core import dtypes
-
     f = dtypes.reduced(fmt)
     pairs = [(g, p, r) for g, p, r in zip(got, plain32, rounded32) if g.dtype.kind == "f" and g.size]
     if f is None or not pairs:
@@ -290,8 +275,6 @@ def _round_to(a, fmt: str):
     if a.dtype != np.float32:
         return a
     if fmt == "bfloat16":
-        import ml_dtypes
-
         return a.astype(ml_dtypes.bfloat16).astype(np.float32)
     return a.astype(np.float16).astype(np.float32) if fmt == "float16" else a
 
@@ -308,8 +291,6 @@ def check_exercised(runner, m, names, ins, got, fmt: str) -> dict | None:
 # ------------------------------------------------------------------------------ the case
 def _stamps(m, folder: Path, cid: str) -> list[str]:
     """Notes of the stamps lowered so the installed onnxruntime reads the file (OpSkip SKIPPED if not)."""
-    from parity.pipeline import onnx_source
-
     notes = [n for n in [lower_opset(m)] if n]
     try:
         ir = onnx_source.runtime_error(m, folder / "model.onnx", f"case {cid}")
@@ -333,8 +314,6 @@ def _sessions(runner, m, dtype: str):
 
 def run(case: dict, cell: dict, runner_class, runner_for) -> dict:
     """Run one `onnx` case on the cell's provider: a result dict as parity.suites.execute returns."""
-    import onnx
-
     cls = runner_class(cell)
     if not cls.onnx_based or not hasattr(cls, "prepared"):
         return {"status": "UNSUPPORTED", "reason": f"an ONNX model case runs on ONNX-based providers only; "

@@ -26,9 +26,15 @@ import fnmatch
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
+import onnx
 import yaml
+from onnx import TensorProto, numpy_helper
+from onnx.backend.test.case import node
+
+from parity.core.io import atomic_path
 
 NAME = re.compile(r"^[A-Za-z0-9_]+$")
 DATA = "data/onnx"  # the suite's test folders: data/onnx/<suite>/<test>/
@@ -42,10 +48,6 @@ class ImportRefused(ValueError):
 def write_tests(out: Path, only: list[str]) -> list[str]:
     """Write the installed onnx's node tests (those matching `only`) under `out` in the backend-test
     layout; returns their names."""
-    import warnings
-
-    from onnx.backend.test.case import node
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = node.collect_testcases()
@@ -73,8 +75,6 @@ def write_case(out: Path, c) -> Path:
 
 
 def _proto(v, vi):
-    from onnx import TensorProto, numpy_helper
-
     t = vi.type
     if t.HasField("sequence_type"):
         return numpy_helper.from_list(v, vi.name)
@@ -103,8 +103,6 @@ def copy_tests(src: Path, out: Path, only: list[str]) -> list[str]:
 def op_of(folder: Path, siblings: set[str]) -> str:
     """The op a node test exercises: its one node type; for an `_expanded` test (the function body
     inlined) the op of the test it expands; otherwise the node types joined with '+'."""
-    import onnx
-
     m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     types = sorted({n.op_type for n in m.graph.node})
     base = re.sub(r"_expanded(_ver\d+)?$", "", folder.name)
@@ -144,7 +142,6 @@ def run(src: Path | None, name: str, only: list[str], force: bool, root: Path = 
         raise
     shutil.rmtree(root / data, ignore_errors=True)
     tmp.rename(root / data)
-    from parity.core.io import atomic_path
 
     with atomic_path(target) as t:
         Path(t).write_text(f"# parity suite import-onnx: {len(names)} ONNX node tests (parity/suites/onnximport.py)\n"

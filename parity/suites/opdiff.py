@@ -32,6 +32,8 @@ from pathlib import Path
 
 import yaml
 
+from parity.core.io import write_text
+
 FLOAT_FOLLOW = {"float32", "float16", "bfloat16", "float", "half"}
 INT_FOLLOW = {"int64", "long"}
 OPDIFF_TEST_KEYS = {"id", "impl", "op", "in", "kwargs", "out", "device", "cast_input0_to_complex"}
@@ -366,7 +368,6 @@ def main(argv=None, prog: str = "parity suite import-opdiff") -> int:
     except Unconvertible as e:
         print(f"{prog}: error: {_one_line(src, e)}", file=sys.stderr)
         return 2
-    from parity.core.io import write_text
 
     head = (f"# converted from the opdiff suite {src.name} by `parity suite import-opdiff`\n"
             f"# file: paths are relative to the repository root\n")

@@ -52,6 +52,7 @@ case id and the key.
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
 import operator
 import re
@@ -59,6 +60,8 @@ from pathlib import Path
 
 import yaml
 
+from parity.config import imports, params as config
+from parity.core import tolerance
 from parity.config import schema
 from parity.suites import features
 
@@ -525,8 +528,6 @@ def expand_section(name: str, section: dict, file: str, root: Path | None = None
 # ------------------------------------------------------------------------------------ code in config
 def _spec_imports(spec: dict, file: str) -> list[str]:
     """The suite-wide `spec.import` declaration (modules its cases may import and run)."""
-    from parity.config import imports
-
     try:
         return imports.declared(spec.get("import"), "spec.import")
     except imports.NotAllowed as e:
@@ -551,8 +552,6 @@ def _strip_import_prefix(c: dict, cerr) -> list[str]:
 
 def _declared_imports(c: dict, ctx: dict, cerr) -> list[str]:
     """A case's `import:` plus its suite's."""
-    from parity.config import imports
-
     try:
         own = imports.declared(c.get("import"), "import")
     except imports.NotAllowed as e:
@@ -564,8 +563,6 @@ def _check_code(case: dict, declared: list[str], cerr) -> None:
     """Every target of an expanded case is in the torch namespaces or under a declared import (whose
     file is located and read for the name, never imported); the declaration travels with the case
     (`imports`) so the worker checks it again before importing."""
-    from parity.config import imports
-
     if case["kind"] == "pair":
         targets = [(f"pair.{s}.{d['kind']}", d["kind"], d["target"]) for s, d in case["pair"].items()]
     elif case["kind"] in ("opinfo", "onnx"):
@@ -617,8 +614,6 @@ def check_selected(p: dict) -> None:
     """Every suite selected in params `p` expands (structure only); raise SuiteError 'suites.<name>:
     ...' on the first that does not. Called where suites are handled (the Hydra plugin at compose,
     `parity check`), not by parity.config.params, so no model stage depends on the suite format."""
-    import copy
-
     suites = p.get("suites") or {}
     if not isinstance(suites, dict):
         raise SuiteError("suites", None, None, f"expected a mapping (a multi-select group), got {suites!r}")
@@ -638,8 +633,6 @@ def check_selected(p: dict) -> None:
 def load_or_die(path) -> dict:
     """params.yaml for a suite stage: parity.config.params.load_or_die, then the selected suites checked
     (check_selected), a bad one said in one line (exit 2) before the stage writes anything."""
-    from parity.config import params as config
-
     p = config.load_or_die(path)
     try:
         check_selected(p)
@@ -660,8 +653,6 @@ def expand(name: str, section: dict | None = None, root: Path | None = None, def
 def tolerance_for(p: dict, suite: str, dtype: str, case_id: str, kind: str) -> tuple[float, float, str]:
     """(atol, rtol, source key): dtypes.<d>.tol, grads x suites_run.grad_tol_scale, then the suite's
     rules in order (last match wins)."""
-    from parity.core import tolerance
-
     scale = float(schema.section(schema.SuitesRun, p.get("suites_run")).grad_tol_scale) if kind == "grad" else None
     return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["suites"][suite].get("tolerances"),
                              f"suites.{suite}.tolerances", dtype, kind, scale, "suites_run.grad_tol_scale",

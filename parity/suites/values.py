@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from parity.suites import features
+from parity.config import imports as code
+from parity.suites import custom, features
 
 FIXED = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
          "complex64": torch.complex64, "complex128": torch.complex128, "int8": torch.int8, "int16": torch.int16,
@@ -49,16 +50,12 @@ def make_tensor(spec: dict, rng: np.random.Generator) -> torch.Tensor:
         np_dt = {"float": np.float32, "int": np.int64, "bool": bool, "complex": np.complex64}[kind]
         a = np.asarray(_draw(spec, rng, shape)).astype(np_dt)
     if spec.get("nonfinite") and a.size:  # fuzzing: NaN / +-Inf at seeded positions
-        from parity.suites import custom
-
         custom.put_nonfinite(a, spec["nonfinite"], rng)
     t = torch.from_numpy(np.ascontiguousarray(a))
     if dtype in FIXED:
         t = t.to(FIXED[dtype])
         t._parity_fixed = True
     if spec.get("layout", "contiguous") != "contiguous":  # fuzzing: transposed / channels_last strides
-        from parity.suites import custom
-
         t = custom.with_layout(t, spec["layout"])
     return t
 
@@ -134,7 +131,6 @@ def resolve(path: str, imports=(), kind: str = "op"):
         name, _, ov = path[6:].partition(".")
         pkt = getattr(torch.ops.aten, name)
         return getattr(pkt, ov) if ov else pkt
-    from parity.config import imports as code
 
     mod, attr = code.check_suite_target(path, kind, list(imports or ()), files=False)
     obj = importlib.import_module(mod)

@@ -10,6 +10,10 @@ import pickle
 import struct
 import sys
 
+import torch
+
+from parity.suites import execute
+
 
 def read_msg(f):
     head = f.read(4)
@@ -30,11 +34,9 @@ def main() -> int:
     os.dup2(2, 1)  # prints from ops and libraries must not corrupt the protocol
     proto_in = sys.stdin.buffer
     threads = int(os.environ.get("PARITY_SUITE_THREADS", "1") or 0)
-    import torch
 
     if threads > 0:
         torch.set_num_threads(threads)
-    from parity.suites import execute
 
     write_msg(proto_out, {"ready": True, "pid": os.getpid()})
     while True:
