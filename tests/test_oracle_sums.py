@@ -126,9 +126,10 @@ def test_own_values_streamed_one_by_one_give_the_same_sums_and_file(tmp_path):
     store.write(tmp_path / "own.parquet", [store.Tensor(k, n, i, v) for k, named in enumerate(own)
                                            for i, (n, v) in enumerate(named)], {"cell": "x", "kind": "own"})
     # the same values; the streamed file stores those that are their fp64 reference value cast as
-    # references to it (store.BASE: `a`, `between:b`, the second `b`), read back through the reference
+    # references to it (store.BASE: `a`, `between:b`, the second `b`), the others of its shape as their
+    # bits XOR it (store.XOR: the first `b`), read back through the reference
     streamed, whole = list(store.read(tmp_path / "out/own.parquet")), list(store.read(tmp_path / "own.parquet"))
     assert [(t.sample, t.name, t.order) for t in streamed] == [(t.sample, t.name, t.order) for t in whole]
     for a, b in zip(streamed, whole):
         assert store.same_bytes(a.array, b.array), a.name
-    assert store.Rows(tmp_path / "out/own.parquet").same_as[:5] == ["base:pre:b", None, "base:a", "base:b", None]
+    assert store.Rows(tmp_path / "out/own.parquet").same_as[:5] == ["base:pre:b", "xor:b", "base:a", "base:b", None]

@@ -55,6 +55,12 @@ SCHEMA = pa.schema([
 
 FLOAT_COLUMNS = {"f4": np.dtype("<f4"), "f8": np.dtype("<f8")}  # dtype string -> its typed column
 BASE = "base:"  # same_as: a row of the file named by the `base` metadata, cast to this row's dtype
+XOR = "xor:"  # same_as: the stored bits XOR that base row cast to this row's dtype (a value near it)
+
+
+def stores_values(same_as: str | None) -> bool:
+    """Whether a row with this `same_as` has values of its own in the file."""
+    return same_as is None or same_as.startswith(XOR)
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,7 @@ class Tensor:
 def _column(rows: list[tuple[Tensor, np.ndarray, np.dtype]], held) -> tuple[np.ndarray, np.ndarray]:
     """The values of the rows `held(le)` selects, copied once into one buffer: a large_list of the
     column's dtype (f4/f8) or large_binary bytes (data); rows not selected (or aliases) are empty."""
-    sizes = [a.nbytes if held(le) and t.same_as is None else 0 for t, a, le in rows]
+    sizes = [a.nbytes if held(le) and stores_values(t.same_as) else 0 for t, a, le in rows]
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     values = np.empty(int(offsets[-1]), dtype=np.uint8)
@@ -148,7 +154,7 @@ class Writer:
     def add(self, t: Tensor) -> None:
         a = np.asarray(t.array)  # a rank-0 tensor keeps shape [] (files written before stored it as [1])
         self.rows.append((t, a, a.dtype.newbyteorder("<")))
-        self.held += a.nbytes if t.same_as is None else 0
+        self.held += a.nbytes if stores_values(t.same_as) else 0
         self.count += 1
         if self.held >= self.budget:
             self.flush()
@@ -286,7 +292,7 @@ class Rows:
         """Row i's value from the row its `same_as` names: in this file, or (`base:`) in the base file,
         cast to row i's dtype (read-only, the shape row i records)."""
         target, k = self.same_as[i], self.samples[i]
-        if not target.startswith(BASE):
+        if not target.startswith((BASE, XOR)):
             if self.at is None:
                 self.at = {(s, n): j for j, (s, n) in enumerate(zip(self.samples, self.names))}
             return self.value(self.at[(k, target)])
@@ -297,12 +303,23 @@ class Rows:
                 raise corrupt(self.path, f"its values refer to {base} (metadata `base`), which is missing")
             self.base = Rows(base, keep=self.keep)
             self.base.at = {(s, n): j for j, (s, n) in enumerate(zip(self.base.samples, self.base.names))}
-        j = self.base.at.get((k, target.removeprefix(BASE)))
+        j = self.base.at.get((k, target.removeprefix(BASE).removeprefix(XOR)))
         if j is None:
             raise corrupt(self.path, f"{target} of sample {k} is not in {self.base.path}")
         arr = self.base.value(j).astype(np.dtype(self.dtypes[i]).newbyteorder("<")).reshape(self.shapes[i])
+        if target.startswith(XOR):
+            u = _UINT[arr.dtype.itemsize]
+            np.bitwise_xor(arr.view(u), self._stored(i).view(u), out=arr.view(u))
         arr.flags.writeable = False
         return arr
+
+    def _stored(self, i: int) -> np.ndarray:
+        """Row i's own stored values (its row group's view)."""
+        same, self.same_as[i] = self.same_as[i], None
+        try:
+            return self.value(i)
+        finally:
+            self.same_as[i] = same
 
     def by_sample(self) -> Iterator[tuple[int, "SampleRows"]]:
         """(k, {name: array} read on lookup) per sample, in file order (a sample's rows together)."""
@@ -359,7 +376,7 @@ def _tensors(table: pa.Table) -> Iterator[Tensor]:
     alias = table.column("same_as").to_pylist() if "same_as" in table.column_names else [None] * len(names)
     for i in range(table.num_rows):
         dt = np.dtype(dtypes[i])
-        if alias[i] is not None:
+        if not stores_values(alias[i]):
             arr = np.empty(0, dt)
         else:
             offsets, values = cols[dtypes[i] if dtypes[i] in cols and dtypes[i] in FLOAT_COLUMNS else "data"]
@@ -437,6 +454,15 @@ def stored_once(rows: list[Tensor]) -> list[Tensor]:
     return out
 
 
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def xor_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a's bits XOR b's (same dtype and shape), as a's dtype: small where a is near b (high bytes 0)."""
+    u = _UINT[a.dtype.itemsize]
+    return np.bitwise_xor(np.asarray(a).view(u), np.asarray(b).view(u)).view(a.dtype)
+
+
 def _key(a: np.ndarray) -> tuple:
     idx = np.linspace(0, a.size - 1, 17).astype(np.int64) if a.size else np.zeros(0, np.int64)
     return a.dtype.str, a.shape, np.take(a, idx).tobytes()
@@ -447,7 +473,7 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     a, b = np.asarray(a), np.asarray(b)
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(a.dtype.itemsize)
+    u = _UINT.get(a.dtype.itemsize)
     if u is None or a.dtype.hasobject:
         return a.tobytes() == b.tobytes()
     return bool(np.array_equal(a.view(u), b.view(u)))

@@ -57,7 +57,7 @@ class StoreSink(CaptureSink):
         i = 0
         while named:
             n, v = named.pop()
-            self.own_w.add(store.Tensor(k, n, i, v, _cast_of(n, v, gold) if base is not None else None))
+            self.own_w.add(_against(store.Tensor(k, n, i, v), gold) if base is not None else store.Tensor(k, n, i, v))
             if self.acc is not None:
                 self.acc.own_value(k, i, n, v, gold)
             i += 1
@@ -94,15 +94,20 @@ class StoreSink(CaptureSink):
             self.own_w.abort()
 
 
-def _cast_of(name: str, v, gold: store.SampleRows) -> str | None:
-    """`base:<reference name>` when an own value is byte for byte its fp64 reference value cast to the
-    value's dtype (a leaf fed straight by another leaf: `between:<leaf>` is the cast reference input;
-    ReLU or max-pool on the cast input give the cast reference output), else None. Stored once: the
-    reader casts the reference value (store.Rows). resnet50's own.parquet: 293 of 515 MB."""
-    ref = store.own_reference_name(name)
-    if ref not in gold or gold.shape(ref) != np.shape(v) or np.asarray(v).dtype.str not in ("<f2", "<f4", "<f8"):
-        return None
+def _against(t: store.Tensor, gold: store.SampleRows) -> store.Tensor:
+    """An own value stored against its fp64 reference value cast to the value's dtype: as a reference
+    to it (`base:<name>`) when byte for byte the same (a leaf fed straight by another leaf:
+    `between:<leaf>` is the cast reference input; ReLU or max-pool on the cast input give the cast
+    reference output), else as its bits XOR the cast's (`xor:<name>`: an own value is within a few
+    units in the last place of it, so the high bytes are zero and compress away). The reader undoes
+    it with the reference (store.Rows). resnet50's own.parquet: 515 MB -> see BENCHMARKS.md 17d."""
+    ref, v = store.own_reference_name(t.name), np.asarray(t.array)
+    if ref not in gold or gold.shape(ref) != v.shape or v.dtype.str not in ("<f2", "<f4", "<f8"):
+        return t
     g = gold[ref]
     if g.dtype.kind != "f":
-        return None
-    return store.BASE + ref if store.same_bytes(g.astype(np.asarray(v).dtype), v) else None
+        return t
+    cast = g.astype(v.dtype)
+    if store.same_bytes(cast, v):
+        return store.Tensor(t.sample, t.name, t.order, v, store.BASE + ref)
+    return store.Tensor(t.sample, t.name, t.order, store.xor_bits(v, cast), store.XOR + ref)
