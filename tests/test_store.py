@@ -199,3 +199,52 @@ def test_rows_read_a_sample_by_name_holding_a_few_row_groups(tmp_path):
         assert r.groups_read - before <= 7
         assert got.get("nope") is None and np.array_equal(got.get("l0"), want["l0"])
     assert store.shape_in({"a": np.ones((2, 3))}, "a") == (2, 3)
+
+
+def test_a_leaf_input_equal_to_another_leaf_output_is_stored_once_and_resolves(tmp_path):
+    """store.stored_once: a `pre:` input byte for byte another row of the sample is written as a
+    reference to it (no values of its own) and reads back as that row's values, through store.read,
+    store.read_dict and store.Rows (issue 23: the fp64 reference)."""
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    z = y.copy()
+    z.flat[7] = -0.0 if y.flat[7] == 0 else np.nextafter(y.flat[7], 9)  # one bit off: not the same
+    named = [("conv", x), ("relu", y), ("pre:conv", z), ("pre:relu", x.copy()), ("pre:fc", y[:, :, ::2])]
+    rows = store.stored_once(store.rows_from(0, named) + store.rows_from(1, named))
+    assert [t.same_as for t in rows if t.sample == 0] == [None, None, None, "conv", None]
+    store.write(tmp_path / "f.parquet", rows)
+    assert store.Rows(tmp_path / "f.parquet").same_as.count("conv") == 2
+    back = store.read_dict(tmp_path / "f.parquet")
+    for k in (0, 1):
+        for n, v in named:
+            assert store.same_bytes(back[(k, n)].array, np.ascontiguousarray(v)), (k, n)
+    assert [t.name for t in store.read(tmp_path / "f.parquet")] == [t.name for t in rows]
+    one = dict(store.Rows(tmp_path / "f.parquet").by_sample())[1]
+    assert store.same_bytes(one["pre:relu"], x) and one.shape("pre:relu") == x.shape
+    # stored once: the file is smaller than the same rows with every value written
+    store.write(tmp_path / "all.parquet", [store.Tensor(t.sample, t.name, t.order, t.array) for t in rows])
+    assert (tmp_path / "f.parquet").stat().st_size < (tmp_path / "all.parquet").stat().st_size
+
+
+def test_rows_against_a_base_file_read_back_exactly_and_need_it(tmp_path):
+    """A `base:` row is the base file's value cast to the row's dtype; an `xor:` row stores its bits
+    XOR that cast (an own value near its fp64 reference). Both read back bit for bit; without the base
+    file the read fails naming it."""
+    from parity.core.io import Corrupt
+
+    rng = np.random.default_rng(6)
+    gold = {"a": rng.standard_normal((3, 5)), "pre:b": rng.standard_normal(7)}
+    store.write(tmp_path / "ref/fp64.parquet", [store.Tensor(0, n, i, v) for i, (n, v) in enumerate(gold.items())])
+    near = gold["a"].astype(np.float32)
+    near.flat[::3] = np.nextafter(near.flat[::3], np.float32(np.inf))
+    own = [store.Tensor(0, "between:b", 0, gold["pre:b"].astype(np.float32), "base:pre:b"),
+           store.Tensor(0, "a", 1, store.xor_bits(near, gold["a"].astype(np.float32)), "xor:a"),
+           store.Tensor(0, "h", 2, gold["pre:b"].astype(np.float16), "base:pre:b")]
+    store.write(tmp_path / "cap/own.parquet", own, {"base": "../ref/fp64.parquet"})
+    back = store.read_dict(tmp_path / "cap/own.parquet")
+    assert store.same_bytes(back[(0, "between:b")].array, gold["pre:b"].astype(np.float32))
+    assert store.same_bytes(back[(0, "a")].array, near)
+    assert store.same_bytes(back[(0, "h")].array, gold["pre:b"].astype(np.float16))
+    (tmp_path / "ref/fp64.parquet").unlink()
+    with pytest.raises(Corrupt, match="fp64.parquet"):
+        store.read_dict(tmp_path / "cap/own.parquet")

@@ -437,11 +437,12 @@ def reference_name(name: str) -> str:
     return name.removeprefix(PLAIN)
 
 
-def stored_once(rows: list[Tensor]) -> list[Tensor]:
+def stored_once(rows: list[Tensor], release: bool = False) -> list[Tensor]:
     """One sample's rows with each `pre:` input that is byte for byte another row's value (most
     leaves' input is the previous leaf's output) written as a reference to it (`same_as`): resnet50's
     fp64 reference 4.02 -> 2.35 SA (issue 23). Candidates are found by dtype, shape and 17 sampled
-    values, then compared whole."""
+    values, then compared whole. `release`: such a row keeps only its dtype and shape (a Writer needs
+    no more), so its copy of the values is freed before the sample is written."""
     by: dict[tuple, list[Tensor]] = {}
     for t in rows:
         if not is_pre(t.name):
@@ -450,7 +451,10 @@ def stored_once(rows: list[Tensor]) -> list[Tensor]:
     for t in rows:
         a = np.asarray(t.array)
         hit = next((c for c in by.get(_key(a), []) if same_bytes(a, c.array)), None) if is_pre(t.name) else None
-        out.append(Tensor(t.sample, t.name, t.order, a, hit.name) if hit is not None else t)
+        if hit is not None:
+            t = Tensor(t.sample, t.name, t.order, np.broadcast_to(np.zeros((), a.dtype), a.shape) if release else a,
+                       hit.name)
+        out.append(t)
     return out
 
 
