@@ -3,9 +3,10 @@ and own.parquet written sample by sample (parity.core.store.Writer: row groups o
 oracle's sums (oracle_sums.json) added up as they go, so a stage holds one sample of values and of
 the fp64 reference at a time, not every sample of both (issue 23: a 1B decoder's capture).
 
-The files are the ones the whole-result writes gave: layers.parquet holds every row of an OK cell
-(none otherwise), own.parquet exists only when every sample's own values were measured, and
-oracle_sums.json equals parity.analysis.sums.compute over the same values."""
+The files hold what the whole-result writes gave: layers.parquet every row of an OK cell (none
+otherwise), own.parquet (only when every sample's own values were measured) the same values, each
+stored against its fp64 reference value (`base:` / `xor:`, parity.core.store), and oracle_sums.json
+equals parity.analysis.sums.compute over the same values."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def _against(t: store.Tensor, gold: store.SampleRows) -> store.Tensor:
     `between:<leaf>` is the cast reference input; ReLU or max-pool on the cast input give the cast
     reference output), else as its bits XOR the cast's (`xor:<name>`: an own value is within a few
     units in the last place of it, so the high bytes are zero and compress away). The reader undoes
-    it with the reference (store.Rows). resnet50's own.parquet: 515 MB -> see BENCHMARKS.md 17d."""
+    it with the reference (store.Rows). resnet50's own.parquet: 515 -> 23 MB (BENCHMARKS.md 17d)."""
     ref, v = store.own_reference_name(t.name), np.asarray(t.array)
     if ref not in gold or gold.shape(ref) != v.shape or v.dtype.str not in ("<f2", "<f4", "<f8"):
         return t
