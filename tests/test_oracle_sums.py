@@ -28,7 +28,7 @@ def _diff(p, cell, root, without_sums, tmp):
     model, dtype, _ = cell.split("-", 2)
     cap, base = root / "artifacts/capture" / cell, root / "artifacts/baseline" / model / dtype
     if without_sums:  # the same artifacts with no oracle_sums.json: the diff computes from the arrays
-        for src in (cap, base):
+        for src in (cap, base, root / "artifacts/reference" / model):  # own.parquet: values cast from fp64 (`base`)
             dst = tmp / src.relative_to(root)
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(sums.FILE))
         cap, base = tmp / cap.relative_to(root), tmp / base.relative_to(root)
@@ -83,10 +83,11 @@ def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
         for without in (False, True):
             d = tmp_path / ("arrays" if without else "sums")
             cap, base = r.path / "artifacts/capture" / cell, r.path / "artifacts/baseline/transformer_seq/fp32"
-            if without:
-                shutil.copytree(cap, d / "cap", ignore=shutil.ignore_patterns(sums.FILE), dirs_exist_ok=True)
-                shutil.copytree(base, d / "base", ignore=shutil.ignore_patterns(sums.FILE), dirs_exist_ok=True)
-                cap, base = d / "cap", d / "base"
+            if without:  # the artifacts' layout kept: own.parquet reads values cast from fp64 (`base`)
+                for src in (cap, base, r.path / "artifacts/reference/transformer_seq"):
+                    shutil.copytree(src, d / src.relative_to(r.path), ignore=shutil.ignore_patterns(sums.FILE),
+                                    dirs_exist_ok=True)
+                cap, base = d / cap.relative_to(r.path), d / base.relative_to(r.path)
             values = diffcell.load(cap, r.path / "artifacts/reference/transformer_seq", base)
             rule = verdict.rule(p, "transformer_seq", "fp32", values.names)
             assert [idx for _, idx in rule.sample_sets] == [idx for _, idx in sets]  # as the inputs stage numbers them
@@ -99,8 +100,8 @@ def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
 
 def test_own_values_streamed_one_by_one_give_the_same_sums_and_file(tmp_path):
     """StoreSink.own writes and sums each own value, then drops it (the list is emptied), reading
-    the fp64 reference row group by row group (store.Rows): own.parquet and oracle_sums.json are
-    the bytes the whole-list computation gives; a repeated name keeps dict()'s place and value."""
+    the fp64 reference row group by row group (store.Rows): oracle_sums.json is the bytes the
+    whole-list computation gives, own.parquet its values; a repeated name keeps dict()'s place and value."""
     import numpy as np
 
     from parity.backends.base import CaptureResult
@@ -128,4 +129,11 @@ def test_own_values_streamed_one_by_one_give_the_same_sums_and_file(tmp_path):
     assert list(want["own"]) == ["between:b", "b", "a", "between:output"]
     store.write(tmp_path / "own.parquet", [store.Tensor(k, n, i, v) for k, named in enumerate(own)
                                            for i, (n, v) in enumerate(named)], {"cell": "x", "kind": "own"})
-    assert (tmp_path / "out/own.parquet").read_bytes() == (tmp_path / "own.parquet").read_bytes()
+    # the same values; the streamed file stores those that are their fp64 reference value cast as
+    # references to it (store.BASE: `a`, `between:b`, the second `b`), the others of its shape as their
+    # bits XOR it (store.XOR: the first `b`), read back through the reference
+    streamed, whole = list(store.read(tmp_path / "out/own.parquet")), list(store.read(tmp_path / "own.parquet"))
+    assert [(t.sample, t.name, t.order) for t in streamed] == [(t.sample, t.name, t.order) for t in whole]
+    for a, b in zip(streamed, whole):
+        assert store.same_bytes(a.array, b.array), a.name
+    assert store.Rows(tmp_path / "out/own.parquet").same_as[:5] == ["base:pre:b", "xor:b", "base:a", "base:b", None]

@@ -45,12 +45,14 @@ def test_reads_are_zero_copy_views(tmp_path):
         assert not t.array.flags.owndata and not t.array.flags.writeable
 
 
-def test_layout_is_uncompressed_plain_binary(tmp_path):
+def test_layout_is_zstd_with_byte_stream_split_floats(tmp_path):
     store.write(tmp_path / "t.parquet", tensors())
     meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
-    col = meta.row_group(0).column(list(store.SCHEMA.names).index("data"))
-    assert col.compression == "UNCOMPRESSED"
-    assert "RLE_DICTIONARY" not in col.encodings and "PLAIN_DICTIONARY" not in col.encodings
+    cols = {meta.schema.column(c).path: meta.row_group(0).column(c) for c in range(meta.num_columns)}
+    assert all(c.compression == "ZSTD" for c in cols.values())
+    for name in ("f4.list.element", "f8.list.element"):
+        assert "BYTE_STREAM_SPLIT" in cols[name].encodings
+    assert not any("DICTIONARY" in e for c in cols.values() for e in c.encodings)
 
 
 def test_failed_write_leaves_no_file(tmp_path):
@@ -96,24 +98,25 @@ def test_rows_from_orders_layers_first_then_outputs():
 
 
 def _one_buffer_write(path, ts, metadata):
-    """The earlier store.write (each tensor's bytes copied into one Python-built binary column): the
-    files written before the zero-copy write must keep their bytes, so DVC sees no change."""
+    """The store.write of the earlier format (each tensor's bytes in one binary column `data`,
+    uncompressed, no `f4`/`f8`/`same_as` columns): files written before issue 23's disk change."""
     import pyarrow as pa
 
-    cols = {k: [] for k in store.SCHEMA.names}
+    names = ["sample", "name", "order", "dtype", "shape", "data"]
+    cols = {k: [] for k in names}
     for t in ts:
         a = np.ascontiguousarray(t.array).reshape(np.shape(t.array))  # rank 0 stays rank 0 (issue 25)
         if a.dtype.byteorder == ">":
             a = a.astype(a.dtype.newbyteorder("<"))
-        for k, v in zip(store.SCHEMA.names, (t.sample, t.name, t.order, a.dtype.str.lstrip("<|="),
-                                             list(a.shape), a.tobytes())):
+        for k, v in zip(names, (t.sample, t.name, t.order, a.dtype.str.lstrip("<|="), list(a.shape), a.tobytes())):
             cols[k].append(v)
-    table = pa.table(cols, schema=store.SCHEMA.with_metadata(metadata))
+    schema = pa.schema([store.SCHEMA.field(k) for k in names]).with_metadata(metadata)
+    table = pa.table(cols, schema=schema)
     pq.write_table(table, path, compression="none", use_dictionary=False, write_statistics=False,
                    store_schema=True)
 
 
-def test_zero_copy_write_gives_the_same_bytes_as_a_copying_write(tmp_path):
+def test_writes_are_deterministic_and_files_of_the_earlier_format_read_the_same(tmp_path):
     rng = np.random.default_rng(3)
     ts = tensors() + [
         store.Tensor(0, "strided", 4, rng.standard_normal((4, 6)).astype(np.float32)[:, ::2]),  # not contiguous
@@ -124,12 +127,18 @@ def test_zero_copy_write_gives_the_same_bytes_as_a_copying_write(tmp_path):
     ] + [store.Tensor(s, f"mid{i}", 9 + i, rng.standard_normal((8, 3072))) for s in range(2) for i in range(7)]
     # (the mid-size float64 tensors add up past the 1 MB data page in the middle of the column, as an
     # fp64 reference does: where the writer splits pages must not change)
+    # a file of the earlier format (every value as raw bytes in `data`, no compression) reads back the
+    # same tensors as the current one; the current one is the same bytes written twice
     store.write(tmp_path / "new.parquet", ts, {"k": "v"})
+    store.write(tmp_path / "again.parquet", ts, {"k": "v"})
+    assert (tmp_path / "new.parquet").read_bytes() == (tmp_path / "again.parquet").read_bytes()
     _one_buffer_write(tmp_path / "old.parquet", ts, {"k": "v"})
-    assert (tmp_path / "new.parquet").read_bytes() == (tmp_path / "old.parquet").read_bytes()
-    back = store.read_dict(tmp_path / "new.parquet")
-    for t in ts:
-        np.testing.assert_array_equal(back[(t.sample, t.name)].array.reshape(np.shape(t.array)), t.array)
+    for f in ("new.parquet", "old.parquet"):
+        back = store.read_dict(tmp_path / f)
+        for t in ts:
+            got = back[(t.sample, t.name)].array
+            assert got.shape == np.shape(t.array) and got.dtype == np.asarray(t.array).dtype.newbyteorder("<")
+            assert store.same_bytes(got, np.asarray(t.array).astype(got.dtype)), (f, t.name)
 
 
 def test_a_streamed_file_reads_back_the_same_tensors_and_holds_row_groups_of_the_budget(tmp_path):
@@ -190,3 +199,52 @@ def test_rows_read_a_sample_by_name_holding_a_few_row_groups(tmp_path):
         assert r.groups_read - before <= 7
         assert got.get("nope") is None and np.array_equal(got.get("l0"), want["l0"])
     assert store.shape_in({"a": np.ones((2, 3))}, "a") == (2, 3)
+
+
+def test_a_leaf_input_equal_to_another_leaf_output_is_stored_once_and_resolves(tmp_path):
+    """store.stored_once: a `pre:` input byte for byte another row of the sample is written as a
+    reference to it (no values of its own) and reads back as that row's values, through store.read,
+    store.read_dict and store.Rows (issue 23: the fp64 reference)."""
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4))
+    z = y.copy()
+    z.flat[7] = -0.0 if y.flat[7] == 0 else np.nextafter(y.flat[7], 9)  # one bit off: not the same
+    named = [("conv", x), ("relu", y), ("pre:conv", z), ("pre:relu", x.copy()), ("pre:fc", y[:, :, ::2])]
+    rows = store.stored_once(store.rows_from(0, named) + store.rows_from(1, named))
+    assert [t.same_as for t in rows if t.sample == 0] == [None, None, None, "conv", None]
+    store.write(tmp_path / "f.parquet", rows)
+    assert store.Rows(tmp_path / "f.parquet").same_as.count("conv") == 2
+    back = store.read_dict(tmp_path / "f.parquet")
+    for k in (0, 1):
+        for n, v in named:
+            assert store.same_bytes(back[(k, n)].array, np.ascontiguousarray(v)), (k, n)
+    assert [t.name for t in store.read(tmp_path / "f.parquet")] == [t.name for t in rows]
+    one = dict(store.Rows(tmp_path / "f.parquet").by_sample())[1]
+    assert store.same_bytes(one["pre:relu"], x) and one.shape("pre:relu") == x.shape
+    # stored once: the file is smaller than the same rows with every value written
+    store.write(tmp_path / "all.parquet", [store.Tensor(t.sample, t.name, t.order, t.array) for t in rows])
+    assert (tmp_path / "f.parquet").stat().st_size < (tmp_path / "all.parquet").stat().st_size
+
+
+def test_rows_against_a_base_file_read_back_exactly_and_need_it(tmp_path):
+    """A `base:` row is the base file's value cast to the row's dtype; an `xor:` row stores its bits
+    XOR that cast (an own value near its fp64 reference). Both read back bit for bit; without the base
+    file the read fails naming it."""
+    from parity.core.io import Corrupt
+
+    rng = np.random.default_rng(6)
+    gold = {"a": rng.standard_normal((3, 5)), "pre:b": rng.standard_normal(7)}
+    store.write(tmp_path / "ref/fp64.parquet", [store.Tensor(0, n, i, v) for i, (n, v) in enumerate(gold.items())])
+    near = gold["a"].astype(np.float32)
+    near.flat[::3] = np.nextafter(near.flat[::3], np.float32(np.inf))
+    own = [store.Tensor(0, "between:b", 0, gold["pre:b"].astype(np.float32), "base:pre:b"),
+           store.Tensor(0, "a", 1, store.xor_bits(near, gold["a"].astype(np.float32)), "xor:a"),
+           store.Tensor(0, "h", 2, gold["pre:b"].astype(np.float16), "base:pre:b")]
+    store.write(tmp_path / "cap/own.parquet", own, {"base": "../ref/fp64.parquet"})
+    back = store.read_dict(tmp_path / "cap/own.parquet")
+    assert store.same_bytes(back[(0, "between:b")].array, gold["pre:b"].astype(np.float32))
+    assert store.same_bytes(back[(0, "a")].array, near)
+    assert store.same_bytes(back[(0, "h")].array, gold["pre:b"].astype(np.float16))
+    (tmp_path / "ref/fp64.parquet").unlink()
+    with pytest.raises(Corrupt, match="fp64.parquet"):
+        store.read_dict(tmp_path / "cap/own.parquet")

@@ -154,7 +154,7 @@ def onnx_weight_bytes(path: Path) -> int | None:
 
 
 def parquet_value_bytes(path: Path) -> int | None:
-    """SA from a store file (the reference's fp32.parquet): its `data` column's uncompressed bytes,
+    """SA from a store file (the reference's fp32.parquet): its value columns' uncompressed bytes,
     read from the Parquet footer (no values are read)."""
     if not path.is_file():
         return None
@@ -162,10 +162,11 @@ def parquet_value_bytes(path: Path) -> int | None:
     import pyarrow.parquet as pq
 
     md = pq.ParquetFile(path).metadata
-    col = md.schema.names.index("data") if "data" in md.schema.names else None
-    if col is None:
+    paths = [md.schema.column(c).path for c in range(md.num_columns)]
+    cols = [c for c, name in enumerate(paths) if name in ("data", "f4.list.element", "f8.list.element")]
+    if not cols:
         return None
-    return sum(md.row_group(i).column(col).total_uncompressed_size for i in range(md.num_row_groups))
+    return sum(md.row_group(i).column(c).total_uncompressed_size for i in range(md.num_row_groups) for c in cols)
 
 
 # ---- measured peak ----

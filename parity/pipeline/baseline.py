@@ -46,8 +46,11 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
                          model_dir=Path(model_dir), seed=schema.of(p).seed,
                          threads=schema.of(p).capture.threads, reference=reference)
         # streamed sample by sample (parity.pipeline.sink); the plain graph's outputs stay out of
-        # layers.parquet (they are in the oracle's sums, as before)
-        sink = StoreSink(out, {"baseline": key, "status": "OK"}, {"cell": key, "kind": "own"},
+        # layers.parquet (they are in the oracle's sums, as before). Its metadata is the reference's
+        # (model, torch dtype): at fp32 the values are the reference's fp32.parquet's, so the two files
+        # are the same bytes and DVC's cache keeps them once (issue 23)
+        meta = {"model": model, "dtype": dc.get("torch", dtype), **({"mode": dc["mode"]} if dc.get("mode", "cast") != "cast" else {})}
+        sink = StoreSink(out, meta, {"cell": key, "kind": "own"},
                          reference is not None and Path(reference).exists(), plain=False)
         res = run_capture(TorchCpuRunner, job, load(inputs), 0, 0, sink)
         res_status, reason = res.status, res.reason

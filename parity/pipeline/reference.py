@@ -49,6 +49,8 @@ def stream(p: dict, model_name: str, net, feeds: list, dtype: str, writer, input
                 outs = run(rec, xs)
                 rows = store.rows_from(k, [(n, v.detach().numpy()) for n, v in zip(rec.names, outs)])
                 del outs
+                if inputs:  # a leaf input that is another leaf's output is stored once (its copy freed)
+                    rows = store.stored_once(rows, release=isinstance(writer, store.Writer))
                 for t in rows:
                     if store.is_output(t.name):
                         peak[t.name] = max(peak.get(t.name, 0.0), float(abs(t.array).max()))

@@ -3,13 +3,17 @@ and own.parquet written sample by sample (parity.core.store.Writer: row groups o
 oracle's sums (oracle_sums.json) added up as they go, so a stage holds one sample of values and of
 the fp64 reference at a time, not every sample of both (issue 23: a 1B decoder's capture).
 
-The files are the ones the whole-result writes gave: layers.parquet holds every row of an OK cell
-(none otherwise), own.parquet exists only when every sample's own values were measured, and
-oracle_sums.json equals parity.analysis.sums.compute over the same values."""
+The files hold what the whole-result writes gave: layers.parquet every row of an OK cell (none
+otherwise), own.parquet (only when every sample's own values were measured) the same values, each
+stored against its fp64 reference value (`base:` / `xor:`, parity.core.store), and oracle_sums.json
+equals parity.analysis.sums.compute over the same values."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import numpy as np
 
 from parity.core import store
 from parity.analysis import sums
@@ -43,15 +47,18 @@ class StoreSink(CaptureSink):
     def own(self, k, named, gold):
         """Each value written and summed, then dropped from `named` (the list is emptied): the sample's
         own values shrink as they go instead of being held whole till the last one is summed."""
+        base = gold.rows.path if isinstance(gold, store.SampleRows) else None
         if self.own_w is None:
-            self.own_w = store.Writer(self.out / "own.parquet", self.own_meta)
+            meta = dict(self.own_meta, base=os.path.relpath(os.path.abspath(base), os.path.abspath(self.out))) \
+                if base is not None else self.own_meta
+            self.own_w = store.Writer(self.out / "own.parquet", meta)
         if self.acc is not None:
             self.acc.own_names(k, [n for n, _ in named])
         named.reverse()
         i = 0
         while named:
             n, v = named.pop()
-            self.own_w.add(store.Tensor(k, n, i, v))
+            self.own_w.add(_against(store.Tensor(k, n, i, v), gold) if base is not None else store.Tensor(k, n, i, v))
             if self.acc is not None:
                 self.acc.own_value(k, i, n, v, gold)
             i += 1
@@ -86,3 +93,22 @@ class StoreSink(CaptureSink):
         self.layers.abort()
         if self.own_w is not None:
             self.own_w.abort()
+
+
+def _against(t: store.Tensor, gold: store.SampleRows) -> store.Tensor:
+    """An own value stored against its fp64 reference value cast to the value's dtype: as a reference
+    to it (`base:<name>`) when byte for byte the same (a leaf fed straight by another leaf:
+    `between:<leaf>` is the cast reference input; ReLU or max-pool on the cast input give the cast
+    reference output), else as its bits XOR the cast's (`xor:<name>`: an own value is within a few
+    units in the last place of it, so the high bytes are zero and compress away). The reader undoes
+    it with the reference (store.Rows). resnet50's own.parquet: 515 -> 23 MB (BENCHMARKS.md 17d)."""
+    ref, v = store.own_reference_name(t.name), np.asarray(t.array)
+    if ref not in gold or gold.shape(ref) != v.shape or v.dtype.str not in ("<f2", "<f4", "<f8"):
+        return t
+    g = gold[ref]
+    if g.dtype.kind != "f":
+        return t
+    cast = g.astype(v.dtype)
+    if store.same_bytes(cast, v):
+        return store.Tensor(t.sample, t.name, t.order, v, store.BASE + ref)
+    return store.Tensor(t.sample, t.name, t.order, store.xor_bits(v, cast), store.XOR + ref)
