@@ -6,9 +6,10 @@ recorded before and after each comparison (helpers from benchmarks/bench.py). No
 
   capture  A: `dvc repro -f -s capture@<cell> diff@<cell>` (whole process, DVC included; DVC's log
            is checked: both stages ran, "Running stage", not restored from the run-cache).
-           B: `polygraphy run <scratch>/artifacts/models/<model>/model.onnx --onnxrt --onnxrt
-           --onnx-outputs mark all` (two ORT runners compared on every tensor; polygraphy is pinned
-           in parity's dev extra, so it is in this venv).
+           B: `polygraphy run <copy of artifacts/models/<model>/model.onnx + weights.bin> --onnxrt
+           --onnxrt --onnx-outputs mark all` (a copy: onnx.load refuses external data behind DVC's
+           cache links; two ORT runners compared on every tensor; polygraphy is pinned in parity's
+           dev extra, so it is in this venv).
   cold     A: `dvc repro -f diff@<cell>` (forces every upstream stage: DVC's log is checked against
            the stages `dvc repro -f --dry` lists, each must have run).
            B: export-validator's documented pipeline (`make pipeline`: `cli export` then `cli compare`,
@@ -139,20 +140,28 @@ def head(path: Path, dirty_note: bool = True) -> str:
     return r.stdout.strip() + (" (uncommitted changes not measured)" if dirty else "")
 
 
-def plain_onnx(repo: Path) -> Path:
-    onnx = repo / "artifacts" / "models" / MODEL / "model.onnx"
-    if not onnx.is_file():
-        sys.exit(f"peers: no {onnx} after `dvc repro` (export@{MODEL}'s plain graph is expected there)")
-    return onnx
+def plain_onnx(repo: Path, work: Path) -> Path:
+    """model.onnx and its weights.bin copied out of the workspace for Polygraphy: DVC links the workspace's
+    files to its cache (cache.type hardlink,symlink) and onnx.load (onnx >= 1.19, which Polygraphy calls)
+    refuses external data behind a hard or symbolic link ("potential hardlink attack"): a user runs
+    `dvc unprotect artifacts/models/<model>` first, which makes the same copies in place."""
+    src = repo / "artifacts" / "models" / MODEL
+    if not (src / "model.onnx").is_file():
+        sys.exit(f"peers: no {src / 'model.onnx'} after `dvc repro` (export@{MODEL}'s plain graph is expected there)")
+    dst = work / "polygraphy-model"
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("model.onnx", "weights.bin"):
+        shutil.copyfile(src / name, dst / name)
+    return dst / "model.onnx"
 
 
-def bench_capture(repo: Path, runs: int) -> dict:
+def bench_capture(repo: Path, runs: int, work: Path) -> dict:
     stages = [f"capture@{CELL}", f"diff@{CELL}"]
     a_cmd = ["dvc", "repro", "-f", "-s", *stages]
     polygraphy = Path(sys.executable).parent / "polygraphy"
     if not polygraphy.exists():
         sys.exit(f"peers: no {polygraphy} (pip install -e '.[dev]' pins polygraphy)")
-    b_cmd = [str(polygraphy), "run", str(plain_onnx(repo)), "--onnxrt", "--onnxrt", "--onnx-outputs", "mark", "all"]
+    b_cmd = [str(polygraphy), "run", str(plain_onnx(repo, work)), "--onnxrt", "--onnxrt", "--onnx-outputs", "mark", "all"]
     a_key, b_key = "parity: dvc repro -f -s capture diff", "polygraphy run --onnxrt --onnxrt, mark all"
 
     def side_a():
@@ -273,7 +282,7 @@ def main() -> int:
         repo = scratch_repo(a.repo.resolve() if a.repo else work / "repo", a.rev)
         out["commit"] = head(repo, dirty_note=False)  # the scratch clone: params.yaml composed
         if "capture" in only:
-            out["capture"] = bench_capture(repo, a.runs)
+            out["capture"] = bench_capture(repo, a.runs, work)
         if "cold" in only:
             ck = a.export_validator.resolve()
             out["cold"] = bench_cold(repo, a.runs, ck, (a.ev_venv or ck / ".venv").resolve(), work)

@@ -1,0 +1,1 @@
+"""Entry points: the `parity` command and its subcommands (the top layer)."""

@@ -19,7 +19,8 @@ Knobs (environment):
                                    refusal deterministic)
 
 Measured: record() writes the stage's peak RSS (ru_maxrss of the process and of its waited-for
-children, KiB) with the estimate beside it into the stage's timing file, apart from the values (a
+children, KiB) and its wall seconds since the process started (imports included: process_seconds),
+with the estimate beside them, into the stage's timing file, apart from the values (a
 non-deterministic measurement must never re-run a diff); the report shows it per stage per cell.
 Light: stdlib only at import (onnx and pyarrow inside the functions that read those files); no
 project module beyond parity.core.io, so the light diff stage can record its peak too.
@@ -188,4 +189,15 @@ def record(path: str | Path | None, stage: str, cell: str, t0: float, sized: dic
     path = Path(path)
     base = read_json(path) if merge and path.exists() else {}
     write_json(path, {**base, "stage": stage, "cell": base.get("cell", cell), **peak_rss_kib(),
-                      "stage_s": round(time.perf_counter() - t0, 3), **(sized or {})})
+                      "stage_s": round(process_seconds(t0), 3), **(sized or {})})
+
+
+def process_seconds(t0: float) -> float:
+    """Wall seconds since this process started (interpreter start-up and module imports included, as a
+    user waits for them; Linux's /proc), else since `t0` (a time.perf_counter() taken in main)."""
+    try:
+        start = int(open("/proc/self/stat").read().rpartition(")")[2].split()[19])  # starttime, clock ticks
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return max(uptime - start / os.sysconf("SC_CLK_TCK"), time.perf_counter() - t0)
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - t0

@@ -9,7 +9,6 @@ from pathlib import Path
 from parity.analysis import sums
 from parity.analysis.oracle import has_baseline
 from parity.backends.base import CaptureJob, run_capture, write_own
-from parity.backends.torch_cpu import TorchCpuRunner
 from parity.core import store
 from parity.core.io import write_json
 from parity.pipeline.inputs import load
@@ -52,6 +51,9 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         meta = {"model": model, "dtype": dc.get("torch", dtype), **({"mode": dc["mode"]} if dc.get("mode", "cast") != "cast" else {})}
         sink = StoreSink(out, meta, {"cell": key, "kind": "own"},
                          reference is not None and Path(reference).exists(), plain=False)
+        # lazy: the torch runner imports torch (+1.84 s, BENCHMARKS 22); an ONNX-file model's baseline runs without it
+        from parity.backends.torch_cpu import TorchCpuRunner
+
         res = run_capture(TorchCpuRunner, job, load(inputs), 0, 0, sink)
         res_status, reason = res.status, res.reason
         own = sink.finish(res) if res_status == "OK" else (sink.finish(res), {"measured": False})[1]

@@ -11,7 +11,6 @@ from parity.config import inputspec
 from parity.core.io import write_json
 from parity.core.store import is_output
 from parity.models import build, example_inputs
-from parity.models.layers import module_types
 from parity.models.onnx_weights import write_checked
 from parity.pipeline.inputs import samples
 from parity.pipeline.layer_export import ExportFailed, export_checked, op_inventory, prune_outputs
@@ -83,6 +82,9 @@ def _checked_example(p: dict, model: str, net):
 
 
 def _layers_json(model: str, net, names: list, outputs: list, full, exporter: str, opset: int) -> dict:
+    # lazy: parity.models.layers imports torch (+1.84 s, BENCHMARKS 22); an ONNX-file model's export has no torch on its path
+    from parity.models.layers import module_types
+
     types = module_types(net)
     called = {n.split("#")[0].split(":")[0] for n in names}
     # Leaf modules the forward never calls as modules (nn.MultiheadAttention.out_proj: MHA uses its
