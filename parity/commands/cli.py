@@ -33,6 +33,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from parity import __version__
+from parity.commands import lockfile
 from parity.core.io import write_text
 from parity.core.ui import at_least, dump_json
 
@@ -88,6 +89,12 @@ def _compose(args) -> int:
             config.die(e)
         write_text(root / args.params, tmp.read_text())
     print(f"parity: composed conf/ -> {args.params}: {config.summary_line(p)}")
+    if args.params == "params.yaml" and (root / "dvc.yaml").exists():  # the params dvc.yaml reads
+        dropped = lockfile.prune(root)
+        if dropped:
+            print(f"parity: dvc.lock: dropped {len(dropped)} entr{'y' if len(dropped) == 1 else 'ies'} of stages "
+                  f"the pipeline no longer has ({', '.join(dropped[:3])}{', ...' if len(dropped) > 3 else ''}; "
+                  "DVC's run-cache restores them if they come back)")
     return 0
 
 
