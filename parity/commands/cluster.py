@@ -46,6 +46,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Sequence, TextIO
@@ -501,13 +502,21 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
     done: dict[str, dict] = {}
     per_node: dict[str, int] = {}
     pending = list(refs)
+    # Ctrl-C sets a flag the loop reads between two ray.wait polls, instead of raising
+    # KeyboardInterrupt wherever the main thread is, e.g. inside Ray's client code holding its locks,
+    # after which the cancel below could hang (a CI run at load: the driver never exited). A second
+    # Ctrl-C, while the cancel waits, raises as before.
+    stop = _Interrupted()
+    old = signal.signal(signal.SIGINT, stop.handler) if threading.current_thread() is threading.main_thread() else None
     try:
-        while pending:
+        while pending and not stop.set:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in ready:
                 _collect(refs[ref], ref, res, prog, done, per_node)
             prog.heartbeat(f"parity: {prog.done}/{len(cells)} cells done, {len(pending)} running or queued "
                            f"(done per node: {_per_node(per_node)})")
+        if stop.set:
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         for ref in pending:
             ray.cancel(ref, force=True)  # force: the worker process dies, and with it the cell's dvc group
@@ -517,9 +526,23 @@ def _submit(pl: parallel.Plan, root: Path, commit: str, bundle: bytes, cells: li
         res.returncode = 128 + signal.SIGINT
         print(f"parity: interrupted: cancelled {len(pending)} remote task(s)", file=out, flush=True)
     finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
         prog.close()
     print(f"parity: cells per node: {_per_node(per_node)}", file=out, flush=True)
     return done
+
+
+class _Interrupted:
+    """SIGINT as a flag (_submit): the first sets it; the next raises KeyboardInterrupt."""
+
+    def __init__(self):
+        self.set = False
+
+    def handler(self, signum, frame):
+        if self.set:
+            raise KeyboardInterrupt
+        self.set = True
 
 
 def _per_node(per_node: dict[str, int]) -> str:
