@@ -201,6 +201,26 @@ def test_rows_read_a_sample_by_name_holding_a_few_row_groups(tmp_path):
     assert store.shape_in({"a": np.ones((2, 3))}, "a") == (2, 3)
 
 
+def test_rows_whole_decode_a_small_file_once_and_a_large_one_two_groups_at_a_time(tmp_path, monkeypatch):
+    """store.Rows(keep=WHOLE), the capture's fp64 reference reader: a file that fits store.KEEP_MB stays
+    decoded, so a second pass over every sample reads no row group again; one that does not keeps
+    the streaming bound (2 row groups). Same values either way."""
+    rng = np.random.default_rng(3)
+    rows = [store.Tensor(k, f"l{j}", j, rng.standard_normal((8, 16))) for k in range(2) for j in range(6)]
+    with store.writer(tmp_path / "f.parquet", budget=2100) as w:  # a few tensors a row group
+        w.extend(rows)
+    groups = store.Rows(tmp_path / "f.parquet").file.num_row_groups
+    assert groups > 2
+    for keep_mb, keep, reads in ((1.0, groups, groups), (0.0001, 2, 2 * groups)):
+        monkeypatch.setattr(store, "KEEP_MB", keep_mb)
+        r = store.Rows(tmp_path / "f.parquet", keep=store.Rows.WHOLE)
+        assert r.keep == keep
+        for _ in range(2):  # two passes, as the oracle's sums and the own-error run
+            for k, got in r.by_sample():
+                assert all(np.array_equal(got[t.name], t.array) for t in rows if t.sample == k)
+        assert r.groups_read == reads
+
+
 def test_a_leaf_input_equal_to_another_leaf_output_is_stored_once_and_resolves(tmp_path):
     """store.stored_once: a `pre:` input byte for byte another row of the sample is written as a
     reference to it (no values of its own) and reads back as that row's values, through store.read,

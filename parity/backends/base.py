@@ -421,8 +421,23 @@ def gold_samples(path: Path):
 def lazy_gold_samples(path: Path):
     """fp64.parquet one sample at a time as (k, {name: array}), each array read when it is looked up
     (store.SampleRows): the own-error run and the oracle's sums hold the row groups they are reading,
-    not a whole fp64 sample (resnet50: 490 MB of leaf outputs and `pre:` inputs)."""
-    return store.Rows(path).by_sample()
+    not a whole fp64 sample (resnet50: 490 MB of leaf outputs and `pre:` inputs). The two passes of a
+    capture (the sums, then the own-error run) share one reader (gold_rows): a reference small enough
+    to stay decoded (store.Rows.fits) is decoded once, not once per pass and lookup region."""
+    return gold_rows(path).by_sample()
+
+
+_GOLD: dict[Path, store.Rows] = {}  # this process's fp64 reference reader, by path (one capture per process)
+
+
+def gold_rows(path: Path) -> store.Rows:
+    """One store.Rows of `path` per process, kept whole when it fits (store.KEEP_MB), else its last 2
+    row groups (the streaming bound of issue 23)."""
+    key = Path(path).resolve()
+    if key not in _GOLD:
+        _GOLD.clear()  # one reference at a time
+        _GOLD[key] = store.Rows(key, keep=store.Rows.WHOLE)
+    return _GOLD[key]
 
 
 def _has_reference(job: CaptureJob) -> bool:

@@ -137,6 +137,13 @@ def buffer_bytes() -> int:
     return int(float(os.environ.get("PARITY_STORE_BUFFER_MB", "32")) * 2**20)
 
 
+# a file read by a Rows(keep=Rows.WHOLE) stays decoded whole up to this many MB (PARITY_STORE_KEEP_MB):
+# a capture reads its fp64 reference in two passes and several lookup regions; resnet18's (134 MB
+# decoded, 4 row groups) was decoded 16 times, 1.6 of the capture's 3.6 s. Larger files keep 2 row
+# groups (the streaming bound). Only time and memory depend on it, never a byte written.
+KEEP_MB = float(os.environ.get("PARITY_STORE_KEEP_MB", "256"))
+
+
 class Writer:
     """Rows appended in file order, written as they arrive: buffered up to `budget` bytes of values
     (store.buffer_bytes), then flushed as a row group, onto a temp file beside `path`. publish()
@@ -243,6 +250,8 @@ class Rows:
     leaf outputs and recorded `pre:` inputs), reads each row group about once and holds `keep` of
     them, not a whole sample: resnet50's fp64 sample is 490 MB (issue 23)."""
 
+    WHOLE = -1  # keep=WHOLE: every row group stays decoded if the file fits (fits()), else 2
+
     def __init__(self, path: str | Path, keep: int = 2):
         self.path, self.keep, self._bisect = Path(path), keep, bisect.bisect_right
         try:
@@ -266,6 +275,14 @@ class Rows:
         self.starts = [sum(counts[:g]) for g in range(len(counts))]
         self.cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
         self.groups_read = 0
+        if self.keep == Rows.WHOLE:
+            self.keep = self.file.num_row_groups if self.fits() else 2
+
+    def fits(self) -> bool:
+        """Whether every row group of the file, decoded, stays under KEEP_MB (Parquet metadata: nothing
+        read): resnet18's fp64 reference (134 MB in 4 row groups) does, resnet50's (~600 MB) does not."""
+        md = self.file.metadata
+        return sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) <= KEEP_MB * 2**20
 
     def value(self, i: int) -> np.ndarray:
         """Row i's array (a read-only view of its row group's buffer, as store.read gives; a row
