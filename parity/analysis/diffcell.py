@@ -39,6 +39,7 @@ class CellDiff:
     mode_reason: str = ""
     layer_causes: dict = field(default_factory=dict)  # failing layer -> cause from the cell's settings
     outputs: list = field(default_factory=list)     # the layers that are model outputs (store.is_output)
+    ratios: dict = field(default_factory=dict)      # layer -> (ratio, own ratio) to the verdict's limit (oracle.ratios)
 
 
 @dataclass
@@ -116,6 +117,9 @@ def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, stat
             d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
         cd.own = [{**rec, **oracle.judge(err, floor, u, k, slack)} for rec, err, floor in own_sq]
     cd.summary = summarize(cd)
+    cd.ratios = oracle.ratios(cd.layers, cd.own, cd.mode, rule.limits.k)  # layers.csv draws them
+    cd.summary["worst_ratio"] = oracle.worst_ratio(cd.layers, cd.own, cd.mode, rule.limits.k,
+                                                   cd.summary.get("worst_tol_ratio"))
     prec = oracle.precision(cd.layers, rule.reduced, cd.mode)  # did the layers round to its precision
     if prec is not None:
         cd.summary["precision"] = prec

@@ -24,5 +24,5 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
     cell = diffcell.load(capture, reference, baseline)  # the values: nothing of the config
     rule = verdict.rule(p, model, dtype, cell.names)  # the config: resolved once
     shapes = diffcell.judge(rule, cell)  # (label, CellDiff) per input shape
-    line = cellfiles.write(shapes, rule.limits.k, layers_json, key, out)
+    line = cellfiles.write(shapes, layers_json, key, out)  # as judged: nothing of the config
     return f"diff@{key}: {line}"
