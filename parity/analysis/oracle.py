@@ -52,13 +52,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity.core import dtypes, store, verdict
+from parity.core import dtypes, store, tolerance
 from parity.core.compare import sq_error, sum_sq
 
 # the oracle's limits and whether the trusted backend reproduces a precision are read by the one
-# verdict resolver (parity.core.verdict); named here too for the callers that judge by the oracle
+# verdict resolver (parity.core.tolerance); named here too for the callers that judge by the oracle
 BASELINE_MODES, Limits, has_baseline, limits, unit_roundoff = (
-    verdict.BASELINE_MODES, verdict.Limits, verdict.has_baseline, verdict.limits, verdict.unit_roundoff)
+    tolerance.BASELINE_MODES, tolerance.Limits, tolerance.has_baseline, tolerance.limits, tolerance.unit_roundoff)
 
 
 @dataclass
