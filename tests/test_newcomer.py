@@ -141,6 +141,13 @@ def rows(text: str) -> list[dict]:
     return list(csv.DictReader(io.StringIO(text)))
 
 
+def judged(layers: list, own: list, mode: str, k: float = 4.0) -> SimpleNamespace:
+    """A judged cell as layers.csv reads it: its layers' ratios to the limit computed by the judge."""
+    from parity.analysis import oracle
+
+    return SimpleNamespace(layers=layers, own=own, mode=mode, ratios=oracle.ratios(layers, own, mode, k))
+
+
 def assert_plot_data_finite(data: list[dict]):
     from parity.analysis.cellfiles import PLOT_FIELDS
 
@@ -157,14 +164,14 @@ def test_layers_csv_plots_the_verdicts_ratio_per_named_layer_and_only_finite_num
     layers = [layer(0, "fc1", 42.0, 0.4), layer(1, "act", 0.0, float("inf"), passed=False),
               layer(2, "fc2", float("nan"), float("nan"), passed=False), layer(3, "output", 2.0, None)]
     own = [{"layer": "fc1", "kind": "leaf", "excess": 0.2}, {"layer": "act", "kind": "leaf", "excess": float("inf")}]
-    oracle = rows(plot_csv(SimpleNamespace(layers=layers, own=own, mode="oracle"), k=4.0))
+    oracle = rows(plot_csv(judged(layers, own, "oracle", k=4.0)))
     assert [r["layer"] for r in oracle] == ["fc1", "act", "fc2", "output"]
     assert float(oracle[0]["ratio"]) == pytest.approx(0.1) and float(oracle[0]["own_ratio"]) == pytest.approx(0.05)
     assert float(oracle[1]["ratio"]) == PLOT_CAP and "inf" in oracle[1]["note"] and oracle[1]["excess"] == ""
     assert float(oracle[2]["ratio"]) == PLOT_CAP and "nan" in oracle[2]["note"]
     assert oracle[3]["ratio"] == ""  # no oracle value for that layer: not drawn
     assert_plot_data_finite(oracle)
-    tol = rows(plot_csv(SimpleNamespace(layers=layers, own=own, mode="tolerance"), k=4.0))
+    tol = rows(plot_csv(judged(layers, own, "tolerance", k=4.0)))
     assert [r["ratio"] for r in tol] == ["42.0", "", repr(PLOT_CAP), "2.0"]  # tol_ratio; 0 (exact) off the log axis
     assert {r["own_ratio"] for r in tol} == {""}
     assert_plot_data_finite(tol)
@@ -180,8 +187,7 @@ def test_dvc_draws_layers_csv_with_the_projects_template_log_scale_and_limit_lin
     (path, props), = diff["plots"][0].items()
     assert path.endswith("/layers.csv") and props["x"] == "layer" and props["y"] == "ratio"
     assert {props["x"], props["y"]} <= set(PLOT_FIELDS) and (ROOT / props["template"]).is_file()
-    text = plot_csv(SimpleNamespace(layers=[layer(0, "fc1", 1.0, 0.4), layer(1, "plain:output", 1.0, 8.0)],
-                                    own=[], mode="oracle"), k=4.0)
+    text = plot_csv(judged([layer(0, "fc1", 1.0, 0.4), layer(1, "plain:output", 1.0, 8.0)], [], "oracle", k=4.0))
     data = [dict(r, rev="workspace") for r in rows(text)]
     spec = VegaRenderer(data, "layers.csv", **{**props, "template": str(ROOT / props["template"]),
                                                 "title": "mlp-fp16-ort_cpu"}).get_filled_template()

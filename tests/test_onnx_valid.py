@@ -151,7 +151,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
     from parity.analysis import diffcell
-    from parity.core import verdict
+    from parity.core import tolerance
     from parity.pipeline import onnx_reference
 
     w = nh.from_array(np.eye(4, dtype=np.float32), "w")
@@ -168,7 +168,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     out.mkdir()
     assert onnx_reference.reference(p, "c", [{"x": np.ones((2, 4), np.float32)}], out) == 0
     assert not (out / "fp64.parquet").exists()
-    mode, why = diffcell.verdict_mode(verdict.rule(p, "c", "fp32", []), out, None)
+    mode, why = diffcell.verdict_mode(tolerance.rule(p, "c", "fp32", []), out, None)
     assert mode == "tolerance" and "reference.fp64: false" not in why and "FusedMatMul" in why, why
 
 

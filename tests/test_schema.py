@@ -99,14 +99,14 @@ def test_no_literal_fallback_for_the_oracle_and_verdict_keys():
 
 
 def test_the_core_resolver_falls_back_to_the_schemas_defaults():
-    """parity.core.verdict sits below config, so it reads the plain dict: where a key is absent its
+    """parity.core.tolerance sits below config, so it reads the plain dict: where a key is absent its
     fallback must be the schema's default (declared once, in parity.config.schema)."""
-    from parity.core import verdict
+    from parity.core import tolerance
 
     p = {"models": {"m": {"arch": {"source": "parity", "name": "mlp"}, "input": []}},
          "dtypes": {"d": {"torch": "float16", "tol": {"atol": 1e-3, "rtol": 1e-3}, "oracle": {"k": 4.0}}},
          "providers": {}}
-    r, c = verdict.rule(p, "m", "d", ["fc1"]), schema.of(p)
+    r, c = tolerance.rule(p, "m", "d", ["fc1"]), schema.of(p)
     assert r.precision == c.dtypes["d"].mode == schema.Dtype.mode
     assert (r.verdict, r.max_mismatch) == (c.diff.verdict, c.diff.max_mismatch)
     assert r.limits.slack == c.dtypes["d"].oracle.slack and r.limits.k == c.dtypes["d"].oracle.k

@@ -25,10 +25,10 @@ from parity.core import compare, status, store
 from parity.core.io import write_json, write_text
 
 # layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/pipeline/plot_layers.json): `ratio` is what the
-# verdict judges over its limit (oracle: excess / k; tolerance: tol_ratio), so 1 is the limit in both;
-# `own_ratio` the same for the layer's own error. Every number is finite (a log axis and Vega's
-# scales need it): a non-finite or larger ratio is drawn at PLOT_CAP and `note` says so; a zero ratio
-# (exact) is left empty, off the log axis.
+# verdict judges over its limit (oracle: excess / k; tolerance: tol_ratio; as the judge computed it,
+# parity.analysis.oracle.ratios), so 1 is the limit in both; `own_ratio` the same for the layer's own
+# error. Every number is finite (a log axis and Vega's scales need it): a non-finite or larger ratio is
+# drawn at PLOT_CAP and `note` says so; a zero ratio (exact) is left empty, off the log axis.
 PLOT_FIELDS = ("order", "layer", "ratio", "own_ratio", "passed", "max_abs", "rel_l2", "tol_ratio", "excess",
                "bits_lost", "own_excess", "note")
 PLOT_CAP = 1.0e6
@@ -39,13 +39,13 @@ SHAPE_KEYS = ("verdict", "status", "reason", "passed", "layers", "layers_failed"
               "worst_ratio")
 
 
-def write(shapes: list, k: float, layers_json: dict, key: str, out: Path) -> str:
+def write(shapes: list, layers_json: dict, key: str, out: Path) -> str:
     """metrics.json, layers.json and layers.csv of a cell under `out` from its (label, CellDiff) per
-    shape (label None: a model without shapes); k: the oracle's limit on excess. The summary line."""
-    ms = [(lab, metrics_of(c, layers_json, k)) for lab, c in shapes]
+    shape (label None: a model without shapes), as judged: nothing of the config. The summary line."""
+    ms = [(lab, metrics_of(c, layers_json)) for lab, c in shapes]
     cd, m = (shapes[0][1], ms[0][1]) if shapes[0][0] is None else (shapes[deciding(ms)][1], combine(ms))
     layers = layers_json_of(cd, key, shapes)
-    csv_text, line = plot_csv(cd, k), summary_line(m, cd)
+    csv_text, line = plot_csv(cd), summary_line(m, cd)
     write_json(out / "metrics.json", m)
     write_json(out / "layers.json", layers, sort_keys=False)
     write_text(out / "layers.csv", csv_text)
@@ -72,8 +72,8 @@ def _output_metrics(d) -> dict:
     return m
 
 
-def metrics_of(cd: diffcell.CellDiff, layers_json: dict, k: float) -> dict:
-    """metrics.json of a cell; k: the oracle's limit on excess (dtypes.<d>.oracle.k)."""
+def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
+    """metrics.json of a cell."""
     status, summary = cd.status, cd.summary
     outputs = cd.outputs
     head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
@@ -87,9 +87,8 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict, k: float) -> dict:
         "output": _output_metrics(head),
         "plain_output": _output_metrics(plain),  # the shipped graph (model.onnx), no extra outputs
     }
-    if status["status"] == "OK":
-        excesses = [d.oracle["excess"] for d in cd.layers if d.oracle] + [r["excess"] for r in cd.own]
-        m["worst_ratio"] = worst_ratio(cd.mode, k, excesses, summary.get("worst_tol_ratio"))
+    if status["status"] == "OK":  # the worst error over the verdict's limit (parity.analysis.oracle.worst_ratio)
+        m["worst_ratio"] = summary["worst_ratio"]
     if cd.mode != "oracle" and status["status"] == "OK":
         m["verdict_mode_reason"] = cd.mode_reason
     if summary.get("precision") is not None:
@@ -142,18 +141,18 @@ def _ratio(v) -> tuple[str, str]:
     return ("", "") if v <= 0 else (repr(v), "")
 
 
-def plot_csv(cd: diffcell.CellDiff, k: float) -> str:
-    """layers.csv: one row per layer in execution order, the verdict's ratio to its limit (1) first."""
+def plot_csv(cd: diffcell.CellDiff) -> str:
+    """layers.csv: one row per layer in execution order, the verdict's ratio to its limit (1) first
+    (the judge's, parity.analysis.oracle.ratios)."""
     own = {r["layer"]: r["excess"] for r in cd.own if r["kind"] == "leaf"}
-    oracle = cd.mode == "oracle"
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(PLOT_FIELDS)
     for d in cd.layers:
         o = d.oracle or {}
         ex, own_ex = o.get("excess"), own.get(d.name)
-        ratio, note = _ratio((ex / k if ex is not None and k > 0 else None) if oracle else d.tol_ratio)
-        own_ratio, own_note = _ratio(own_ex / k if oracle and own_ex is not None and k > 0 else None)
+        ratio, note = _ratio(cd.ratios[d.name][0])
+        own_ratio, own_note = _ratio(cd.ratios[d.name][1])
         w.writerow([d.order, d.name, ratio, own_ratio, int(d.passed), _num(d.max_abs), _num(d.rel_l2),
                     _num(d.tol_ratio), _num(ex), _num(o.get("bits_lost")), _num(own_ex),
                     "; ".join(n for n in (note, own_note and f"own {own_note}") if n)])
@@ -194,12 +193,3 @@ def combine(metrics: list[tuple[str, dict]]) -> dict:
     m["failing_shapes"] = failing
     m["shapes"] = {label: {k: x.get(k) for k in SHAPE_KEYS if k in x} for label, x in metrics}
     return m
-
-
-def worst_ratio(mode: str, k: float, excesses: list[float], worst_tol_ratio: float | None) -> float | None:
-    """The cell's worst error over what its verdict allows (<= 1 within the limit): oracle mode,
-    the largest excess (accumulated or own) / k; tolerance mode, the worst tol_ratio."""
-    if mode == "oracle":
-        finite = [x for x in excesses if x is not None]
-        return max(finite) / k if finite and k > 0 else None
-    return worst_tol_ratio

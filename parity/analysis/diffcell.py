@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.core import compare, store, verdict
+from parity.core import compare, store, tolerance
 from parity.analysis import causes, oracle, sums
 from parity.core.io import read_json
 
@@ -39,6 +39,7 @@ class CellDiff:
     mode_reason: str = ""
     layer_causes: dict = field(default_factory=dict)  # failing layer -> cause from the cell's settings
     outputs: list = field(default_factory=list)     # the layers that are model outputs (store.is_output)
+    ratios: dict = field(default_factory=dict)      # layer -> (ratio, own ratio) to the verdict's limit (oracle.ratios)
 
 
 @dataclass
@@ -67,7 +68,7 @@ def load(capture_dir: Path, reference_dir: Path, baseline_dir: Path | None = Non
     return cell
 
 
-def verdict_mode(rule: verdict.Rule, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
+def verdict_mode(rule: tolerance.Rule, reference_dir: Path, baseline_dir: Path | None) -> tuple[str, str]:
     if rule.verdict != "oracle":
         return "tolerance", "diff.verdict: tolerance"
     if not (reference_dir / "fp64.parquet").exists():
@@ -84,7 +85,7 @@ def verdict_mode(rule: verdict.Rule, reference_dir: Path, baseline_dir: Path | N
     return "oracle", "diff.verdict: oracle"
 
 
-def judge(rule: verdict.Rule, cell: Cell) -> list[tuple[str | None, CellDiff]]:
+def judge(rule: tolerance.Rule, cell: Cell) -> list[tuple[str | None, CellDiff]]:
     """(label, CellDiff) per input shape (the rule's sample sets, models.<m>.shapes), each shape's
     samples judged on their own by its own capture status; [(None, CellDiff)] for a model without."""
     per = cell.status.get("shapes") or {}
@@ -92,7 +93,7 @@ def judge(rule: verdict.Rule, cell: Cell) -> list[tuple[str | None, CellDiff]]:
             for lab, idx in rule.sample_sets or ((None, None),)]
 
 
-def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, status: dict | None = None) -> CellDiff:
+def diff_cell(rule: tolerance.Rule, cell: Cell, samples: range | None = None, status: dict | None = None) -> CellDiff:
     """The diff of `cell` judged by `rule`. `samples`: only these samples, renumbered from 0 (one shape's
     sample set), judged by `status` (that shape's capture status) instead of status.json's. The rule
     reaches the computations it needs in order (compare, oracle, causes), each once."""
@@ -116,6 +117,9 @@ def diff_cell(rule: verdict.Rule, cell: Cell, samples: range | None = None, stat
             d.passed = bool(d.oracle and d.oracle["passed"]) and not d.problem
         cd.own = [{**rec, **oracle.judge(err, floor, u, k, slack)} for rec, err, floor in own_sq]
     cd.summary = summarize(cd)
+    cd.ratios = oracle.ratios(cd.layers, cd.own, cd.mode, rule.limits.k)  # layers.csv draws them
+    cd.summary["worst_ratio"] = oracle.worst_ratio(cd.layers, cd.own, cd.mode, rule.limits.k,
+                                                   cd.summary.get("worst_tol_ratio"))
     prec = oracle.precision(cd.layers, rule.reduced, cd.mode)  # did the layers round to its precision
     if prec is not None:
         cd.summary["precision"] = prec
@@ -203,7 +207,7 @@ def _names(ref: dict, act: dict) -> list[str]:
     return names + sorted({n for _, n in act if n.startswith(store.PLAIN) and store.reference_name(n) in order})
 
 
-def _tolerance_layers(rule: verdict.Rule, names: list[str], act: dict, ref: dict) -> list:
+def _tolerance_layers(rule: tolerance.Rule, names: list[str], act: dict, ref: dict) -> list:
     max_mismatch = rule.max_mismatch
     samples = sorted({s for s, _ in ref})
     layers = []

@@ -23,6 +23,8 @@ has 32 values (Inductor's squeeze-excite average pools in mobilenet_v3_small at 
 3.4 bits), which no user calls a failure. It scales with the layer: an absolute slack (it was
 torch._dynamo.utils.same's `tol / 10`, 1e-5 RMSE at fp32) is 100-3000x the measured floor on a layer
 of rms 0.01 and let a 5e-4 relative weight error through (docs/verdicts.md, section 1b).
+So excess / k is a layer's error over its limit (1 = the limit), as tol_ratio is in tolerance mode:
+`ratios` and `worst_ratio` give that ratio in either mode (layers.csv, metrics.json's worst_ratio).
 
 Was the precision exercised, and can the verdict fail at all (`precision`, `baseline_self`)?
 A reduced-precision cell (fp16, bf16, tf32, int8, int4, fp8) passes the oracle when it is as close to
@@ -50,13 +52,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from parity.core import dtypes, store, verdict
+from parity.core import dtypes, store, tolerance
 from parity.core.compare import sq_error, sum_sq
 
 # the oracle's limits and whether the trusted backend reproduces a precision are read by the one
-# verdict resolver (parity.core.verdict); named here too for the callers that judge by the oracle
+# verdict resolver (parity.core.tolerance); named here too for the callers that judge by the oracle
 BASELINE_MODES, Limits, has_baseline, limits, unit_roundoff = (
-    verdict.BASELINE_MODES, verdict.Limits, verdict.has_baseline, verdict.limits, verdict.unit_roundoff)
+    tolerance.BASELINE_MODES, tolerance.Limits, tolerance.has_baseline, tolerance.limits, tolerance.unit_roundoff)
 
 
 @dataclass
@@ -104,6 +106,30 @@ def judge(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> 
     return {"err_rmse": err.rmse, "floor_rmse": floor.rmse if floor is not None else None,
             "ref_rms": err.rms_ref, "excess": x, "bits_lost": bits_lost(err, u),
             "nonfinite": err.nonfinite, "passed": bool(x <= k and err.nonfinite == 0)}
+
+
+def ratios(layers: list, own: list, mode: str, k: float) -> dict:
+    """layer -> (ratio, own ratio): what the cell's verdict judges over its limit, so that 1 is the limit
+    in both modes (oracle: excess / k, and the layer's own excess / k where measured; tolerance: tol_ratio,
+    no own ratio); None where unknown. `layers`: compare.LayerDiff with .oracle; `own`: own-error records."""
+    own_excess = {r["layer"]: r["excess"] for r in own if r["kind"] == "leaf"}
+    oracle = mode == "oracle"
+    out = {}
+    for d in layers:
+        ex, own_ex = (d.oracle or {}).get("excess"), own_excess.get(d.name)
+        out[d.name] = ((ex / k if ex is not None and k > 0 else None) if oracle else d.tol_ratio,
+                       own_ex / k if oracle and own_ex is not None and k > 0 else None)
+    return out
+
+
+def worst_ratio(layers: list, own: list, mode: str, k: float, worst_tol_ratio: float | None) -> float | None:
+    """The cell's worst error over what its verdict allows (<= 1 within the limit): oracle mode, the
+    largest excess (accumulated or own) / k; tolerance mode, the worst tol_ratio."""
+    if mode == "oracle":
+        excesses = [d.oracle["excess"] for d in layers if d.oracle] + [r["excess"] for r in own]
+        finite = [x for x in excesses if x is not None]
+        return max(finite) / k if finite and k > 0 else None
+    return worst_tol_ratio
 
 
 SHOWS = dtypes.SHOWS  # a layer shows the rounding when rel_l2 >= u * SHOWS

@@ -1,16 +1,37 @@
-"""The one tolerance resolver (core): a dtype's default (atol, rtol), then an ordered list of rules,
-the last matching one winning (torch.testing's dtype table, overridable per model layer or per suite
-case). Every result names the key it came from (`tol_source`), so a user can find it.
+"""The one verdict resolver (core): everything the config says about judging a model cell or a suite
+case, read here and nowhere else.
 
-Beside it, the verdict settings: `diff.verdict` (oracle | tolerance) and `diff.max_mismatch`, which
-every model cell (parity.analysis.diffcell) and suite case (parity.suites.diff) is judged by, read here
-and nowhere else; parity.core.verdict resolves them with the rest of a cell's rule."""
+- The tolerance resolver (`resolve`): a dtype's default (atol, rtol), then an ordered list of rules,
+  the last matching one winning (torch.testing's dtype table, overridable per model layer or per suite
+  case). Every result names the key it came from (`tol_source`), so a user can find it.
+- The verdict settings: `diff.verdict` (oracle | tolerance) and `diff.max_mismatch`, which every model
+  cell (parity.analysis.diffcell) and suite case (parity.suites.diff) is judged by.
+- The oracle's limits (`dtypes.<d>.oracle`: k and slack, with the unit roundoff u of the precision the
+  cell computes in) and whether the trusted backend reproduces that precision.
+- The Rule of a cell (`rule`): all of the above resolved once into a frozen `Rule`, with the tolerance
+  of each of its layers, the number format it computes in (parity.core.dtypes) and the sample sets of
+  its input shapes. The diff of a cell (parity.pipeline.diff, parity.analysis.diffcell) reads the config
+  through its Rule only.
+
+The config loader (parity.config.params) imports this module to validate diff.verdict, and must load
+no numpy (a light stage's --help: tests/test_light_stages.py): the dtype table (parity.core.dtypes, from
+numpy.finfo/ml_dtypes) is imported by the two functions that read it, when a cell is judged."""
 
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from parity.core import dtypes
 
 VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict
+# precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
+BASELINE_MODES = ("cast", "autocast")
+# the number format a precision mode computes in, where it is not the mode's torch dtype
+MODE_FORMATS = {"int8_dynamic": "int8", "int8_static": "int8", "int4_weight": "int4", "fp8": "fp8_e4m3",
+                "tf32": "tf32"}
 
 
 def verdict(p: dict) -> str:
@@ -43,3 +64,71 @@ def resolve(default: dict, default_key: str, rules: list | None, rules_key: str,
             continue
         atol, rtol, src = float(r["atol"]), float(r["rtol"]), f"{rules_key}[{i}]"
     return atol, rtol, src
+
+
+class Limits(NamedTuple):
+    u: float      # the dtype's unit roundoff (unit_roundoff)
+    k: float      # dtypes.<d>.oracle.k: required (parity.config.params)
+    slack: float  # dtypes.<d>.oracle.slack: 0 unless given
+
+
+def unit_roundoff(dtype_cfg: dict) -> float:
+    """u of the precision a cell computes in (parity.core.dtypes): the cast/autocast dtype, tf32's (10-bit
+    mantissa) for tf32, the fp32 value for int8/fp8 modes (their error is not a rounding of a float format).
+    The config checked the names (parity.config.params): read from the table."""
+    # lazy: the config loader imports this module; light stages' --help loads no numpy (+0.10 s, BENCHMARKS 22)
+    from parity.core import dtypes
+
+    mode = dtype_cfg.get("mode", "cast")
+    return dtypes.TABLE["tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")].u
+
+
+def limits(dtype_cfg: dict) -> Limits:
+    """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
+    layer (parity.analysis.diffcell), a suite case (parity.suites.diff), a generation step, a
+    reduction or the report's limit line, is judged by. The one place these keys are read."""
+    o = dtype_cfg["oracle"]
+    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", 0.0)))
+
+
+def has_baseline(dtype_cfg: dict) -> bool:
+    return dtype_cfg.get("mode", "cast") in BASELINE_MODES
+
+
+def number_format(dtype_cfg: dict) -> str:
+    """The number format a conf dtype computes in, as parity.analysis.causes and parity.core.dtypes name it."""
+    return MODE_FORMATS.get(dtype_cfg.get("mode", "cast"), dtype_cfg.get("torch", "float32"))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Everything the config says about judging one cell (model x dtype), resolved once."""
+    dtype: str                      # the conf dtype (dtypes.<d>)
+    precision: str                  # dtypes.<d>.mode
+    verdict: str                    # diff.verdict asked for
+    max_mismatch: float             # diff.max_mismatch
+    limits: Limits                  # dtypes.<d>.oracle with the unit roundoff
+    baseline: bool                  # the trusted backend reproduces this precision (has_baseline)
+    fp64: bool                      # reference.fp64: an fp64 run was asked for
+    fmt: dtypes.Format              # the number format it computes in (parity.analysis.causes)
+    reduced: dtypes.Format | None   # that format when it rounds coarser than fp32 (parity.core.dtypes.reduced)
+    tolerances: dict                # layer -> (atol, rtol, source key): dtypes.<d>.tol, models.<m>.tolerances
+    sample_sets: tuple              # (label, samples) per input shape (models.<m>.shapes); () without
+
+
+def rule(p: dict, model: str, dtype: str, layers: list[str]) -> Rule:
+    """The Rule of a cell of `model` at `dtype`, with the tolerance of every layer in `layers`."""
+    # lazy: the config loader imports this module; light stages' --help loads no numpy (+0.10 s, BENCHMARKS 22)
+    from parity.core import dtypes
+
+    dc, m = p["dtypes"][dtype], p["models"][model]
+    lim, baseline = limits(dc), has_baseline(dc)
+    fmt = dtypes.TABLE[number_format(dc)]  # the config checked the names (parity.config.params)
+    n = int((p.get("inputs") or {}).get("samples", 1))
+    labels = list(m.get("shapes") or {})  # as parity.config.inputspec.sample_sets: n samples a label, in order
+    sets = tuple((lab, range(i * n, (i + 1) * n)) for i, lab in enumerate(labels))
+    tols = {name: resolve(dc["tol"], f"dtypes.{dtype}.tol", m.get("tolerances"), f"models.{model}.tolerances",
+                          dtype, layer=name) for name in layers}
+    return Rule(dtype, dc.get("mode", "cast"), verdict(p), max_mismatch(p), lim, baseline,
+                bool((p.get("reference") or {}).get("fp64")), fmt, fmt if fmt.u > dtypes.FP32.u else None, tols,
+                sets)

@@ -1,5 +1,5 @@
 """The diff of one cell, in four steps: its values read (parity.analysis.diffcell.load: nothing of the
-config), the config resolved once into the cell's Rule (parity.core.verdict), every layer judged by it
+config), the config resolved once into the cell's Rule (parity.core.tolerance.rule), every layer judged by it
 against the torch fp32 reference (tolerance) and the fp64 oracle relative to the trusted baseline
 (parity.analysis.diffcell.judge), and what the stage writes made and written: metrics.json,
 layers.json, layers.csv (parity.analysis.cellfiles). numpy only (the stage imports this module after
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from parity.analysis import cellfiles, diffcell
 from parity.config import params as config
-from parity.core import verdict
+from parity.core import tolerance
 from parity.core.io import read_json
 
 
@@ -22,7 +22,7 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
     lj = model_dir / "layers.json" if model_dir else None
     layers_json = read_json(lj) if lj and lj.exists() else {}
     cell = diffcell.load(capture, reference, baseline)  # the values: nothing of the config
-    rule = verdict.rule(p, model, dtype, cell.names)  # the config: resolved once
+    rule = tolerance.rule(p, model, dtype, cell.names)  # the config: resolved once
     shapes = diffcell.judge(rule, cell)  # (label, CellDiff) per input shape
-    line = cellfiles.write(shapes, rule.limits.k, layers_json, key, out)
+    line = cellfiles.write(shapes, layers_json, key, out)  # as judged: nothing of the config
     return f"diff@{key}: {line}"
