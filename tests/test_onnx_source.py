@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import BIN, Repo, make_repo
+from tests.conftest import BIN, Repo, env, make_repo, ran_stages
 
 NODES = ["c1", "r1", "c2", "r2", "f", "g", "ln", "r3", "logits"]
 
@@ -87,6 +87,25 @@ def test_onnx_file_runs_per_node_on_ort_and_torch_says_unsupported(tmp_path):
         assert t["status"] == "UNSUPPORTED" and "ONNX file" in t["reason"], t
     summary = json.loads((a / "report/summary.json").read_text())
     assert "tiny_onnx-fp16-ort_cpu" in json.dumps(summary)
+
+
+def test_onnx_file_pipeline_runs_with_no_torch_importable(tmp_path):
+    """docs/onnx_models.md: an ONNX file is validated with no torch on its path. Every stage of an
+    ort_cpu cell (export, reference_onnx, baseline, capture, diff, report) runs with a `torch` that
+    fails to import ahead of the real one on PYTHONPATH (an import hoisted to a module's top once
+    put torch into the export and baseline of such a model)."""
+    r = onnx_repo(tmp_path / "repo", providers=("ort_cpu",))
+    fake = tmp_path / "no-torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch imported on an ONNX-file path')\n")
+    e = env()
+    e["PYTHONPATH"] = str(fake.parent)
+    p = subprocess.run(["dvc", "repro"], cwd=r.path, env=e, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    ran = ran_stages(p.stdout)
+    assert {"export@tiny_onnx", "reference_onnx@tiny_onnx", "capture@tiny_onnx-fp32-ort_cpu",
+            "baseline@tiny_onnx-fp32", "diff@tiny_onnx-fp32-ort_cpu"} <= set(ran), ran
+    assert "torch imported" not in p.stdout + p.stderr
 
 
 def _export(r: Repo) -> subprocess.CompletedProcess:
