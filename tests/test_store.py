@@ -213,7 +213,7 @@ def test_rows_whole_decode_a_small_file_once_and_a_large_one_two_groups_at_a_tim
     assert groups > 2
     for keep_mb, keep, reads in ((1.0, groups, groups), (0.0001, 2, 2 * groups)):
         monkeypatch.setattr(store, "KEEP_MB", keep_mb)
-        r = store.Rows(tmp_path / "f.parquet", keep=store.Rows.WHOLE)
+        r = store.Rows(tmp_path / "f.parquet", keep=store.Rows.WHOLE)  # KEEP_MB: no bound given
         assert r.keep == keep
         for _ in range(2):  # two passes, as the oracle's sums and the own-error run
             for k, got in r.by_sample():

@@ -137,10 +137,11 @@ def buffer_bytes() -> int:
     return int(float(os.environ.get("PARITY_STORE_BUFFER_MB", "32")) * 2**20)
 
 
-# a file read by a Rows(keep=Rows.WHOLE) stays decoded whole up to this many MB (PARITY_STORE_KEEP_MB):
-# a capture reads its fp64 reference in two passes and several lookup regions; resnet18's (134 MB
-# decoded, 4 row groups) was decoded 16 times, 1.6 of the capture's 3.6 s. Larger files keep 2 row
-# groups (the streaming bound). Only time and memory depend on it, never a byte written.
+# a file read by a Rows(keep=Rows.WHOLE) stays decoded whole up to this many MB unless the reader
+# gives its own bound (PARITY_STORE_KEEP_MB): a capture reads its fp64 reference in two passes and
+# several lookup regions; resnet18's (134 MB decoded, 4 row groups) was decoded 16 times, 1.6 of the
+# capture's 3.6 s. Larger files keep 2 row groups (the streaming bound). Only time and memory depend
+# on it, never a byte written.
 KEEP_MB = float(os.environ.get("PARITY_STORE_KEEP_MB", "256"))
 
 
@@ -250,9 +251,9 @@ class Rows:
     leaf outputs and recorded `pre:` inputs), reads each row group about once and holds `keep` of
     them, not a whole sample: resnet50's fp64 sample is 490 MB (issue 23)."""
 
-    WHOLE = -1  # keep=WHOLE: every row group stays decoded if the file fits (fits()), else 2
+    WHOLE = -1  # keep=WHOLE: every row group stays decoded if the file fits (fits(whole_mb)), else 2
 
-    def __init__(self, path: str | Path, keep: int = 2):
+    def __init__(self, path: str | Path, keep: int = 2, whole_mb: float | None = None):
         self.path, self.keep, self._bisect = Path(path), keep, bisect.bisect_right
         try:
             self.file = pq.ParquetFile(path, memory_map=False)
@@ -276,13 +277,13 @@ class Rows:
         self.cache: OrderedDict[int, list[np.ndarray]] = OrderedDict()
         self.groups_read = 0
         if self.keep == Rows.WHOLE:
-            self.keep = self.file.num_row_groups if self.fits() else 2
+            self.keep = self.file.num_row_groups if self.fits(KEEP_MB if whole_mb is None else whole_mb) else 2
 
-    def fits(self) -> bool:
-        """Whether every row group of the file, decoded, stays under KEEP_MB (Parquet metadata: nothing
-        read): resnet18's fp64 reference (134 MB in 4 row groups) does, resnet50's (~600 MB) does not."""
+    def fits(self, mb: float) -> bool:
+        """Whether every row group of the file, decoded, stays under `mb` MB (Parquet metadata: nothing
+        read): resnet18's fp64 reference (134 MB in 4 row groups) fits 256, resnet50's (~600 MB) not."""
         md = self.file.metadata
-        return sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) <= KEEP_MB * 2**20
+        return sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups)) <= mb * 2**20
 
     def value(self, i: int) -> np.ndarray:
         """Row i's array (a read-only view of its row group's buffer, as store.read gives; a row
