@@ -36,3 +36,14 @@ def test_compose_drops_gone_stages_from_the_lock_and_they_come_back_without_runn
     assert not [s for s in fp16 if f"Running stage '{s}'" in out], out  # restored from the run-cache
     assert sorted(_lock(repo)) == sorted(before)
     assert ENV in repo.repro()
+
+
+def test_compose_away_from_every_stage_leaves_a_lock_dvc_reads(tmp_path):
+    """Every entry dropped (another model composed in): the lock keeps an empty `stages: {}`, which
+    DVC reads, and the new model's stages run."""
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    repo.repro("export@tiny_mlp")
+    p = repo.run([f"{BIN}/parity", "compose", "-S", "models=[mlp]"])
+    assert "dvc.lock: dropped" in p.stdout, p.stdout
+    assert _lock(repo) == {}
+    assert "export@mlp" in repo.repro("export@mlp")

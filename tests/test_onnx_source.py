@@ -91,10 +91,10 @@ def test_onnx_file_runs_per_node_on_ort_and_torch_says_unsupported(tmp_path):
 
 def test_onnx_file_pipeline_runs_with_no_torch_importable(tmp_path):
     """docs/onnx_models.md: an ONNX file is validated with no torch on its path. Every stage of an
-    ort_cpu cell (export, reference_onnx, baseline, capture, diff, report) runs with a `torch` that
-    fails to import ahead of the real one on PYTHONPATH (an import hoisted to a module's top once
-    put torch into the export and baseline of such a model)."""
-    r = onnx_repo(tmp_path / "repo", providers=("ort_cpu",))
+    ort_cpu cell (export, reference_onnx, baseline, capture, diff, report), and the torch_cpu cell that
+    says UNSUPPORTED, runs with a `torch` that fails to import ahead of the real one on PYTHONPATH (an
+    import hoisted to a module's top once put torch into the export and baseline of such a model)."""
+    r = onnx_repo(tmp_path / "repo", providers=("ort_cpu", "torch_cpu"))
     fake = tmp_path / "no-torch" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('torch imported on an ONNX-file path')\n")
@@ -106,6 +106,8 @@ def test_onnx_file_pipeline_runs_with_no_torch_importable(tmp_path):
     assert {"export@tiny_onnx", "reference_onnx@tiny_onnx", "capture@tiny_onnx-fp32-ort_cpu",
             "baseline@tiny_onnx-fp32", "diff@tiny_onnx-fp32-ort_cpu"} <= set(ran), ran
     assert "torch imported" not in p.stdout + p.stderr
+    t = json.loads((r.path / "artifacts/capture/tiny_onnx-fp32-torch_cpu/status.json").read_text())
+    assert t["status"] == "UNSUPPORTED" and "runs torch models only" in t["reason"], t
 
 
 def _export(r: Repo) -> subprocess.CompletedProcess:
@@ -171,6 +173,7 @@ def test_torchvision_onnx_as_a_file_runs_per_node(tmp_path):
     r.repro("export@resnet18")
     (r.path / "models").mkdir()
     shutil.copy(r.path / "artifacts/models/resnet18/model.onnx", r.path / "models/rn18.onnx")
+    shutil.copy(r.path / "artifacts/models/resnet18/weights.bin", r.path / "models/weights.bin")  # its external data
     (r.path / "conf/models/rn18.yaml").write_text(model_conf("rn18", "models/rn18.onnx", (1, 3, 224, 224))
                                                   .replace("name: x,", "name: input,"))
     r.set_defaults(models=("rn18",), dtypes=("fp32", "fp16"), providers=("torch_cpu", "ort_cpu"))

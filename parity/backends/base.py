@@ -256,8 +256,7 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
     """Run one cell. The values go to `sink` sample by sample (parity.pipeline.sink streams them to
     Parquet); without one they are kept in the result (CaptureResult.samples / .own)."""
     if (job.model_cfg.get("arch") or {}).get("source") == "onnx" and not (cls.onnx_based or cls.engine_build):
-        return CaptureResult("UNSUPPORTED", f"models.{job.model} is an ONNX file (arch.source: onnx) and "
-                                            f"provider {job.provider} runs torch models only")
+        return CaptureResult("UNSUPPORTED", onnx_file_unsupported(job))
     why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
     mode = schema.mode(job.dtype_cfg)
     if not why and mode not in cls.precision_modes:
@@ -294,6 +293,12 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
         return res
     finally:
         runner.deactivate()
+
+
+def onnx_file_unsupported(job: CaptureJob) -> str:
+    """Why a runner of torch models (neither onnx_based nor engine_build) cannot take an ONNX-file model."""
+    return (f"models.{job.model} is an ONNX file (arch.source: onnx) and provider {job.provider} runs torch "
+            "models only")
 
 
 class CaptureSink:

@@ -44,5 +44,7 @@ def prune(root: Path, live: set[str] | None = None) -> list[str]:
     for (i, name), (j, _) in zip(starts, starts[1:] + [(len(body), "")]):
         (kept.append(body[i:j]) if name in live else dropped.append(name))
     if dropped:
-        write_text(lock, head + sep + "".join(kept))
+        rest = "".join(kept)
+        # every entry gone: an empty mapping (DVC's schema rejects `stages:` with nothing under it)
+        write_text(lock, head + sep + rest if rest.strip() else head + "\nstages: {}\n")
     return dropped

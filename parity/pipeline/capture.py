@@ -8,8 +8,8 @@ from pathlib import Path
 
 from parity.analysis.oracle import has_baseline
 from parity.backends import CaptureJob, fingerprint, load_runner
-from parity.backends.base import CaptureResult, latency_stats, write_own
-from parity.config import inputspec, params as config
+from parity.backends.base import CaptureResult, latency_stats, onnx_file_unsupported, write_own
+from parity.config import imports, inputspec, params as config
 from parity.core import store
 from parity.core.io import read_json, write_json
 from parity.pipeline.inputs import load
@@ -65,6 +65,11 @@ def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):
     """The provider's runner on every input shape: (CaptureResult, runner settings, status by shape)."""
     c, pc = schema.of(p), p["providers"][provider]
     unavailable = fingerprint.cluster_unavailable(provider)  # parity repro --cluster: no node offers it
+    if not unavailable and _torch_runner_on_onnx_file(job, pc):  # decided without importing the runner (torch)
+        res = CaptureResult("UNSUPPORTED", onnx_file_unsupported(job))
+        sets = inputspec.sample_sets(p["models"][job.model], c.inputs.samples)
+        return res, {}, None if sets[0][0] is None else {lab: {"status": res.status, "reason": res.reason}
+                                                         for lab, _ in sets}
     try:
         cls = load_runner(pc["runner"], pc.get("import"))
     except ValueError as e:
@@ -79,6 +84,18 @@ def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):
             lambda label: inputspec.describe(m, label), sink)
     settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
     return res, settings, by_shape
+
+
+def _torch_runner_on_onnx_file(job, pc: dict) -> bool:
+    """An ONNX-file model on a runner that takes torch models only, read from the runner's source (its
+    class attributes onnx_based and engine_build, as Python would find them; never imported): the
+    cell is UNSUPPORTED without loading torch (run_capture says the same after an import). False
+    when the source cannot tell."""
+    if (job.model_cfg.get("arch") or {}).get("source") != "onnx":
+        return False
+    mod, _, name = str(pc.get("runner", "")).partition(":")
+    found = [imports.class_value(mod, name, a) for a in ("onnx_based", "engine_build")] if name else [None]
+    return found == [False, False]
 
 
 def _lines(key: str, res, n_layers: int, lat: dict, status: dict, settings: dict, seconds: float) -> list[str]:
