@@ -169,6 +169,7 @@ def test_a_model_over_2_gib_exports_and_captures_on_ort_cpu(tmp_path):
                       "mean": 0.0, "std": 1.0}], "tolerances": []}
     p = composed("models=[mlp]", "dtypes=[fp32]", "providers=[ort_cpu]")
     p["models"] = {"big_mlp": big}
+    p["torch_models"], p["onnx_models"] = ["big_mlp"], []  # the keys compose resolves from `models`
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(p))
     a = tmp_path / "artifacts"
