@@ -142,7 +142,7 @@ def head(path: Path, dirty_note: bool = True) -> str:
 
 def plain_onnx(repo: Path, work: Path) -> Path:
     """model.onnx and its weights.bin copied out of the workspace for Polygraphy: DVC links the workspace's
-    files to its cache (cache.type hardlink,symlink) and onnx.load (onnx >= 1.19, which Polygraphy calls)
+    files to its cache (cache.type hardlink,symlink) and onnx.load (onnx 1.23 here, which Polygraphy calls)
     refuses external data behind a hard or symbolic link ("potential hardlink attack"): a user runs
     `dvc unprotect artifacts/models/<model>` first, which makes the same copies in place."""
     src = repo / "artifacts" / "models" / MODEL

@@ -4,7 +4,7 @@ DVC keeps a stage's dvc.lock entry after the stage leaves the matrix (a model, d
 composed away), and rewrites the whole lock, parsed and dumped by ruamel, every time a stage runs:
 the cost of a stage run grows with the lock. Composed from the 8-cell default to one resnet18 cell,
 the lock keeps 27 entries for 7 stages (129 KB -> 35 KB once pruned) and `dvc repro -f -s capture@..
-diff@..` takes 8.5 s instead of 5.8 s (BENCHMARKS.md section 16). A pruned stage that comes back is
+diff@..` takes 8.5 s instead of 5.8 s (BENCHMARKS.md section 16b). A pruned stage that comes back is
 restored from DVC's run-cache, not re-run, so pruning loses nothing.
 
 Text in, text out: every kept entry keeps its bytes (DVC's own formatting), only whole entries go.
