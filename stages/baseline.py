@@ -16,7 +16,7 @@ from pathlib import Path
 from parity.config import params as config
 from parity.core import memory
 from parity.pipeline import memsize
-from parity.pipeline.baseline import capture_baseline
+from parity.pipeline.baseline import capture_baseline, publish_fold
 
 
 def main(argv=None) -> int:
@@ -33,6 +33,12 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
 
     key = f"{a.model}-{a.dtype}"
+    if a.reference:  # fp32: made by the reference stage in its process (parity.pipeline.baseline_torch.fold)
+        line = publish_fold(Path(a.reference).parent, a.dtype, p["dtypes"][a.dtype], Path(a.out))
+        if line:
+            print(line)
+            memory.record(a.timing, "baseline", key, t0, {"made_by": f"reference@{a.model}"})
+            return 0
     # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
     sized = memsize.guard("baseline", key, p, a.model, memory.parquet_value_bytes(
         Path(a.reference).with_name("fp32.parquet")) if a.reference else None)

@@ -4,7 +4,11 @@ first floating input as `pre:<call>` (what the capture stage feeds each layer to
 error; fp32.parquet has leaf outputs only, so the diff's layer names are unchanged).
 For the models built in torch (params torch_models); a model given as an ONNX file gets
 reference_onnx@model (stages/reference_onnx.py) instead: dvc.yaml dispatches on the source, so this
-stage depends on no onnxruntime code."""
+stage depends on no onnxruntime code.
+
+With --baseline-out (baseline@<model>-fp32's folder) it also makes the fp32 baseline in this process,
+on the model it built (parity.pipeline.baseline_torch.fold): under --out/baseline-fp32, which that stage
+publishes without running torch again."""
 
 from __future__ import annotations
 
@@ -15,9 +19,9 @@ from pathlib import Path
 from parity.config import params as config
 from parity.core import memory
 from parity.pipeline import memsize, reference
+from parity.pipeline.baseline_torch import fold, keep_mb
 from parity.pipeline.inputs import load
 from parity.config import schema
-from parity.pipeline import reference
 
 
 def main(argv=None) -> int:
@@ -26,30 +30,37 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.core.memory), apart from the values")
+    ap.add_argument("--baseline-out", help="baseline@<model>-fp32's folder: make that baseline here too (fold)")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
     t0 = time.perf_counter()
 
-    sized = memsize.guard("reference", a.model, p, a.model)
+    # with the fold, the process holds the baseline's run too: sized by the larger of the two stages
+    sized = memsize.guard("baseline" if a.baseline_out else "reference", a.model, p, a.model)
     if sized is None:
         return 1
-    code = _run(p, a)
+    code = _run(p, a, sized)
     if code == 0:
         memory.record(a.timing, "reference", a.model, t0, sized)
     return code
 
 
-def _run(p: dict, a) -> int:
+def _run(p: dict, a, sized: dict) -> int:
     feeds = load(a.inputs)
     out = Path(a.out)
     try:
-        print(reference.write(p, a.model, feeds, out, bool(schema.of(p).reference.fp64)))
+        net = reference.build(p, a.model)
+        kept = {"mb": keep_mb(sized.get("w_bytes"))} if a.baseline_out else None
+        print(reference.write(p, a.model, feeds, out, bool(schema.of(p).reference.fp64), net, kept))
     except reference.TinyOutput as e:
         print(f"reference@{a.model}: model output max |value| {e} <= {reference.MIN_OUTPUT_ABS:g}: a diff "
               f"against it proves nothing (any actual within atol of zero passes). Initialise the "
               f"model's head, set models.{a.model}.arch.calibrate for BatchNorm nets, or change its "
               f"inputs.", file=sys.stderr)
         return 1
+    if a.baseline_out:
+        print(fold(p, a.model, net, Path(a.inputs), out, Path(a.baseline_out), sized.get("w_bytes"),
+                   kept.get("groups")))
     return 0
 
 

@@ -110,7 +110,7 @@ def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path,
     assert dvc_yaml.read_text() == after
 
 
-ORT_ONLY = {"parity/backends/ort_cpu.py", "parity/backends/fault.py", "parity/backends/ops.py",
+ORT_ONLY = {"parity/backends/ort_cpu.py", "parity/backends/fault.py",
             "parity/models/onnx_cut.py", "parity/pipeline/onnx_reference.py", "parity/pipeline/onnx_source.py"}
 
 

@@ -94,6 +94,9 @@ class CaptureJob:
     engine_dir: Path | None = None
     # the fp64 reference (reference stage's fp64.parquet): own error is measured when it is given
     reference: Path | None = None
+    # a model already built from model_cfg and seed (fp32, eval) that a torch runner uses instead of
+    # building its own: the reference stage's fp32 baseline (parity.pipeline.baseline_torch.fold)
+    net: object | None = None
 
 
 @dataclass
@@ -436,18 +439,19 @@ _GOLD: dict[Path, store.Rows] = {}  # this process's fp64 reference reader, by p
 WHOLE_MAX_MB = 1024  # the most a reference kept decoded may take, whatever the weights
 
 
-def gold_rows(path: Path, model_dir: Path | None = None) -> store.Rows:
+def gold_rows(path: Path, model_dir: Path | None = None, weight_bytes: int | None = None) -> store.Rows:
     """One store.Rows of `path` per process. It stays decoded whole when it takes no more than the
     model's weights (weights.bin, which the stage maps anyway; at least store.KEEP_MB, at most
     WHOLE_MAX_MB), else it keeps its last 2 row groups (the streaming bound of issue 23): the memory
     it adds stays within the budgets of parity.core.memory (3 W + 1 GiB; a 1B model's reference,
     several GB, streams). gpt2_small's (368 MB decoded, 12 row groups, W 474 MB) was decoded 64 times
-    in its baseline: 5.8 of 10.6 s."""
+    in its baseline: 5.8 of 10.6 s. `weight_bytes`: W when no model_dir gives it (the reference
+    stage's fp32 baseline: W from parity.pipeline.memsize); the first call for a path decides."""
     key = Path(path).resolve()
     if key not in _GOLD:
         _GOLD.clear()  # one reference at a time
         w = model_dir / "weights.bin" if model_dir is not None else None
-        mb = (w.stat().st_size if w is not None and w.is_file() else 0) / 2**20
+        mb = (w.stat().st_size if w is not None and w.is_file() else (weight_bytes or 0)) / 2**20
         _GOLD[key] = store.Rows(key, keep=store.Rows.WHOLE, whole_mb=min(max(mb, store.KEEP_MB), WHOLE_MAX_MB))
     return _GOLD[key]
 

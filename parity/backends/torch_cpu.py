@@ -76,7 +76,8 @@ class TorchRunner(Runner):
 
     def activate(self) -> None:
         self._configure()
-        model = build(self.job.model_cfg["arch"], self.job.seed).to(device=self.dev, dtype=self.dtype)
+        model = self.job.net if self.job.net is not None else build(self.job.model_cfg["arch"], self.job.seed)
+        model = model.to(device=self.dev, dtype=self.dtype)
         self.rec = LayerRecorder(model).eval()
 
     # -- mixed precision (Runner.mixed): items are leaf module names --

@@ -173,10 +173,13 @@ def tiny_outputs(peak: dict) -> dict:
     return {n: v for n, v in peak.items() if not v > MIN_OUTPUT_ABS}
 
 
-def write(p: dict, model_name: str, feeds: list, out, fp64: bool) -> str:
+def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept: dict | None = None) -> str:
     """fp32.parquet (and fp64.parquet) under `out`, streamed; the summary line. TinyOutput when the
-    model's output is too small to prove anything (nothing is published)."""
-    net = build(p, model_name)
+    model's output is too small to prove anything (nothing is published). `net`: the model, built
+    already (build()); it is left as built (fp32 weights restored after the fp64 run). `kept`
+    ({"mb": bound}): the fp64 values written are kept under "groups" while they stay under the bound
+    (store.Writer keep_mb), for a reader in this process (parity.pipeline.baseline_torch.fold)."""
+    net = net if net is not None else build(p, model_name)
     with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))
         if tiny:
@@ -184,7 +187,10 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool) -> str:
     n = w.count
     msg = f"reference@{model_name}: {n} tensors ({len(feeds)} samples) fp32"
     if fp64:
-        with store.writer(out / "fp64.parquet", {"model": model_name, "dtype": "float64"}) as w:
+        with store.writer(out / "fp64.parquet", {"model": model_name, "dtype": "float64"},
+                          keep_mb=kept.get("mb") if kept is not None else None) as w:
             stream(p, model_name, net, feeds, "float64", w, inputs=True)
+        if kept is not None:
+            kept["groups"] = w.kept
         msg += " + fp64 golden"
     return msg + f" -> {out}"

@@ -24,8 +24,12 @@ class StoreSink(CaptureSink):
     """`out`/layers.parquet, own.parquet and oracle_sums.json of one capture (or baseline: `plain`
     False keeps the plain graph's outputs out of layers.parquet, as the baseline always did)."""
 
-    def __init__(self, out: Path, layers_meta: dict, own_meta: dict, with_sums: bool, plain: bool = True):
+    def __init__(self, out: Path, layers_meta: dict, own_meta: dict, with_sums: bool, plain: bool = True,
+                 base_dir: Path | None = None):
+        """`base_dir`: the folder own.parquet's `base` (the fp64 reference's path) is relative to, where it
+        is not `out`: the reference stage writes the fp32 baseline for the baseline stage's folder."""
         self.out, self.own_meta, self.plain = Path(out), own_meta, plain
+        self.base_dir = Path(base_dir) if base_dir is not None else self.out
         self.layers = store.Writer(self.out / "layers.parquet", layers_meta)
         self.own_w: store.Writer | None = None
         self.acc = sums.Acc() if with_sums else None
@@ -49,7 +53,7 @@ class StoreSink(CaptureSink):
         own values shrink as they go instead of being held whole till the last one is summed."""
         base = gold.rows.path if isinstance(gold, store.SampleRows) else None
         if self.own_w is None:
-            meta = dict(self.own_meta, base=os.path.relpath(os.path.abspath(base), os.path.abspath(self.out))) \
+            meta = dict(self.own_meta, base=os.path.relpath(os.path.abspath(base), os.path.abspath(self.base_dir))) \
                 if base is not None else self.own_meta
             self.own_w = store.Writer(self.out / "own.parquet", meta)
         if self.acc is not None:
