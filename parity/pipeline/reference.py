@@ -183,7 +183,10 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))
         if tiny:
-            raise TinyOutput(str(tiny))
+            raise TinyOutput(f"reference@{model_name}: model output max |value| {tiny} <= {MIN_OUTPUT_ABS:g}: a diff "
+                             f"against it proves nothing (any actual within atol of zero passes). Initialise the "
+                             f"model's head, set models.{model_name}.arch.calibrate for BatchNorm nets, or change "
+                             f"its inputs.")
     n = w.count
     msg = f"reference@{model_name}: {n} tensors ({len(feeds)} samples) fp32"
     if fp64:
