@@ -6,6 +6,9 @@ weights.bin (the weights of both graphs, stored once as ONNX external data),
 layers.json (output names in execution order, module types, `regions`: per leaf call the leaf calls
 whose outputs feed it and the op types between them, e.g. Softmax between qkv and out), ops.json
 (op types and counts, opset).
+With --inputs and --reference-out (a torch model): the reference's files (and with --baseline-out the
+fp32 baseline's), made in this process on the model it built, staged under --out/reference for
+reference@model to publish (parity.pipeline.fold).
 """
 
 from __future__ import annotations
@@ -22,23 +25,32 @@ from parity.pipeline.export import ExportError, export_model
 
 def main(argv=None) -> int:
     ap = config.stage_parser("stages.export", __doc__)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--out", required=True)
+    for arg in ("--model", "--out"):
+        ap.add_argument(arg, required=True)
     ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.core.memory), apart from the values")
+    ap.add_argument("--inputs", help="the model's inputs: with --reference-out, the reference runs here too")
+    ap.add_argument("--reference-out", help="reference@model's folder (its files are made here for it)")
+    ap.add_argument("--baseline-out", help="baseline@model-fp32's folder (the fp32 baseline made here too)")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    t0 = time.perf_counter()
-
-    sized = memsize.guard("export", a.model, p, a.model)
+    t0, fold = time.perf_counter(), bool(a.inputs and a.reference_out)
+    # with the reference and the baseline, the process holds their runs too: sized by the largest stage
+    sized = memsize.guard("baseline" if fold else "export", a.model, p, a.model)
     if sized is None:
         return 1
-
+    built: dict = {}
     try:
-        line = export_model(p, a.model, Path(a.out))
+        line = export_model(p, a.model, Path(a.out), built)
     except ExportError as e:
         print(f"export@{a.model}: {e}", file=sys.stderr)
         return 1
     print(f"export@{a.model}: {line}")
+    if fold and built.get("net") is not None:
+        # lazy: the reference loads torch's runners; an ONNX-file model's export has no torch on its path
+        from parity.pipeline.fold import in_export
+
+        in_export(p, a.model, built["net"], Path(a.inputs), Path(a.out), Path(a.reference_out),
+                  Path(a.baseline_out) if a.baseline_out else None, sized.get("w_bytes"))
     memory.record(a.timing, "export", a.model, t0, sized)
     return 0
 

@@ -5,9 +5,8 @@ error; fp32.parquet has leaf outputs only, so the diff's layer names are unchang
 For the models built in torch (params torch_models); a model given as an ONNX file gets
 reference_onnx@model (stages/reference_onnx.py) instead: dvc.yaml dispatches on the source, so this
 stage depends on no onnxruntime code.
-
---baseline-out: also the fp32 baseline, in this process on the model it built, under --out/baseline-fp32
-for that stage to publish (parity.pipeline.baseline_torch.fold)."""
+--staged: these files as the export stage made them (parity.pipeline.fold), published when made for
+--out; else computed here (with --baseline-out, the fp32 baseline too, under --out/baseline-fp32)."""
 
 from __future__ import annotations
 
@@ -17,10 +16,7 @@ from pathlib import Path
 
 from parity.config import params as config
 from parity.core import memory
-from parity.pipeline import memsize, reference
-from parity.pipeline.baseline_torch import fold, keep_mb
-from parity.pipeline.inputs import load
-from parity.config import schema
+from parity.pipeline.publish import made_for, publish_tree
 
 
 def main(argv=None) -> int:
@@ -29,33 +25,29 @@ def main(argv=None) -> int:
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--timing", help="peak RSS and the memory estimate (parity.core.memory), apart from the values")
-    ap.add_argument("--baseline-out", help="baseline@<model>-fp32's folder: make that baseline here too (fold)")
+    ap.add_argument("--staged", help="the export stage's staging of these files (published when made for --out)")
+    ap.add_argument("--baseline-out", help="baseline@<model>-fp32's folder: make that baseline here too")
     a = ap.parse_args(argv)
     p = config.load_or_die(a.params)
-    t0 = time.perf_counter()
+    t0, out = time.perf_counter(), Path(a.out)
+    if a.staged and made_for(Path(a.staged), out):
+        print(f"reference@{a.model}: {publish_tree(Path(a.staged), out)} files made by export@{a.model} -> {out}")
+        memory.record(a.timing, "reference", a.model, t0, {"made_by": f"export@{a.model}"})
+        return 0
+    # lazy: torch (+1.84 s, BENCHMARKS 22) only where the reference is computed here, not published
+    from parity.pipeline import fold, memsize, reference
 
-    # with the fold, the process holds the baseline's run too: sized by the larger of the two stages
+    # with the baseline, the process holds its run too: sized by the larger of the two stages
     sized = memsize.guard("baseline" if a.baseline_out else "reference", a.model, p, a.model)
     if sized is None:
         return 1
-    code = _run(p, a, sized)
-    if code == 0:
-        memory.record(a.timing, "reference", a.model, t0, sized)
-    return code
-
-
-def _run(p: dict, a, sized: dict) -> int:
-    feeds, out = load(a.inputs), Path(a.out)
     try:
-        net = reference.build(p, a.model)
-        kept = {"mb": keep_mb(sized.get("w_bytes"))} if a.baseline_out else None
-        print(reference.write(p, a.model, feeds, out, bool(schema.of(p).reference.fp64), net, kept))
+        print(fold.reference_and_baseline(p, a.model, reference.build(p, a.model), Path(a.inputs), out, out,
+                                          Path(a.baseline_out) if a.baseline_out else None, sized.get("w_bytes")))
     except reference.TinyOutput as e:  # the message says what proves nothing and how to fix it
         print(e, file=sys.stderr)
         return 1
-    if a.baseline_out:
-        print(fold(p, a.model, net, Path(a.inputs), out, Path(a.baseline_out), sized.get("w_bytes"),
-                   kept.get("groups")))
+    memory.record(a.timing, "reference", a.model, t0, sized)
     return 0
 
 

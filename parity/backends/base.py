@@ -471,7 +471,7 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
     """The runner's own values, sample by sample into `sink` (or res.own_reason: why not measured;
     a failure at any sample means not measured, and the sink drops what it had)."""
     if not _has_reference(job):
-        res.own_reason = (f"no fp64 reference ({job.reference}): set reference.fp64: true"
+        res.own_reason = (f"no fp64 reference ({Path(job.reference).name}): set reference.fp64: true"
                           if job.reference is not None else "no reference given")
         return
     if runner.own_unsupported:

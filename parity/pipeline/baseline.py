@@ -1,11 +1,10 @@
 """The trusted backend (torch CPU eager) at one dtype, on the same inputs as every cell: the fp64
 oracle's yardstick (parity.analysis.oracle), shared by every provider of that model and dtype. The
-torch run is parity.pipeline.baseline_torch; the fp32 one is made by the reference stage (fold there)
-and published here."""
+torch run is parity.pipeline.baseline_torch; the fp32 one is made with the reference
+(parity.pipeline.fold) and published here."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -13,8 +12,9 @@ from parity.analysis import sums
 from parity.analysis.oracle import has_baseline
 from parity.backends.base import write_own
 from parity.core import store
-from parity.core.io import atomic_path, read_json
-from parity.pipeline.baseline_torch import BASELINE_PROVIDER, FOLD_DIR, FOLD_FILE, done, folds, torch_baseline
+from parity.core.io import read_json
+from parity.pipeline.baseline_torch import BASELINE_PROVIDER, done, torch_baseline
+from parity.pipeline.publish import FOLD_DIR, folds, made_for, publish_tree
 from parity.pipeline.inputs import load
 
 
@@ -50,14 +50,11 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
 
 
 def publish_fold(reference_dir: Path, dtype: str, dc: dict, out: Path) -> str | None:
-    """baseline@<model>-fp32: the reference stage's fold copied into `out` (None when there is none
-    for `out`, or `dtype` is not the fold's precision: the stage then runs the baseline itself)."""
+    """baseline@<model>-fp32: the fp32 baseline made with the reference (parity.pipeline.fold) published
+    into `out` (None when there is none made for `out`, or `dtype` is not the fold's precision: the
+    stage then runs the baseline itself)."""
     staging = Path(reference_dir) / FOLD_DIR
-    if not folds(dtype, dc) or not (staging / FOLD_FILE).is_file() or read_json(staging / FOLD_FILE).get("for") != str(out):
+    if not folds(dtype, dc) or not made_for(staging, out):
         return None
-    out.mkdir(parents=True, exist_ok=True)
-    for f in sorted(staging.iterdir()):
-        if f.name != FOLD_FILE:
-            with atomic_path(out / f.name) as tmp:
-                shutil.copyfile(f, tmp)
-    return f"baseline@{read_json(out / 'status.json')['baseline']}: made by reference@ (same process and values) -> {out}"
+    publish_tree(staging, out)
+    return f"baseline@{read_json(out / 'status.json')['baseline']}: made with the reference (same values) -> {out}"

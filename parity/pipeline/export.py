@@ -25,9 +25,10 @@ class ExportError(Exception):
     """The model cannot be exported as configured (the message names the key)."""
 
 
-def export_model(p: dict, model: str, out: Path) -> str:
+def export_model(p: dict, model: str, out: Path, built: dict | None = None) -> str:
     """Write layers.onnx, model.onnx (both pointing at one weights.bin), layers.json and ops.json under
-    `out`; the summary line."""
+    `out`; the summary line. `built`: gets the model the export built ("net"; torch models), as built
+    (seeded, fp32, eval), for the reference's run in the same process (parity.pipeline.fold)."""
     m = p["models"][model]
     if m["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
         try:
@@ -41,6 +42,8 @@ def export_model(p: dict, model: str, out: Path) -> str:
         net = build(m["arch"], c.seed)
     except ValueError as e:  # an unknown model name or config key (torchvision, hf): the message lists valid ones
         raise ExportError(f"models.{model}.arch: {e}") from None
+    if built is not None:
+        built["net"] = net
     example = _checked_example(p, model, net)
     dynamic = inputspec.dynamic_axes(m)  # axes whose size differs between models.<m>.shapes
     try:

@@ -35,6 +35,7 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
         rec(*example)
     names = list(rec.names)
     kwargs = dict(input_names=input_names, output_names=names, opset_version=opset)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
     if exporter == "dynamo":
         kwargs.update(dynamo=True, external_data=True, verbose=False)  # weights beside it: no 2 GiB limit
     else:
@@ -42,8 +43,12 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
         torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
     if dynamic:
         kwargs.update(dynamic_axes(input_names, dynamic, exporter))
-    with torch.no_grad():
-        torch.onnx.export(rec, example, str(path), **kwargs)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(rec, example, str(path), **kwargs)
+    finally:  # the model is left as it was: the reference runs on it next (parity.pipeline.fold)
+        rec.remove_hooks()
+        torch.backends.mha.set_fastpath_enabled(fastpath)
     return names
 
 

@@ -25,11 +25,13 @@ class StoreSink(CaptureSink):
     False keeps the plain graph's outputs out of layers.parquet, as the baseline always did)."""
 
     def __init__(self, out: Path, layers_meta: dict, own_meta: dict, with_sums: bool, plain: bool = True,
-                 base_dir: Path | None = None):
-        """`base_dir`: the folder own.parquet's `base` (the fp64 reference's path) is relative to, where it
-        is not `out`: the reference stage writes the fp32 baseline for the baseline stage's folder."""
+                 base_dir: Path | None = None, base_path: Path | None = None):
+        """own.parquet's `base` is the fp64 reference's path (`base_path`, default the file read) relative
+        to `base_dir` (default `out`): the fp32 baseline made with the reference is written for the
+        folders it will be published in (parity.pipeline.fold)."""
         self.out, self.own_meta, self.plain = Path(out), own_meta, plain
         self.base_dir = Path(base_dir) if base_dir is not None else self.out
+        self.base_path = base_path
         self.layers = store.Writer(self.out / "layers.parquet", layers_meta)
         self.own_w: store.Writer | None = None
         self.acc = sums.Acc() if with_sums else None
@@ -52,6 +54,7 @@ class StoreSink(CaptureSink):
         """Each value written and summed, then dropped from `named` (the list is emptied): the sample's
         own values shrink as they go instead of being held whole till the last one is summed."""
         base = gold.rows.path if isinstance(gold, store.SampleRows) else None
+        base = self.base_path if base is not None and self.base_path is not None else base
         if self.own_w is None:
             meta = dict(self.own_meta, base=os.path.relpath(os.path.abspath(base), os.path.abspath(self.base_dir))) \
                 if base is not None else self.own_meta

@@ -1,0 +1,65 @@
+"""The torch work of one model in one process (issue 23): the export stage exports the model, then runs
+the reference (fp32, fp64) and the fp32 baseline on the model it has built, with torch and the model's
+libraries imported once (bert_base: ~5 s of imports and model build per process saved, twice).
+
+The reference's files are staged under the export's folder (publish.STAGING) and the fp32 baseline's
+under the reference's (publish.FOLD_DIR); reference@<model> and baseline@<model>-fp32 publish them into
+their folders without importing torch (parity.pipeline.publish). Each file is written as the stage that
+publishes it would write it (own.parquet's reference path is relative to the baseline's folder), so the
+bytes are the same either way (tests/test_fold.py). Where no staging was made for it (an ONNX-file
+model, a model whose output is too small: the reference stage then says so), a stage computes its
+files itself.
+
+What it costs: the export depends on the reference's params and code, and the reference on the export
+(an opset change re-runs the reference's computation inside the export; its bytes do not change, so
+nothing after it re-runs). The fp32 baseline is made whatever dtypes are swept: the export cannot depend
+on the dtype list without re-running on every sweep."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from parity.backends.base import WHOLE_MAX_MB, gold_rows
+from parity.config import schema
+from parity.core import store
+from parity.pipeline import reference
+from parity.pipeline.baseline_torch import torch_baseline
+from parity.pipeline.inputs import load
+from parity.pipeline.publish import FOLD_CFG, FOLD_DIR, FOLD_DTYPE, STAGING, stage_for
+
+
+def keep_mb(weight_bytes: int | None) -> float:
+    """How many MB of the fp64 reference stay decoded for the baseline: parity.backends.base.gold_rows' bound."""
+    return min(max((weight_bytes or 0) / 2**20, store.KEEP_MB), WHOLE_MAX_MB)
+
+
+def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path, reference_for: Path,
+                           baseline_for: Path | None, weight_bytes: int | None) -> str:
+    """The reference's files of `model` (fp32.parquet, fp64.parquet) under `staging`, made for the folder
+    `reference_for`, and with `baseline_for` the fp32 baseline's under `staging`/FOLD_DIR, made for that
+    folder; `net` is the model, built. The summary lines. reference.TinyOutput as reference.write."""
+    staging, reference_for = Path(staging), Path(reference_for)
+    kept = {"mb": keep_mb(weight_bytes)} if baseline_for is not None else None
+    line = reference.write(p, model, load(inputs), staging, bool(schema.of(p).reference.fp64), net, kept)
+    if baseline_for is not None:
+        gold = staging / "fp64.parquet"
+        if gold.exists():  # the values just written, still decoded: no re-read
+            gold_rows(gold, weight_bytes=weight_bytes).prime(kept.get("groups"))
+        line += "\n" + torch_baseline(p, model, FOLD_DTYPE, FOLD_CFG, None, inputs, staging / FOLD_DIR, gold, net,
+                                      base_dir=Path(baseline_for), base_path=reference_for / "fp64.parquet")
+        stage_for(staging / FOLD_DIR, baseline_for)
+    if staging != reference_for:
+        stage_for(staging, reference_for)
+    return line
+
+
+def in_export(p: dict, model: str, net, inputs: Path, export_out: Path, reference_for: Path,
+              baseline_for: Path | None, weight_bytes: int | None) -> None:
+    """The export stage's part: reference_and_baseline staged under `export_out`/STAGING. A model whose
+    output is too small stages nothing: reference@model then computes it and says why it is unusable."""
+    staging = Path(export_out) / STAGING
+    try:
+        print(reference_and_baseline(p, model, net, inputs, staging, reference_for, baseline_for, weight_bytes))
+    except reference.TinyOutput:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,68 @@
+"""Files one stage made for another, published into that stage's folder (no torch imported here).
+
+The torch work of a model runs in one process (the export stage: export, the reference, the fp32
+baseline; parity.pipeline.fold). It stages what the reference and baseline stages write in folders of
+its own, each with a FOLD_FILE naming the folder it was made for; those stages publish the files into
+their own folder when it matches, else compute them themselves. A file is published as a hard link
+where the filesystem allows (one copy of the bytes on disk, and DVC's state knows the inode, so it
+hashes them once; nothing in the pipeline writes a file in place), else as a copy."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from parity.config import schema
+from parity.core.io import TMP_SUFFIX, atomic_path, read_json, write_json
+
+FOLD_FILE = "fold.json"  # in a staging folder: {"for": the folder it was made for}
+# the fp32 baseline is torch CPU eager at float32 in cast mode: the reference's own precision
+FOLD_DTYPE = "fp32"
+FOLD_CFG = {"torch": "float32", "mode": "cast"}
+FOLD_DIR = "baseline-fp32"  # under the reference's folder: the fp32 baseline's staging folder
+STAGING = "reference"  # under the export's folder: the reference's staging folder
+
+
+def folds(dtype: str, dc: dict) -> bool:
+    """Whether baseline@<model>-`dtype` is the fp32 baseline made with the reference."""
+    return dtype == FOLD_DTYPE and dc.get("torch") == FOLD_CFG["torch"] and schema.mode(dc) == FOLD_CFG["mode"]
+
+
+def stage_for(staging: Path, target: Path) -> None:
+    """Mark `staging` as made for `target`."""
+    write_json(Path(staging) / FOLD_FILE, {"for": str(target)})
+
+
+def made_for(staging: Path, target: Path) -> bool:
+    """Whether `staging` holds files made for `target`."""
+    f = Path(staging) / FOLD_FILE
+    return f.is_file() and read_json(f).get("for") == str(target)
+
+
+def publish_tree(staging: Path, out: Path) -> int:
+    """Every file under `staging` (its own FOLD_FILE excepted) at the same relative path under `out`;
+    how many."""
+    staging, out, n = Path(staging), Path(out), 0
+    for f in sorted(staging.rglob("*")):
+        if f.is_file() and f != staging / FOLD_FILE and not f.name.endswith(TMP_SUFFIX):
+            dst = out / f.relative_to(staging)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            publish(f, dst)
+            n += 1
+    return n
+
+
+def publish(src: Path, dst: Path) -> None:
+    """`src` at `dst`, atomically: a hard link where the filesystem allows, else a copy."""
+    if dst.exists() and os.path.samefile(src, dst):
+        return  # the same file already (rename() of two links to one file does nothing, leaving tmp)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}{TMP_SUFFIX}")
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        with atomic_path(dst) as t:
+            shutil.copyfile(src, t)
