@@ -21,6 +21,7 @@ from parity.config import params as config
 from parity.core import memory
 from parity.pipeline import memsize
 from parity.pipeline.export import ExportError, export_model
+from parity.pipeline.publish import keep_mb
 
 
 def main(argv=None) -> int:
@@ -38,6 +39,9 @@ def main(argv=None) -> int:
     sized = memsize.guard("baseline" if fold else "export", a.model, p, a.model)
     if sized is None:
         return 1
+    if fold and keep_mb(sized.get("w_bytes"), sized.get("sa_bytes")) is None:  # parity.pipeline.fold says why
+        fold = False
+        print(f"export@{a.model}: the reference streams (too large to stay decoded): reference@ makes it")
     built: dict = {}
     try:
         line = export_model(p, a.model, Path(a.out), built)
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
         from parity.pipeline.fold import in_export
 
         in_export(p, a.model, built["net"], Path(a.inputs), Path(a.out), Path(a.reference_out),
-                  Path(a.baseline_out) if a.baseline_out else None, sized.get("w_bytes"))
+                  Path(a.baseline_out) if a.baseline_out else None, sized)
     memory.record(a.timing, "export", a.model, t0, sized)
     return 0
 

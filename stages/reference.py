@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         return 1
     try:
         print(fold.reference_and_baseline(p, a.model, reference.build(p, a.model), Path(a.inputs), out, out,
-                                          Path(a.baseline_out) if a.baseline_out else None, sized.get("w_bytes")))
+                                          Path(a.baseline_out) if a.baseline_out else None, sized))
     except reference.TinyOutput as e:  # the message says what proves nothing and how to fix it
         print(e, file=sys.stderr)
         return 1

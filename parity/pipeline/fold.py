@@ -10,6 +10,12 @@ bytes are the same either way (tests/test_fold.py). Where no staging was made fo
 model, a model whose output is too small: the reference stage then says so), a stage computes its
 files itself.
 
+The export does this for a model whose fp64 reference stays decoded (publish.keep_mb: weight-heavy
+models, the transformers): stacked on what the export leaves imported, a reference that streams (an
+activation-heavy net, resnet50; a 1B decoder) would pass the memory bound (3 W + 1 GiB), and the
+imports it saves are a small part of its time. Such a model's reference stage computes its files
+itself, with the fp32 baseline in the same process.
+
 What it costs: the export depends on the reference's params and code, and the reference on the export
 (an opset change re-runs the reference's computation inside the export; its bytes do not change, so
 nothing after it re-runs). The fp32 baseline is made whatever dtypes are swept: the export cannot depend
@@ -17,30 +23,28 @@ on the dtype list without re-running on every sweep."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import shutil
 from pathlib import Path
 
-from parity.backends.base import WHOLE_MAX_MB, gold_rows
+from parity.backends.base import gold_rows
 from parity.config import schema
-from parity.core import store
 from parity.pipeline import reference
 from parity.pipeline.baseline_torch import torch_baseline
 from parity.pipeline.inputs import load
-from parity.pipeline.publish import FOLD_CFG, FOLD_DIR, FOLD_DTYPE, STAGING, stage_for
-
-
-def keep_mb(weight_bytes: int | None) -> float:
-    """How many MB of the fp64 reference stay decoded for the baseline: parity.backends.base.gold_rows' bound."""
-    return min(max((weight_bytes or 0) / 2**20, store.KEEP_MB), WHOLE_MAX_MB)
+from parity.pipeline.publish import FOLD_CFG, FOLD_DIR, FOLD_DTYPE, STAGING, keep_mb, stage_for
 
 
 def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path, reference_for: Path,
-                           baseline_for: Path | None, weight_bytes: int | None) -> str:
+                           baseline_for: Path | None, sized: dict) -> str:
     """The reference's files of `model` (fp32.parquet, fp64.parquet) under `staging`, made for the folder
     `reference_for`, and with `baseline_for` the fp32 baseline's under `staging`/FOLD_DIR, made for that
-    folder; `net` is the model, built. The summary lines. reference.TinyOutput as reference.write."""
+    folder; `net` is the model, built; `sized`: W and SA (parity.core.memory.guard). The summary lines.
+    reference.TinyOutput as reference.write."""
     staging, reference_for = Path(staging), Path(reference_for)
-    kept = {"mb": keep_mb(weight_bytes)} if baseline_for is not None else None
+    weight_bytes = sized.get("w_bytes")
+    kept = {"mb": keep_mb(weight_bytes, sized.get("sa_bytes"))} if baseline_for is not None else None
     line = reference.write(p, model, load(inputs), staging, bool(schema.of(p).reference.fp64), net, kept)
     if baseline_for is not None:
         gold = staging / "fp64.parquet"
@@ -55,11 +59,23 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
 
 
 def in_export(p: dict, model: str, net, inputs: Path, export_out: Path, reference_for: Path,
-              baseline_for: Path | None, weight_bytes: int | None) -> None:
+              baseline_for: Path | None, sized: dict) -> None:
     """The export stage's part: reference_and_baseline staged under `export_out`/STAGING. A model whose
     output is too small stages nothing: reference@model then computes it and says why it is unusable."""
     staging = Path(export_out) / STAGING
+    release_freed()  # what the exporter freed (its graphs, the traced program) goes back to the system first
     try:
-        print(reference_and_baseline(p, model, net, inputs, staging, reference_for, baseline_for, weight_bytes))
+        print(reference_and_baseline(p, model, net, inputs, staging, reference_for, baseline_for, sized))
     except reference.TinyOutput:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def release_freed() -> None:
+    """Collect garbage and hand freed heap pages back to the system (glibc's malloc_trim), so the
+    reference's peak does not sit on top of what the export left allocated-but-free (resnet50's export
+    stage). A no-op where there is no glibc."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

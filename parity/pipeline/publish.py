@@ -13,7 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from parity.backends.base import WHOLE_MAX_MB
 from parity.config import schema
+from parity.core import store
 from parity.core.io import TMP_SUFFIX, atomic_path, read_json, write_json
 
 FOLD_FILE = "fold.json"  # in a staging folder: {"for": the folder it was made for}
@@ -66,3 +68,16 @@ def publish(src: Path, dst: Path) -> None:
         tmp.unlink(missing_ok=True)
         with atomic_path(dst) as t:
             shutil.copyfile(src, t)
+
+
+# the fp64 reference's decoded bytes per SA byte (fp32 values of every leaf output): twice the width,
+# plus the `pre:` inputs not stored once (measured 1.17-1.18: resnet18, bert_base), with a margin
+FP64_PER_SA = 2.4
+
+
+def keep_mb(weight_bytes: int | None, sa_bytes: int | None) -> float | None:
+    """How many MB of the fp64 reference its writer keeps decoded for the baseline (gold_rows' bound),
+    or None when the reference is expected not to fit it: values kept while they are written and
+    dropped at the bound would sit on top of the reference's peak for nothing (resnet50: +256 MB)."""
+    bound = min(max((weight_bytes or 0) / 2**20, store.KEEP_MB), WHOLE_MAX_MB)
+    return bound if sa_bytes is not None and FP64_PER_SA * sa_bytes / 2**20 <= bound else None
