@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         line = publish_fold(Path(a.reference).parent, a.dtype, p["dtypes"][a.dtype], Path(a.out))
         if line:
             print(line)
-            memory.record(a.timing, "baseline", key, t0, {"made_by": f"reference@{a.model}"})
+            memory.record(a.timing, "baseline", key, t0, {"made_by": line.split("made by ")[1].split()[0]})
             return 0
     # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
     sized = memsize.guard("baseline", key, p, a.model, memory.parquet_value_bytes(

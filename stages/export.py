@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t0, fold = time.perf_counter(), bool(a.inputs and a.reference_out)
     # with the reference and the baseline, the process holds their runs too: sized by the largest stage
-    sized = memsize.guard("baseline" if fold else "export", a.model, p, a.model)
+    sized = memsize.guard("export", a.model, p, a.model, like="baseline" if fold else None)
     if sized is None:
         return 1
     if fold and keep_mb(sized.get("w_bytes"), sized.get("sa_bytes")) is None:  # parity.pipeline.fold says why

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from parity.config import params as config
 from parity.core import memory
-from parity.pipeline.publish import made_for, publish_tree
+from parity.pipeline.publish import made_by, made_for, publish_tree
 
 
 def main(argv=None) -> int:
@@ -31,14 +31,15 @@ def main(argv=None) -> int:
     p = config.load_or_die(a.params)
     t0, out = time.perf_counter(), Path(a.out)
     if a.staged and made_for(Path(a.staged), out):
-        print(f"reference@{a.model}: {publish_tree(Path(a.staged), out)} files made by export@{a.model} -> {out}")
-        memory.record(a.timing, "reference", a.model, t0, {"made_by": f"export@{a.model}"})
+        by = made_by(Path(a.staged))
+        print(f"reference@{a.model}: {publish_tree(Path(a.staged), out)} files made by {by} -> {out}")
+        memory.record(a.timing, "reference", a.model, t0, {"made_by": by})
         return 0
     # lazy: torch (+1.84 s, BENCHMARKS 22) only where the reference is computed here, not published
     from parity.pipeline import fold, memsize, reference
 
     # with the baseline, the process holds its run too: sized by the larger of the two stages
-    sized = memsize.guard("baseline" if a.baseline_out else "reference", a.model, p, a.model)
+    sized = memsize.guard("reference", a.model, p, a.model, like="baseline" if a.baseline_out else None)
     if sized is None:
         return 1
     try:

@@ -59,7 +59,8 @@ def test_closure_follows_lazy_imports_strings_and_conf():
     c = closure(ROOT, "stages.export")
     assert {"parity/core/store.py", "parity/pipeline/inputs.py", "parity/core/io.py", "parity/models/layers.py",
             "parity/__init__.py", "stages/__init__.py"} <= c  # imported inside main()
-    assert "parity/backends/base.py" not in c
+    # the export runs the reference and the fp32 baseline (parity.pipeline.fold): the torch runner, no other
+    assert "parity/backends/torch_cpu.py" in c and not {"parity/backends/ort_cpu.py", "parity/backends/trt.py"} & c
     runners = {"parity/backends/ort_int8.py", "parity/backends/trt.py"}
     assert not runners & closure(ROOT, "stages.capture")  # its runner: artifacts/code/provider-<p>.json
     assert runners <= closure(ROOT, "stages.suite_coverage")  # every conf/providers runner

@@ -94,15 +94,18 @@ def _gib(n: int | float) -> str:
     return f"{n / GiB:.2f} GiB"
 
 
-def refusal(stage: str, cell: str, model: str, w: int, sa: int | None, samples: int | None) -> str | None:
-    """The one line refusing `stage` of `cell` when its estimate exceeds what is available; None when it
-    fits (or the check is off: PARITY_MEMORY_CHECK=0)."""
+def refusal(stage: str, cell: str, model: str, w: int, sa: int | None, samples: int | None,
+            like: str | None = None) -> str | None:
+    """The one line refusing `stage` of `cell` when its estimate (by the coefficients of stage `like`,
+    default `stage`: a stage doing another's work too) exceeds what is available; None when it fits
+    (or the check is off: PARITY_MEMORY_CHECK=0)."""
     if os.environ.get(CHECK_ENV, "1").strip() == "0":
         return None
-    est, (avail, src) = estimate(stage, w, sa or 0), available()
+    like = like or stage
+    est, (avail, src) = estimate(like, w, sa or 0), available()
     if est <= avail:
         return None
-    a, b, base = COEFFICIENTS[stage]
+    a, b, base = COEFFICIENTS[like]
     sa_txt = _gib(sa) if sa is not None else "unknown (not counted)"
     ways = [f"a smaller model (models.{model}.arch)"] if b == 0 else [
         f"fewer samples (inputs.samples{f'={samples}' if samples else ''})",
@@ -113,16 +116,18 @@ def refusal(stage: str, cell: str, model: str, w: int, sa: int | None, samples: 
             f"available ({src}); lower it with {', '.join(ways)}, or set {CHECK_ENV}=0 to run anyway")
 
 
-def guard(stage: str, cell: str, model: str, w: int | None, sa: int | None, samples: int | None) -> dict | None:
+def guard(stage: str, cell: str, model: str, w: int | None, sa: int | None, samples: int | None,
+          like: str | None = None) -> dict | None:
     """Print the refusal line to stderr and return None when the stage must not run; otherwise the
-    estimate (for record()). W unknown (a model that cannot be sized): no check, estimate None."""
+    estimate (for record()). W unknown (a model that cannot be sized): no check, estimate None.
+    `like`: estimate by that stage's coefficients (refusal)."""
     if w is None:
         return {"w_bytes": None, "sa_bytes": sa, "estimate_bytes": None}
-    line = refusal(stage, cell, model, w, sa, samples)
+    line = refusal(stage, cell, model, w, sa, samples, like)
     if line:
         print(line, file=sys.stderr)
         return None
-    return {"w_bytes": w, "sa_bytes": sa, "estimate_bytes": estimate(stage, w, sa or 0)}
+    return {"w_bytes": w, "sa_bytes": sa, "estimate_bytes": estimate(like or stage, w, sa or 0)}
 
 
 # ---- sizing: W and SA without allocating them ----

@@ -14,7 +14,7 @@ from parity.backends.base import write_own
 from parity.core import store
 from parity.core.io import read_json
 from parity.pipeline.baseline_torch import BASELINE_PROVIDER, done, torch_baseline
-from parity.pipeline.publish import FOLD_DIR, folds, made_for, publish_tree
+from parity.pipeline.publish import FOLD_DIR, folds, made_by, made_for, publish_tree
 from parity.pipeline.inputs import load
 
 
@@ -57,4 +57,4 @@ def publish_fold(reference_dir: Path, dtype: str, dc: dict, out: Path) -> str | 
     if not folds(dtype, dc) or not made_for(staging, out):
         return None
     publish_tree(staging, out)
-    return f"baseline@{read_json(out / 'status.json')['baseline']}: made with the reference (same values) -> {out}"
+    return f"baseline@{read_json(out / 'status.json')['baseline']}: made by {made_by(staging)} with the reference -> {out}"

@@ -43,6 +43,7 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
     folder; `net` is the model, built; `sized`: W and SA (parity.core.memory.guard). The summary lines.
     reference.TinyOutput as reference.write."""
     staging, reference_for = Path(staging), Path(reference_for)
+    by = f"{'reference' if staging == reference_for else 'export'}@{model}"
     weight_bytes = sized.get("w_bytes")
     kept = {"mb": keep_mb(weight_bytes, sized.get("sa_bytes"))} if baseline_for is not None else None
     line = reference.write(p, model, load(inputs), staging, bool(schema.of(p).reference.fp64), net, kept)
@@ -52,9 +53,9 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
             gold_rows(gold, weight_bytes=weight_bytes).prime(kept.get("groups"))
         line += "\n" + torch_baseline(p, model, FOLD_DTYPE, FOLD_CFG, None, inputs, staging / FOLD_DIR, gold, net,
                                       base_dir=Path(baseline_for), base_path=reference_for / "fp64.parquet")
-        stage_for(staging / FOLD_DIR, baseline_for)
+        stage_for(staging / FOLD_DIR, baseline_for, by)
     if staging != reference_for:
-        stage_for(staging, reference_for)
+        stage_for(staging, reference_for, by)
     return line
 
 

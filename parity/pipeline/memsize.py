@@ -13,12 +13,12 @@ from parity.core import memory
 from parity.models import construct
 
 
-def guard(stage: str, cell: str, p: dict, model: str, sa: int | None = None) -> dict | None:
+def guard(stage: str, cell: str, p: dict, model: str, sa: int | None = None, like: str | None = None) -> dict | None:
     """guard() for a stage that builds the model itself: W (and SA, unless given, when the stage's
-    coefficient uses it) from sizes()."""
+    coefficient uses it) from sizes(); `like`: sized by that stage's coefficients (memory.refusal)."""
     samples = int(schema.of(p).inputs.samples)
-    w, meta_sa = sizes(p, model, samples, activations=sa is None and memory.COEFFICIENTS[stage][1] != 0)
-    return memory.guard(stage, cell, model, w, sa if sa is not None else meta_sa, samples)
+    w, meta_sa = sizes(p, model, samples, activations=sa is None and memory.COEFFICIENTS[like or stage][1] != 0)
+    return memory.guard(stage, cell, model, w, sa if sa is not None else meta_sa, samples, like)
 
 
 def sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[int | None, int | None]:

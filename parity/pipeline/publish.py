@@ -31,9 +31,14 @@ def folds(dtype: str, dc: dict) -> bool:
     return dtype == FOLD_DTYPE and dc.get("torch") == FOLD_CFG["torch"] and schema.mode(dc) == FOLD_CFG["mode"]
 
 
-def stage_for(staging: Path, target: Path) -> None:
-    """Mark `staging` as made for `target`."""
-    write_json(Path(staging) / FOLD_FILE, {"for": str(target)})
+def stage_for(staging: Path, target: Path, by: str) -> None:
+    """Mark `staging` as made for `target` by stage `by` (e.g. export@mlp)."""
+    write_json(Path(staging) / FOLD_FILE, {"for": str(target), "by": by})
+
+
+def made_by(staging: Path) -> str:
+    """The stage that made `staging`."""
+    return read_json(Path(staging) / FOLD_FILE).get("by", "")
 
 
 def made_for(staging: Path, target: Path) -> bool:
