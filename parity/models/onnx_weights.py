@@ -25,6 +25,7 @@ protobuf's 2 GiB limit:
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 from pathlib import Path
 
@@ -72,6 +73,24 @@ def set_external(t: TensorProto, location: str, offset: int, length: int) -> Non
 
 
 def _copy_range(src: Path, offset: int, length: int, out) -> None:
+    """`length` bytes of `src` from `offset` appended to the file `out` (binary, at its end): in the
+    kernel where it can (copy_file_range: bert_base's 437 MB in 0.1-0.4 s, 0.6-1.1 s through Python
+    buffers), else CHUNK bytes at a time."""
+    if hasattr(os, "copy_file_range"):
+        out.flush()
+        done = 0
+        try:
+            with open(src, "rb") as f:
+                while done < length:
+                    k = os.copy_file_range(f.fileno(), out.fileno(), length - done, offset + done)
+                    if k == 0:
+                        raise ValueError(f"external data file {src} ends before byte {offset + length}")
+                    done += k
+            out.seek(0, os.SEEK_END)
+            return
+        except OSError:  # a filesystem or kernel without it: the copy below, from where it stopped
+            out.seek(0, os.SEEK_END)
+            offset, length = offset + done, length - done
     with open(src, "rb") as f:
         f.seek(offset)
         left = length
