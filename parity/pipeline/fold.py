@@ -13,8 +13,8 @@ files itself.
 The export does this for a model whose fp64 reference stays decoded (publish.keep_mb: weight-heavy
 models, the transformers): stacked on what the export leaves imported, a reference that streams (an
 activation-heavy net, resnet50; a 1B decoder) would pass the memory bound (3 W + 1 GiB), and the
-imports it saves are a small part of its time. Such a model's reference stage computes its files
-itself, with the fp32 baseline in the same process.
+imports it saves are a small part of its time. Such a model's reference and fp32 baseline stages
+compute their files themselves, each in its own process (the two stacked passed the bound too).
 
 What it costs: the export depends on the reference's params and code, and the reference on the export
 (an opset change re-runs the reference's computation inside the export; its bytes do not change, so
