@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
 
     key = f"{a.model}-{a.dtype}"
-    if a.reference:  # fp32: made by the reference stage in its process (parity.pipeline.baseline_torch.fold)
+    if a.reference:  # fp32: made with the reference, published here (parity.pipeline.fold)
         line = publish_fold(Path(a.reference).parent, a.dtype, p["dtypes"][a.dtype], Path(a.out))
         if line:
             print(line)

@@ -95,7 +95,7 @@ class CaptureJob:
     # the fp64 reference (reference stage's fp64.parquet): own error is measured when it is given
     reference: Path | None = None
     # a model already built from model_cfg and seed (fp32, eval) that a torch runner uses instead of
-    # building its own: the reference stage's fp32 baseline (parity.pipeline.baseline_torch.fold)
+    # building its own: the fp32 baseline made with the reference (parity.pipeline.fold)
     net: object | None = None
 
 
@@ -445,8 +445,8 @@ def gold_rows(path: Path, model_dir: Path | None = None, weight_bytes: int | Non
     WHOLE_MAX_MB), else it keeps its last 2 row groups (the streaming bound of issue 23): the memory
     it adds stays within the budgets of parity.core.memory (3 W + 1 GiB; a 1B model's reference,
     several GB, streams). gpt2_small's (368 MB decoded, 12 row groups, W 474 MB) was decoded 64 times
-    in its baseline: 5.8 of 10.6 s. `weight_bytes`: W when no model_dir gives it (the reference
-    stage's fp32 baseline: W from parity.pipeline.memsize); the first call for a path decides."""
+    in its baseline: 5.8 of 10.6 s. `weight_bytes`: W when no model_dir gives it (the fp32
+    baseline made with the reference: W from parity.pipeline.memsize); the first call for a path decides."""
     key = Path(path).resolve()
     if key not in _GOLD:
         _GOLD.clear()  # one reference at a time

@@ -154,8 +154,8 @@ class Writer:
     def __init__(self, path: str | Path, metadata: dict[str, str] | None = None, budget: int | None = None,
                  keep_mb: float | None = None):
         """`keep_mb`: keep each written row group's values (decoded, as Rows reads them) while they
-        take no more than this many MB, for a reader in this process (Rows.prime): the reference
-        stage's fp32 baseline reads the fp64 reference it has just written (bert_base: 1.4 s of
+        take no more than this many MB, for a reader in this process (Rows.prime): the fp32 baseline
+        made with the reference reads the fp64 reference just written (parity.pipeline.fold) (bert_base: 1.4 s of
         decoding saved). Over the bound, nothing is kept (the file streams, as before)."""
         self.path, self.metadata = Path(path), metadata
         self.budget = buffer_bytes() if budget is None else budget

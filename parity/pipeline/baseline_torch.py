@@ -37,7 +37,7 @@ def torch_baseline(p: dict, model: str, dtype: str, dc: dict, model_dir: Path | 
     meta = {"model": model, "dtype": dc.get("torch", dtype), **({"mode": dc["mode"]} if dc.get("mode", "cast") != "cast" else {})}
     sink = StoreSink(out, meta, {"cell": key, "kind": "own"},
                      reference is not None and Path(reference).exists(), plain=False, base_dir=base_dir, base_path=base_path)
-    # lazy: the torch runner imports torch (+1.84 s, BENCHMARKS 22); an ONNX-file model's baseline runs without it
+    # lazy: the torch runner imports torch (+1.84 s, BENCHMARKS 22); baseline@ imports this module to publish without it
     from parity.backends.torch_cpu import TorchCpuRunner
 
     res = run_capture(TorchCpuRunner, job, load(inputs), 0, 0, sink)

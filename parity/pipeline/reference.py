@@ -178,7 +178,7 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     model's output is too small to prove anything (nothing is published). `net`: the model, built
     already (build()); it is left as built (fp32 weights restored after the fp64 run). `kept`
     ({"mb": bound}): the fp64 values written are kept under "groups" while they stay under the bound
-    (store.Writer keep_mb), for a reader in this process (parity.pipeline.baseline_torch.fold)."""
+    (store.Writer keep_mb), for a reader in this process (parity.pipeline.fold)."""
     net = net if net is not None else build(p, model_name)
     with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))
