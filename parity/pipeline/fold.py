@@ -23,8 +23,6 @@ on the dtype list without re-running on every sweep."""
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import shutil
 from pathlib import Path
 
@@ -64,19 +62,8 @@ def in_export(p: dict, model: str, net, inputs: Path, export_out: Path, referenc
     """The export stage's part: reference_and_baseline staged under `export_out`/STAGING. A model whose
     output is too small stages nothing: reference@model then computes it and says why it is unusable."""
     staging = Path(export_out) / STAGING
-    release_freed()  # what the exporter freed (its graphs, the traced program) goes back to the system first
     try:
         print(reference_and_baseline(p, model, net, inputs, staging, reference_for, baseline_for, sized))
     except reference.TinyOutput:
         shutil.rmtree(staging, ignore_errors=True)
 
-
-def release_freed() -> None:
-    """Collect garbage and hand freed heap pages back to the system (glibc's malloc_trim), so the
-    reference's peak does not sit on top of what the export left allocated-but-free (resnet50's export
-    stage). A no-op where there is no glibc."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
