@@ -17,6 +17,7 @@ from parity.config import params as config
 from parity.core import memory
 from parity.pipeline import memsize
 from parity.pipeline.baseline import capture_baseline, publish_fold
+from parity.pipeline.publish import FOLD_DIR, made_by
 
 
 def main(argv=None) -> int:
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
         line = publish_fold(Path(a.reference).parent, a.dtype, p["dtypes"][a.dtype], Path(a.out))
         if line:
             print(line)
-            memory.record(a.timing, "baseline", key, t0, {"made_by": line.split("made by ")[1].split()[0]})
+            memory.record(a.timing, "baseline", key, t0, {"made_by": made_by(Path(a.reference).parent / FOLD_DIR)})
             return 0
     # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
     sized = memsize.guard("baseline", key, p, a.model, memory.parquet_value_bytes(
