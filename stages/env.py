@@ -9,7 +9,8 @@ and under --code, <model>.json: the sha256 of an `import` model's source files (
 dependency of that model's stages, so editing the user's model code re-runs exactly those;
 provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
 code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
-suite-<suite>.json: the same for the modules a suite names (parity.suites.code).
+suite-<suite>.json: the same for the modules a suite names (parity.suites.code); stage-<stage>.json: the
+same for each dvc.yaml stage's import closure (stages/closures.json, `parity deps --write`).
 Identical machines give identical bytes, so downstream stages re-run only when something they use
 changed.
 """
@@ -48,12 +49,12 @@ def main(argv=None) -> int:
     write_json(out / "host.json", fingerprint.host())
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
-    for model, code in codedeps.models_code(p["models"]).items():
-        write_json(Path(a.code or out.parent / "code") / f"{model}.json", code)
-    for prov, code in codedeps.providers_code(p["providers"]).items():  # runner code: deps of its cells
-        write_json(Path(a.code or out.parent / "code") / f"provider-{prov}.json", code)
-    for suite, code in suite_code.suites_code(p).items():  # modules a suite names: deps of its run stages
-        write_json(Path(a.code or out.parent / "code") / f"suite-{suite}.json", code)
+    code = Path(a.code or out.parent / "code")
+    for name, c in [*codedeps.models_code(p["models"]).items(),  # import models' source: their stages
+                    *((f"provider-{k}", c) for k, c in codedeps.providers_code(p["providers"]).items()),  # runners
+                    *((f"suite-{k}", c) for k, c in suite_code.suites_code(p).items()),  # a suite's modules
+                    *((f"stage-{k}", c) for k, c in codedeps.stages_code(Path(codedeps.CLOSURES)).items())]:
+        write_json(code / f"{name}.json", c)  # each stage's closure: its one code dep (parity deps)
     for name, fp in comps.items():
         desc = ", ".join(f"{k}={v}" for k, v in fp.items())
         print(f"env: {name:12s} {desc}")

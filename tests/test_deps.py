@@ -50,9 +50,13 @@ def test_deps_check_passes():
     assert not problems, "dvc.yaml code deps differ from the import closures (run `parity deps --write`):\n" + \
         "\n".join(problems)
     want = stagedeps.wanted(ROOT)
+    assert (ROOT / stagedeps.CLOSURES).read_text() == stagedeps.closures_text(want)
     for rel in stagedeps.DVC_FILES:
         text = (ROOT / rel).read_text()
-        assert stagedeps.rewrite(text, want, "" if rel == "dvc.yaml" else f"{rel}:") == text, rel
+        assert stagedeps.rewrite(text, stagedeps.written(want), "" if rel == "dvc.yaml" else f"{rel}:") == text, rel
+    for name, st in stages(ROOT).items():  # one code dep per dvc.yaml stage: the hashes env writes of its closure
+        code = [d for d in st.get("deps", []) if isinstance(d, str) and stagedeps.is_code(d)]
+        assert code == (want[name] if ":" in name else [f"artifacts/code/stage-{name}.json"]), name
 
 
 def test_closure_follows_lazy_imports_strings_and_conf():
@@ -86,29 +90,31 @@ def _deps_cli(capsys, *args) -> tuple[int, str]:
 
 
 def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path, capsys):
-    """A stage that gains an import without a dep (or keeps a dep it no longer imports) is named by
-    `parity deps --check` (exit 1); `parity deps --write` is the one step that fixes dvc.yaml, touching
-    only those stages' code lines, and a second --write changes nothing."""
+    """A stage that gains an import its committed closure lacks, a closure that lists a file the stage
+    never imports, or a code file listed in dvc.yaml by hand is named by `parity deps --check` (exit 1);
+    `parity deps --write` is the one step that fixes stages/closures.json and dvc.yaml, touching only
+    those stages' entries, and a second --write changes nothing."""
     root = _code_tree(tmp_path / "repo")
-    diff_py, dvc_yaml = root / "stages/diff.py", root / "dvc.yaml"
+    diff_py, dvc_yaml, saved = root / "stages/diff.py", root / "dvc.yaml", root / stagedeps.CLOSURES
     diff_py.write_text(diff_py.read_text().replace("from parity.config import params as config\n",
                                                    "from parity.config import params as config\nfrom parity.core import ui\n", 1))
-    before = dvc_yaml.read_text().replace("      - stages/suite_coverage.py\n",
-                                          "      - stages/suite_coverage.py\n      - parity/commands/history.py\n")
+    closures = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**closures, "report": [*closures["report"], "parity/commands/sweep.py"]}, indent=1) + "\n")
+    code = "      - artifacts/code/stage-suite_coverage.json\n"
+    before = dvc_yaml.read_text().replace(code, code + "      - parity/commands/history.py\n")
     dvc_yaml.write_text(before)
     rc, out = _deps_cli(capsys, "--check", "--root", str(root))
-    assert rc == 1 and out.splitlines()[:2] == [
-        "diff: imports but does not depend on: parity/core/ui.py",
-        "suite_coverage: depends on but never imports: parity/commands/history.py"], out
-    assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote dvc.yaml\n")
-    after = dvc_yaml.read_text()
-    old = "".join(f"      - parity/{m}.py\n" for m in ("core/tolerance", "pipeline/__init__", "pipeline/diff"))
-    assert before.count(old) == 1  # the diff stage's
-    assert after == before.replace("      - parity/commands/history.py\n", "").replace(
-        old, old.replace("tolerance.py\n", "tolerance.py\n      - parity/core/ui.py\n"))
+    assert rc == 1 and out.splitlines()[:3] == [
+        "diff: imports but stages/closures.json does not list: parity/core/ui.py",
+        "report: is listed with but never imports: parity/commands/sweep.py",
+        "suite_coverage: code deps not in the written form (artifacts/code/stage-suite_coverage.json)"], out
+    assert _deps_cli(capsys, "--write", "--root", str(root)) == (0, "parity deps: rewrote stages/closures.json, dvc.yaml\n")
+    after = json.loads(saved.read_text())
+    assert after == {**closures, "diff": sorted([*closures["diff"], "parity/core/ui.py"])}
+    assert dvc_yaml.read_text() == before.replace("      - parity/commands/history.py\n", "")
     assert _deps_cli(capsys, "--check", "--root", str(root))[0] == 0
     assert "up to date" in _deps_cli(capsys, "--write", "--root", str(root))[1]
-    assert dvc_yaml.read_text() == after
+    assert json.loads(saved.read_text()) == after
 
 
 ORT_ONLY = {"parity/backends/ort_cpu.py", "parity/backends/fault.py",
@@ -289,9 +295,11 @@ def test_touching_a_module_makes_exactly_its_importers_stale(two_models, rel):
     f = repo.path / rel
     try:
         f.write_text(f.read_text() + "# touched\n")
+        assert repo.repro("-s", ENV) == [ENV]  # as every `dvc repro` does first: it hashes each closure
         assert status(repo) == want
     finally:
         repo.run(["git", "checkout", "--", rel])
+        repo.repro("-s", ENV)
     if rel == "parity/core/io.py":
         assert want == set(lock) - {ENV}  # every stage writes through parity.core.io
 

@@ -1,4 +1,4 @@
-"""`parity deps --write | --check`: every stage's code deps in dvc.yaml are its import closure.
+"""`parity deps --write | --check`: every stage depends on exactly its import closure.
 
 A stage's code deps are the project files (under parity/, stages/, hydra_plugins/) that
 `python -m <its module>` runs, found statically by parity.core.codedeps: imports at any depth (inside
@@ -9,15 +9,24 @@ runner code: they depend on artifacts/code/provider-<provider>.json, the hash of
 closure written by the env stage (parity.core.codedeps.providers_code), so editing one runner re-runs
 that provider's cells only.
 
---write rewrites only those entries of each stage's `deps:` in dvc.yaml and env/dvc.yaml, as one
-sorted block of files where the first code entry was; every other line (artifact deps, comments,
-order) is kept byte for byte, and a second run changes nothing. --check exits 1 naming each stage
-whose code deps differ (missing / extra files, or not in the written form), 0 otherwise; the test
-suite runs it (tests/test_deps.py).
+Where the closure is written: the env stage (env/dvc.yaml, always run) lists its own as file deps. Every
+stage of ./dvc.yaml lists one file instead, artifacts/code/stage-<stage>.json, which the env stage writes
+on every `dvc repro` with the sha256 of each file of that stage's closure (the closures are committed in
+stages/closures.json, parity.core.codedeps.stages_code). DVC rewrites the whole dvc.lock after each stage
+it runs, parsing and dumping every dependency entry: ~40 code files per stage made resnet18's cold cell
+1.2 s slower (BENCHMARKS.md 17g). Editing a module still re-runs exactly the stages whose closure holds
+it, after env has re-hashed (`dvc repro` runs env first; `dvc status` alone shows env only).
+
+--write writes stages/closures.json and rewrites only the code entries of each stage's `deps:` (one
+sorted block where the first code entry was); every other line (artifact deps, comments, order) is kept
+byte for byte, and a second run changes nothing. --check exits 1 naming each stage whose code deps
+differ (missing / extra files, or not in the written form), 0 otherwise; the test suite runs it
+(tests/test_deps.py).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -32,6 +41,9 @@ CONF_CODE = {"suite_run": ("suites", "providers"), "suite_coverage": ("providers
              "fuzz": ("suites", "providers")}
 # what the stages that run one provider's runner depend on instead of runner code
 PROVIDER_CODE = "artifacts/code/provider-${item.provider}.json"
+# every ./dvc.yaml stage's closure (committed), and the file of hashes env writes from it for each stage
+CLOSURES = codedeps.CLOSURES
+STAGE_CODE = "artifacts/code/stage-{}.json"
 _ITEM = re.compile(r"^(\s*)- (.*?)\s*$")
 
 
@@ -86,7 +98,23 @@ def stages(root: Path) -> dict[str, tuple[str, dict]]:
 
 
 def is_code(dep: str) -> bool:
-    return dep.split("/")[0] in CODE_DIRS
+    """A code entry of a stage's deps: a project file, or the hashes env writes of a stage's closure."""
+    return dep.split("/")[0] in CODE_DIRS or dep.startswith(STAGE_CODE.partition("{")[0])
+
+
+def hashed(name: str) -> bool:
+    """A stage whose closure env hashes for it (every ./dvc.yaml stage; env/dvc.yaml's list files)."""
+    return ":" not in name
+
+
+def written(want: dict[str, list[str]]) -> dict[str, list[str]]:
+    """{stage: its code entries as dvc.yaml lists them}."""
+    return {n: [STAGE_CODE.format(n)] if hashed(n) else files for n, files in want.items()}
+
+
+def closures_text(want: dict[str, list[str]]) -> str:
+    """stages/closures.json's text: every hashed stage's closure."""
+    return json.dumps({n: files for n, files in sorted(want.items()) if hashed(n)}, indent=1) + "\n"
 
 
 def declared_code(root: Path, stage: dict) -> set[str]:
@@ -175,12 +203,16 @@ def _stage(lines: list[str], files: list[str] | None) -> list[str]:
 def write(root: Path) -> list[str]:
     """Rewrite the code deps of dvc.yaml and env/dvc.yaml under root; the files changed."""
     want, changed = wanted(root), []
+    f = root / CLOSURES
+    if not f.is_file() or f.read_text() != closures_text(want):
+        f.write_text(closures_text(want))
+        changed.append(CLOSURES)
     for rel in DVC_FILES:
         f = root / rel
         if not f.is_file():
             continue
         old = f.read_text()
-        new = rewrite(old, want, "" if rel == "dvc.yaml" else f"{rel}:")
+        new = rewrite(old, written(want), "" if rel == "dvc.yaml" else f"{rel}:")
         if new != old:
             yaml.safe_load(new)  # never write a file DVC cannot read
             f.write_text(new)
@@ -191,17 +223,28 @@ def write(root: Path) -> list[str]:
 def problems(root: Path) -> list[str]:
     """One line per stage whose code deps are not its import closure in the written form."""
     out, want = [], wanted(root)
+    try:
+        saved = json.loads((root / CLOSURES).read_text())
+    except (OSError, ValueError):
+        saved = {}
+        out.append(f"{CLOSURES}: missing or not JSON")
     for name, (rel, st) in stages(root).items():
         if name not in want:
             continue
-        w, got = set(want[name]), declared_code(root, st)
-        if w - got:
-            out.append(f"{name}: imports but does not depend on: {', '.join(sorted(w - got))}")
-        if got - w:
-            out.append(f"{name}: depends on but never imports: {', '.join(sorted(got - w))}")
         listed = [d for d in st.get("deps", []) if isinstance(d, str) and is_code(d)]
-        if w == got and listed != want[name]:
-            out.append(f"{name}: code deps not in the written form (one sorted list of files)")
+        w, got = set(want[name]), set(saved.get(name, [])) if hashed(name) else declared_code(root, st)
+        where = f"{CLOSURES} does not list" if hashed(name) else "does not depend on"
+        if w - got:
+            out.append(f"{name}: imports but {where}: {', '.join(sorted(w - got))}")
+        if got - w:
+            out.append(f"{name}: {'is listed with' if hashed(name) else 'depends on'} but never imports: "
+                       f"{', '.join(sorted(got - w))}")
+        if listed != written(want)[name] and (w == got or hashed(name)):
+            out.append(f"{name}: code deps not in the written form ("
+                       f"{STAGE_CODE.format(name) if hashed(name) else 'one sorted list of files'})")
+    stale = sorted(set(saved) - {n for n in want if hashed(n)})
+    if stale:
+        out.append(f"{CLOSURES}: lists stages dvc.yaml does not have: {', '.join(stale)}")
     return out
 
 
@@ -210,7 +253,8 @@ def main(args) -> int:
     root = Path(args.root).resolve()
     if args.write:
         changed = write(root)
-        print(f"parity deps: rewrote {', '.join(changed)}" if changed else "parity deps: dvc.yaml up to date")
+        print(f"parity deps: rewrote {', '.join(changed)}" if changed else "parity deps: dvc.yaml and "
+              f"{CLOSURES} up to date")
         return 0
     found = problems(root)
     for line in found:

@@ -7,7 +7,8 @@ Three users:
   'package.module:callable') into a per-model file that the model's stages depend on, so editing a
   user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json);
 - parity.commands.stagedeps (`parity deps --write|--check`) computes each stage's import closure and writes it
-  as the stage's code `deps:` in dvc.yaml.
+  to stages/closures.json (env/dvc.yaml's stage: as its code `deps:`); the env stage hashes each
+  closure into artifacts/code/stage-<stage>.json (stages_code), that stage's one code dependency.
 
 Static analysis (ast) only: `import a.b`, `from a import b` (b may be a submodule), relative imports,
 imports inside functions, and string constants naming a module ('pkg.mod' or 'pkg.mod:attr', as
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import re
 import sys
 from pathlib import Path
 
+CLOSURES = "stages/closures.json"  # every dvc.yaml stage's import closure (parity deps --write)
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_]\w*:[A-Za-z_][\w.]*$")
 
 
@@ -204,6 +207,19 @@ def providers_code(providers: dict, roots=None) -> dict[str, dict]:
     so editing one runner (parity/backends/trt.py) re-runs only that provider's cells."""
     return {name: model_code(str(pc["runner"]).partition(":")[0], roots)
             for name, pc in sorted(providers.items())}
+
+
+def stages_code(closures: Path) -> dict[str, dict]:
+    """{stage: {"files": {file: sha256}}} for every stage of `closures` (stages/closures.json: each
+    stage's import closure, paths relative to the repo root, the cwd), each file read once. A file the
+    closure names but the tree lacks stops the env stage: `parity deps --check` says what is stale."""
+    names, digest = json.loads(Path(closures).read_text()), {}
+    for f in sorted({f for files in names.values() for f in files}):
+        try:
+            digest[f] = hashlib.sha256(Path(f).read_bytes()).hexdigest()
+        except FileNotFoundError:
+            raise LookupError(f"{closures} names {f}, which does not exist: run `parity deps --write`") from None
+    return {stage: {"files": {f: digest[f] for f in files}} for stage, files in sorted(names.items())}
 
 
 def onnx_file_code(path: Path) -> dict:
