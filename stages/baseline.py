@@ -15,9 +15,7 @@ from pathlib import Path
 
 from parity.config import params as config
 from parity.core import memory
-from parity.pipeline import memsize
-from parity.pipeline.baseline import capture_baseline, publish_fold
-from parity.pipeline.publish import FOLD_DIR, made_by
+from parity.pipeline.publish import FOLD_DIR, made_by, publish_fold
 
 
 def main(argv=None) -> int:
@@ -40,6 +38,11 @@ def main(argv=None) -> int:
             print(line)
             memory.record(a.timing, "baseline", key, t0, {"made_by": made_by(Path(a.reference).parent / FOLD_DIR)})
             return 0
+    # lazy: numpy, pyarrow (+0.3 s) and the runners only where the baseline is computed, not published
+    from parity.pipeline import memsize
+    # lazy: numpy, pyarrow (+0.3 s) and the runners only where the baseline is computed, not published
+    from parity.pipeline.baseline import capture_baseline
+
     # SA: the reference's fp32 values (a declared dep: the folder beside --reference), else a meta run
     sized = memsize.guard("baseline", key, p, a.model, memory.parquet_value_bytes(
         Path(a.reference).with_name("fp32.parquet")) if a.reference else None)

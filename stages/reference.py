@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from parity.config import params as config
+from parity.config.stageargs import stage_parser
 from parity.core import memory
 from parity.pipeline.publish import keep_mb, made_by, made_for, publish_tree
 
 
 def main(argv=None) -> int:
-    ap = config.stage_parser("stages.reference", __doc__)
+    ap = stage_parser("stages.reference", __doc__)
     ap.add_argument("--model", required=True)
     ap.add_argument("--inputs", required=True)
     ap.add_argument("--out", required=True)
@@ -28,16 +28,18 @@ def main(argv=None) -> int:
     ap.add_argument("--staged", help="the export stage's staging of these files (published when made for --out)")
     ap.add_argument("--baseline-out", help="baseline@<model>-fp32's folder: make that baseline here too")
     a = ap.parse_args(argv)
-    p = config.load_or_die(a.params)
     t0, out = time.perf_counter(), Path(a.out)
     if a.staged and made_for(Path(a.staged), out):
         by = made_by(Path(a.staged))
         print(f"reference@{a.model}: {publish_tree(Path(a.staged), out)} files made by {by} -> {out}")
         memory.record(a.timing, "reference", a.model, t0, {"made_by": by})
         return 0
+    # lazy: params' code (+0.1 s) only where computed (the export that staged the files validated them)
+    from parity.config import params as config
     # lazy: torch (+1.84 s, BENCHMARKS 22) only where the reference is computed here, not published
     from parity.pipeline import fold, memsize, reference
 
+    p = config.load_or_die(a.params)
     sized = memsize.guard("reference", a.model, p, a.model, like="baseline" if a.baseline_out else None)
     if sized is None:
         return 1

@@ -51,3 +51,15 @@ def test_light_stage_help_loads_no_numeric_library(module):
             "print(heavy, file=sys.stderr); sys.exit(1 if heavy else 0)")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
     assert p.returncode == 0 and "usage: python -m " + module in p.stdout, p.stdout[-500:] + p.stderr
+
+
+@pytest.mark.parametrize("module", ["stages.reference", "stages.baseline", "parity.pipeline.publish"])
+def test_publishing_stages_start_without_numeric_libraries(module):
+    """reference@ and baseline@<model>-fp32 mostly publish what the export made (parity.pipeline.fold):
+    they import numpy, pyarrow and torch only once they compute, so publishing takes ~0.1 s a stage
+    (BENCHMARKS.md 17g)."""
+    code = (f"import sys, importlib; importlib.import_module({module!r}); "
+            "heavy = [m for m in ('numpy', 'pyarrow', 'torch', 'onnx') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -171,6 +172,31 @@ def test_a_streamed_write_that_fails_midway_publishes_nothing(tmp_path):
                 w.add(store.Tensor(0, f"l{i}", i, np.ones(64, np.float32)))
             raise RuntimeError("killed")
     assert not path.exists() and not [p for p in tmp_path.iterdir()]
+
+
+def test_row_groups_encoded_in_the_background_give_the_same_bytes_and_fail_whole(tmp_path):
+    """store.Writer(background=True) (the fold's reference and baseline: each row group encoded on a
+    thread while the next values are computed) writes byte for byte the file the plain writer writes,
+    keeps the same decoded groups, and an encoding that fails leaves no file, the error raised."""
+    rng = np.random.default_rng(2)
+    rows = [store.Tensor(k, f"l{i}", i, rng.standard_normal((8, 16)).astype(np.float32 if i % 2 else np.float64))
+            for k in range(3) for i in range(5)]
+    for budget in (2000, None):  # many row groups; one (the whole-table write)
+        kept = {}
+        for bg in (False, True):
+            with store.writer(tmp_path / f"{bg}.parquet", budget=budget, keep_mb=1, background=bg) as w:
+                for t in rows:
+                    w.add(t)
+            kept[bg] = w.kept
+        assert (tmp_path / "True.parquet").read_bytes() == (tmp_path / "False.parquet").read_bytes(), budget
+        assert [[a.tobytes() for a in g] for g in kept[True]] == [[a.tobytes() for a in g] for g in kept[False]]
+    path = tmp_path / "bad.parquet"
+    with pytest.raises(pa.ArrowTypeError):
+        with store.writer(path, budget=100, background=True) as w:
+            w.add(store.Tensor(0, "ok", 0, np.ones(64, np.float32)))
+            w.add(store.Tensor(0, 123, 1, np.ones(64, np.float32)))  # a name not a string: Arrow refuses it
+            w.add(store.Tensor(0, "next", 2, np.ones(64, np.float32)))
+    assert not path.exists() and not [p for p in tmp_path.glob(".*")]
 
 
 def test_rows_read_a_sample_by_name_holding_a_few_row_groups(tmp_path):

@@ -7,7 +7,6 @@ fails before any stage runs. Errors name the bad key and list the valid choices.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import itertools
 import math
@@ -24,7 +23,7 @@ from parity.config import imports, inputspec
 from parity.config import inputspec
 from parity.config import schema as S
 
-PARAMS_FILE = "params.yaml"
+from parity.config.stageargs import PARAMS_FILE, stage_parser  # noqa: F401 - every stage's parser
 
 TOP_KEYS = {
     "models": "model configs, one per conf/models/*.yaml option",
@@ -663,18 +662,6 @@ def unsupported_dtype(provider: str, prov: dict, dtype: str) -> str | None:
     if dtype in supported:
         return None
     return f"provider {provider} supports dtypes {supported}, not {dtype} (conf/providers/{provider}.yaml)"
-
-
-def stage_parser(module: str, doc: str | None, cell: bool = False):
-    """The argument parser every stage starts from: --params, plus --model/--dtype/--provider for
-    per-cell stages."""
-    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--params", default=PARAMS_FILE, help="the composed config (default: %(default)s)")
-    if cell:
-        for k in ("model", "dtype", "provider"):
-            ap.add_argument(f"--{k}", required=True)
-    return ap
 
 
 def load_or_die(path: str | Path = PARAMS_FILE) -> dict:

@@ -23,6 +23,7 @@ from typing import Iterable, Iterator
 import contextlib
 import os
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -152,11 +153,15 @@ class Writer:
     temp file, never a partial `path`: parity.core.io.atomic_path). `store.writer(path)` does either."""
 
     def __init__(self, path: str | Path, metadata: dict[str, str] | None = None, budget: int | None = None,
-                 keep_mb: float | None = None):
+                 keep_mb: float | None = None, background: bool = False):
         """`keep_mb`: keep each written row group's values (decoded, as Rows reads them) while they
         take no more than this many MB, for a reader in this process (Rows.prime): the fp32 baseline
         made with the reference reads the fp64 reference just written (parity.pipeline.fold) (bert_base: 1.4 s of
-        decoding saved). Over the bound, nothing is kept (the file streams, as before)."""
+        decoding saved). Over the bound, nothing is kept (the file streams, as before).
+        `background`: each row group is built and encoded on a thread of its own while the caller
+        computes the next (Arrow and numpy's copies release the GIL; one group in flight at a time, so
+        the file's bytes are the same and the writer holds at most one more group). For a stage with
+        memory to spare (parity.pipeline.fold: the reference of a model whose fp64 values stay decoded)."""
         self.path, self.metadata = Path(path), metadata
         self.budget = buffer_bytes() if budget is None else budget
         self.rows: list[tuple[Tensor, np.ndarray, np.dtype]] = []
@@ -166,6 +171,8 @@ class Writer:
         self.kept: list[list[np.ndarray]] | None = [] if keep_mb is not None else None
         self._kept_bytes = 0
         self._pq: pq.ParquetWriter | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="parity-writer") if background else None
+        self._pending: Future | None = None
         self._atomic = atomic_path(self.path)
         self.tmp = self._atomic.__enter__()
 
@@ -184,24 +191,52 @@ class Writer:
     def flush(self) -> None:
         if not self.rows:
             return
-        table = _table(self.rows, self.metadata)
+        rows = self.rows
         self._keep()
         self.rows, self.held = [], 0
+        if self._pool is None:
+            self._write(rows)
+            return
+        self._wait()
+        self._pending = self._pool.submit(self._write, rows)
+
+    def _write(self, rows: list) -> None:
+        """One row group of `rows` onto the temp file."""
+        table = _table(rows, self.metadata)
+        del rows[:]  # the values are in the table now (the caller's list, in the background)
         if self._pq is None:
             self._pq = pq.ParquetWriter(self.tmp, table.schema, **WRITE_OPTIONS)
         self._pq.write_table(table)
 
+    def _wait(self) -> None:
+        """The row group in flight written (its error raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
     def publish(self) -> int:
         """Write what is buffered and rename the file into place; the number of rows."""
+        self._wait()
         if self._pq is None:  # everything fit: one table, as store.write always wrote it
             pq.write_table(_table(self.rows, self.metadata), self.tmp, **WRITE_OPTIONS)
             self._keep()
         else:
-            self.flush()
+            self._write_last()
             self._pq.close()
+        self._stop()
         self.rows, self.held = [], 0
         self._atomic.__exit__(None, None, None)
         return self.count
+
+    def _write_last(self) -> None:
+        if self.rows:
+            self._keep()
+            self._write(self.rows)
+
+    def _stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _keep(self) -> None:
         """The buffered rows' values as one kept row group (read-only; an aliased row: empty, as read)."""
@@ -219,6 +254,11 @@ class Writer:
 
     def abort(self) -> None:
         """Drop everything: the temp file is removed, `path` is left as it was."""
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001 - dropped anyway; the error that made the caller abort is raised
+            pass
+        self._stop()
         if self._pq is not None:
             self._pq.close()
         self.rows, self.held = [], 0
@@ -232,9 +272,9 @@ class _Aborted(Exception):
 
 @contextlib.contextmanager
 def writer(path: str | Path, metadata: dict[str, str] | None = None, budget: int | None = None,
-           keep_mb: float | None = None):
+           keep_mb: float | None = None, background: bool = False):
     """A Writer published when the block ends without raising, aborted when it raises."""
-    w = Writer(path, metadata, budget, keep_mb)
+    w = Writer(path, metadata, budget, keep_mb, background)
     try:
         yield w
     except BaseException:

@@ -1,7 +1,7 @@
 """The trusted backend (torch CPU eager) at one dtype, on the same inputs as every cell: the fp64
 oracle's yardstick (parity.analysis.oracle), shared by every provider of that model and dtype. The
 torch run is parity.pipeline.baseline_torch; the fp32 one is made with the reference
-(parity.pipeline.fold) and published here."""
+(parity.pipeline.fold) and published by parity.pipeline.publish.publish_fold."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from parity.analysis import sums
 from parity.analysis.oracle import has_baseline
 from parity.backends.base import write_own
 from parity.core import store
-from parity.core.io import read_json
 from parity.pipeline.baseline_torch import BASELINE_PROVIDER, done, torch_baseline
-from parity.pipeline.publish import FOLD_DIR, folds, made_by, made_for, publish_tree
 from parity.pipeline.inputs import load
 
 
@@ -47,14 +45,3 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         (out / sums.FILE).unlink(missing_ok=True)
     provider = "ort_cpu_noopt" if p["models"][model]["arch"]["source"] == "onnx" else BASELINE_PROVIDER
     return done(out, key, provider, res_status, reason, own, len(rows), t0)
-
-
-def publish_fold(reference_dir: Path, dtype: str, dc: dict, out: Path) -> str | None:
-    """baseline@<model>-fp32: the fp32 baseline made with the reference (parity.pipeline.fold) published
-    into `out` (None when there is none made for `out`, or `dtype` is not the fold's precision: the
-    stage then runs the baseline itself)."""
-    staging = Path(reference_dir) / FOLD_DIR
-    if not folds(dtype, dc) or not made_for(staging, out):
-        return None
-    publish_tree(staging, out)
-    return f"baseline@{read_json(out / 'status.json')['baseline']}: made by {made_by(staging)} with the reference -> {out}"

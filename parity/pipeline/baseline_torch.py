@@ -18,11 +18,12 @@ BASELINE_RUNNER = "parity.backends.torch_cpu:TorchCpuRunner"
 
 def torch_baseline(p: dict, model: str, dtype: str, dc: dict, model_dir: Path | None, inputs: Path, out: Path,
                    reference: Path | None = None, net=None, base_dir: Path | None = None,
-                   base_path: Path | None = None, t0: float | None = None) -> str:
+                   base_path: Path | None = None, t0: float | None = None, background: bool = False) -> str:
     """layers.parquet, own.parquet, oracle_sums.json and status.json of the torch CPU eager run at
     `dtype` (config `dc`) under `out`; the summary line. `net`: a model built already; `base_dir` and
     `base_path`: the folder own.parquet's reference path is relative to (default `out`) and that path
-    (default `reference`): where the files will be published (parity.pipeline.fold)."""
+    (default `reference`): where the files will be published (parity.pipeline.fold); `background`:
+    Parquet encoded on a thread beside the runs (StoreSink), where memory is to spare."""
     t0 = time.perf_counter() if t0 is None else t0
     key = f"{model}-{dtype}"
     job = CaptureJob(model=model, model_cfg=p["models"][model], dtype=dtype, dtype_cfg=dc,
@@ -36,7 +37,8 @@ def torch_baseline(p: dict, model: str, dtype: str, dc: dict, model_dir: Path | 
     # are the same bytes and DVC's cache keeps them once (issue 23)
     meta = {"model": model, "dtype": dc.get("torch", dtype), **({"mode": dc["mode"]} if dc.get("mode", "cast") != "cast" else {})}
     sink = StoreSink(out, meta, {"cell": key, "kind": "own"},
-                     reference is not None and Path(reference).exists(), plain=False, base_dir=base_dir, base_path=base_path)
+                     reference is not None and Path(reference).exists(), plain=False, base_dir=base_dir, base_path=base_path,
+                     background=background)
     # lazy: the torch runner imports torch (+1.84 s, BENCHMARKS 22); baseline@ imports this module to publish without it
     from parity.backends.torch_cpu import TorchCpuRunner
 

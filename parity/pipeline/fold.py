@@ -50,7 +50,8 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
         if gold.exists():  # the values just written, still decoded: no re-read
             gold_rows(gold, weight_bytes=weight_bytes).prime(kept.get("groups"))
         line += "\n" + torch_baseline(p, model, FOLD_DTYPE, FOLD_CFG, None, inputs, staging / FOLD_DIR, gold, net,
-                                      base_dir=Path(baseline_for), base_path=reference_for / "fp64.parquet")
+                                      base_dir=Path(baseline_for), base_path=reference_for / "fp64.parquet",
+                                      background=True)
         stage_for(staging / FOLD_DIR, baseline_for, by)
     if staging != reference_for:
         stage_for(staging, reference_for, by)

@@ -5,7 +5,10 @@ baseline; parity.pipeline.fold). It stages what the reference and baseline stage
 its own, each with a FOLD_FILE naming the folder it was made for; those stages publish the files into
 their own folder when it matches, else compute them themselves. A file is published as a hard link
 where the filesystem allows (one copy of the bytes on disk, and DVC's state knows the inode, so it
-hashes them once; nothing in the pipeline writes a file in place), else as a copy."""
+hashes them once; nothing in the pipeline writes a file in place), else as a copy.
+
+Importing this module loads no numpy or pyarrow: the publishing stages start in ~0.1 s (BENCHMARKS.md
+17g; tests/test_light_stages.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,6 @@ import os
 import shutil
 from pathlib import Path
 
-from parity.backends.base import WHOLE_MAX_MB
-from parity.config import schema
-from parity.core import store
 from parity.core.io import TMP_SUFFIX, atomic_path, read_json, write_json
 
 FOLD_FILE = "fold.json"  # in a staging folder: {"for": the folder it was made for}
@@ -28,6 +28,8 @@ STAGING = "reference"  # under the export's folder: the reference's staging fold
 
 def folds(dtype: str, dc: dict) -> bool:
     """Whether baseline@<model>-`dtype` is the fp32 baseline made with the reference."""
+    from parity.config import schema  # lazy: dataclasses only where a baseline stage asks
+
     return dtype == FOLD_DTYPE and dc.get("torch") == FOLD_CFG["torch"] and schema.mode(dc) == FOLD_CFG["mode"]
 
 
@@ -84,5 +86,21 @@ def keep_mb(weight_bytes: int | None, sa_bytes: int | None) -> float | None:
     """How many MB of the fp64 reference its writer keeps decoded for the baseline (gold_rows' bound),
     or None when the reference is expected not to fit it: values kept while they are written and
     dropped at the bound would sit on top of the reference's peak for nothing (resnet50: +256 MB)."""
+    # lazy: numpy + pyarrow (+0.3 s) for the stages that compute, not for those that publish
+    from parity.backends.base import WHOLE_MAX_MB
+    # lazy: numpy + pyarrow (+0.3 s) for the stages that compute, not for those that publish
+    from parity.core import store
+
     bound = min(max((weight_bytes or 0) / 2**20, store.KEEP_MB), WHOLE_MAX_MB)
     return bound if sa_bytes is not None and FP64_PER_SA * sa_bytes / 2**20 <= bound else None
+
+
+def publish_fold(reference_dir: Path, dtype: str, dc: dict, out: Path) -> str | None:
+    """baseline@<model>-fp32: the fp32 baseline made with the reference (parity.pipeline.fold) published
+    into `out` (None when there is none made for `out`, or `dtype` is not the fold's precision: the
+    stage then runs the baseline itself)."""
+    staging = Path(reference_dir) / FOLD_DIR
+    if not folds(dtype, dc) or not made_for(staging, out):
+        return None
+    publish_tree(staging, out)
+    return f"baseline@{read_json(out / 'status.json')['baseline']}: made by {made_by(staging)} with the reference -> {out}"

@@ -180,7 +180,8 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     ({"mb": bound}): the fp64 values written are kept under "groups" while they stay under the bound
     (store.Writer keep_mb), for a reader in this process (parity.pipeline.fold)."""
     net = net if net is not None else build(p, model_name)
-    with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}) as w:
+    # kept: the fp64 values stay decoded, so memory is to spare for a row group encoded in the background
+    with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}, background=kept is not None) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))
         if tiny:
             raise TinyOutput(f"reference@{model_name}: model output max |value| {tiny} <= {MIN_OUTPUT_ABS:g}: a diff "
@@ -191,7 +192,7 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     msg = f"reference@{model_name}: {n} tensors ({len(feeds)} samples) fp32"
     if fp64:
         with store.writer(out / "fp64.parquet", {"model": model_name, "dtype": "float64"},
-                          keep_mb=kept.get("mb") if kept is not None else None) as w:
+                          keep_mb=kept.get("mb") if kept is not None else None, background=kept is not None) as w:
             stream(p, model_name, net, feeds, "float64", w, inputs=True)
         if kept is not None:
             kept["groups"] = w.kept

@@ -25,14 +25,15 @@ class StoreSink(CaptureSink):
     False keeps the plain graph's outputs out of layers.parquet, as the baseline always did)."""
 
     def __init__(self, out: Path, layers_meta: dict, own_meta: dict, with_sums: bool, plain: bool = True,
-                 base_dir: Path | None = None, base_path: Path | None = None):
+                 base_dir: Path | None = None, base_path: Path | None = None, background: bool = False):
         """own.parquet's `base` is the fp64 reference's path (`base_path`, default the file read) relative
         to `base_dir` (default `out`): the fp32 baseline made with the reference is written for the
-        folders it will be published in (parity.pipeline.fold)."""
-        self.out, self.own_meta, self.plain = Path(out), own_meta, plain
+        folders it will be published in (parity.pipeline.fold). `background`: row groups encoded on a
+        thread while the next values are computed (store.Writer), where memory is to spare."""
+        self.out, self.own_meta, self.plain, self.background = Path(out), own_meta, plain, background
         self.base_dir = Path(base_dir) if base_dir is not None else self.out
         self.base_path = base_path
-        self.layers = store.Writer(self.out / "layers.parquet", layers_meta)
+        self.layers = store.Writer(self.out / "layers.parquet", layers_meta, background=background)
         self.own_w: store.Writer | None = None
         self.acc = sums.Acc() if with_sums else None
         self.wants_gold = with_sums
@@ -58,7 +59,7 @@ class StoreSink(CaptureSink):
         if self.own_w is None:
             meta = dict(self.own_meta, base=os.path.relpath(os.path.abspath(base), os.path.abspath(self.base_dir))) \
                 if base is not None else self.own_meta
-            self.own_w = store.Writer(self.out / "own.parquet", meta)
+            self.own_w = store.Writer(self.out / "own.parquet", meta, background=self.background)
         if self.acc is not None:
             self.acc.own_names(k, [n for n, _ in named])
         named.reverse()
