@@ -34,7 +34,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     # lazy: `stages.diff --help` loads no numpy/pyarrow (+0.25 s, BENCHMARKS 22; tests/test_light_stages.py)
     from parity.pipeline.diff import diff_and_write
+    # lazy: as the line above (pyarrow)
+    from parity.core.store import reuse_pool
 
+    reuse_pool()  # decoded row groups' buffers reused (store.reuse_pool): bert_base's diff -0.5 s
     try:
         print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
                              Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,

@@ -19,8 +19,9 @@ from parity.config import schema
 
 def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path, inputs: Path, out: Path,
                  timing: Path, calibration: Path | None = None, engine_dir: Path | None = None,
-                 reference: Path | None = None) -> list[str]:
-    """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print."""
+                 reference: Path | None = None, background: bool = False) -> list[str]:
+    """Write layers.parquet, own.parquet, status.json under `out` and the timing file; the lines to print.
+    `background`: Parquet encoded on a thread beside the runs (StoreSink), where memory is to spare."""
     c = schema.of(p)
     timed = bool(c.capture.latency)  # capture.latency: opt-in
     pc = p["providers"][provider]
@@ -32,7 +33,8 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     t0 = time.perf_counter()
     # the values stream to Parquet sample by sample (and the oracle's sums with them)
     sink = StoreSink(out, {"cell": key, "status": "OK"}, {"cell": key, "kind": "own"},
-                     reference is not None and Path(reference).exists() and has_baseline(p["dtypes"][dtype]))
+                     reference is not None and Path(reference).exists() and has_baseline(p["dtypes"][dtype]),
+                     background=background)
     res, settings, by_shape = _run(p, job, provider, inputs, sink, timed)
     if res.samples:  # the shapes ran one by one after a failure: their values were kept in memory
         rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
