@@ -176,8 +176,9 @@ class Writer:
         decoding saved). Over the bound, nothing is kept (the file streams, as before).
         `background`: each row group is built and encoded on a thread of its own while the caller
         computes the next (Arrow and numpy's copies release the GIL; one group in flight at a time, so
-        the file's bytes are the same and the writer holds at most one more group). For a stage with
-        memory to spare (parity.pipeline.fold: the reference of a model whose fp64 values stay decoded)."""
+        the file's bytes are the same; the writer holds up to ~3 more groups' bytes meanwhile). For a
+        stage with memory to spare (parity.pipeline.publish.background_ok: the fold of a weight-heavy
+        model; a capture whose fp64 reference stays decoded)."""
         self.path, self.metadata = Path(path), metadata
         self.budget = buffer_bytes() if budget is None else budget
         self.rows: list[tuple[Tensor, np.ndarray, np.dtype]] = []

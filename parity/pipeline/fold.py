@@ -31,7 +31,7 @@ from parity.config import schema
 from parity.pipeline import reference
 from parity.pipeline.baseline_torch import torch_baseline
 from parity.pipeline.inputs import load
-from parity.pipeline.publish import FOLD_CFG, FOLD_DIR, FOLD_DTYPE, STAGING, keep_mb, stage_for
+from parity.pipeline.publish import FOLD_CFG, FOLD_DIR, FOLD_DTYPE, STAGING, background_ok, keep_mb, stage_for
 
 
 def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path, reference_for: Path,
@@ -43,7 +43,8 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
     staging, reference_for = Path(staging), Path(reference_for)
     by = f"{'reference' if staging == reference_for else 'export'}@{model}"
     weight_bytes = sized.get("w_bytes")
-    kept = {"mb": keep_mb(weight_bytes, sized.get("sa_bytes"))} if baseline_for is not None else None
+    kept = {"mb": keep_mb(weight_bytes, sized.get("sa_bytes")), "background": background_ok(weight_bytes)} \
+        if baseline_for is not None else None
     line = reference.write(p, model, load(inputs), staging, bool(schema.of(p).reference.fp64), net, kept)
     if baseline_for is not None:
         gold = staging / "fp64.parquet"
@@ -51,7 +52,7 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
             gold_rows(gold, weight_bytes=weight_bytes).prime(kept.get("groups"))
         line += "\n" + torch_baseline(p, model, FOLD_DTYPE, FOLD_CFG, None, inputs, staging / FOLD_DIR, gold, net,
                                       base_dir=Path(baseline_for), base_path=reference_for / "fp64.parquet",
-                                      background=True)
+                                      background=kept["background"])
         stage_for(staging / FOLD_DIR, baseline_for, by)
     if staging != reference_for:
         stage_for(staging, reference_for, by)

@@ -177,11 +177,12 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     """fp32.parquet (and fp64.parquet) under `out`, streamed; the summary line. TinyOutput when the
     model's output is too small to prove anything (nothing is published). `net`: the model, built
     already (build()); it is left as built (fp32 weights restored after the fp64 run). `kept`
-    ({"mb": bound}): the fp64 values written are kept under "groups" while they stay under the bound
-    (store.Writer keep_mb), for a reader in this process (parity.pipeline.fold)."""
+    ({"mb": bound, "background": bool}): the fp64 values written are kept under "groups" while they stay
+    under the bound (store.Writer keep_mb), for a reader in this process (parity.pipeline.fold); with
+    "background", row groups are encoded on a thread beside the runs."""
     net = net if net is not None else build(p, model_name)
-    # kept: the fp64 values stay decoded, so memory is to spare for a row group encoded in the background
-    with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}, background=kept is not None) as w:
+    bg = bool(kept and kept.get("background"))  # row groups encoded beside the runs (publish.background_ok)
+    with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}, background=bg) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))
         if tiny:
             raise TinyOutput(f"reference@{model_name}: model output max |value| {tiny} <= {MIN_OUTPUT_ABS:g}: a diff "
@@ -192,7 +193,7 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     msg = f"reference@{model_name}: {n} tensors ({len(feeds)} samples) fp32"
     if fp64:
         with store.writer(out / "fp64.parquet", {"model": model_name, "dtype": "float64"},
-                          keep_mb=kept.get("mb") if kept is not None else None, background=kept is not None) as w:
+                          keep_mb=kept.get("mb") if kept is not None else None, background=bg) as w:
             stream(p, model_name, net, feeds, "float64", w, inputs=True)
         if kept is not None:
             kept["groups"] = w.kept
