@@ -140,8 +140,12 @@ def _schema(metadata: dict[str, str] | None) -> pa.Schema:
 # zstd level 1 with byte_stream_split on the float columns: measured on resnet50's and gpt2_small's
 # files (BENCHMARKS.md section 17d) the smallest at about the time of the uncompressed write; level 3
 # was about 1% smaller and slower. Fixed: the bytes of a file depend on these options.
+# write_page_checksum: a CRC32 per data page, verified on every read (Rows: page_checksum_verification), so
+# bytes changed in place (a hard-linked DVC cache object included) are an error naming the file, not values
+# decoded to other numbers (issue 36 item 1: 14 garbage bytes in a capture passed the diff)
 WRITE_OPTIONS = dict(compression="zstd", compression_level=1, use_dictionary=False, write_statistics=False,
-                     store_schema=True, use_byte_stream_split=["f4.list.element", "f8.list.element"])
+                     store_schema=True, use_byte_stream_split=["f4.list.element", "f8.list.element"],
+                     write_page_checksum=True)
 
 
 def buffer_bytes() -> int:
@@ -338,7 +342,7 @@ class Rows:
     def __init__(self, path: str | Path, keep: int = 2, whole_mb: float | None = None):
         self.path, self.keep, self._bisect = Path(path), keep, bisect.bisect_right
         try:
-            self.file = pq.ParquetFile(path, memory_map=False)
+            self.file = pq.ParquetFile(path, memory_map=False, page_checksum_verification=True)
             cols = ["sample", "name", "order", "dtype", "shape"]
             alias = "same_as" in self.file.schema_arrow.names
             index = self.file.read(columns=cols + ["same_as"] * alias)
