@@ -43,3 +43,27 @@ def test_36_1_page_checksums_keep_files_byte_identical(tmp_path):
     store.write(a, rows, {"model": "m"})
     store.write(b, rows, {"model": "m"})
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_36_4_an_import_that_converts_no_case_replaces_nothing(tmp_path):
+    """`parity suite import-opdiff FILE --name critical --force` whose tests all fail to convert exited 1
+    and still replaced the shipped suite with an empty one: now it exits 1 and writes nothing."""
+    import subprocess
+    import sys
+
+    from conftest import env
+
+    (tmp_path / "conf/suites").mkdir(parents=True)
+    shipped = tmp_path / "conf/suites/critical.yaml"
+    shipped.write_text("critical: {tolerances: [], spec: {cases: [{id: relu, op: aten::relu}]}}\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tests:\n  - {id: a, op: 7}\n  - {id: b, op: aten::relu, nonsense: 1}\n")
+    p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "import-opdiff", str(bad),
+                        "--name", "critical", "--force"], cwd=tmp_path, env=env(), capture_output=True, text=True)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == ("python -m parity.commands.suite_cli import-opdiff: error: none of the 2 opdiff tests "
+                                                 f"in {bad} converted; conf/suites/critical.yaml was not replaced")
+    assert shipped.read_text().startswith("critical: {tolerances: [], spec: {cases: [{id: relu")
+    p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "import-opdiff", str(bad),
+                        "--name", "fresh"], cwd=tmp_path, env=env(), capture_output=True, text=True)
+    assert p.returncode == 1 and not (tmp_path / "conf/suites/fresh.yaml").exists(), p.stderr

@@ -369,6 +369,12 @@ def main(argv=None, prog: str = "parity suite import-opdiff") -> int:
         print(f"{prog}: error: {_one_line(src, e)}", file=sys.stderr)
         return 2
 
+    if not doc[name]["spec"]["cases"]:  # an empty suite would replace a working one (--force): write nothing
+        for tid, status, detail in report:
+            print(f"{tid}\t{status}" + (f"\t{detail}" if detail else ""))
+        print(f"{prog}: error: none of the {len(report)} opdiff tests in {src} converted; {out} was not "
+              f"{'replaced' if out.exists() else 'written'}", file=sys.stderr)
+        return 1
     head = (f"# converted from the opdiff suite {src.name} by `parity suite import-opdiff`\n"
             f"# file: paths are relative to the repository root\n")
     write_text(out, head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120))
