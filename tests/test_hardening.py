@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 from parity.core import io, store
@@ -67,3 +68,29 @@ def test_36_4_an_import_that_converts_no_case_replaces_nothing(tmp_path):
     p = subprocess.run([sys.executable, "-m", "parity.commands.suite_cli", "import-opdiff", str(bad),
                         "--name", "fresh"], cwd=tmp_path, env=env(), capture_output=True, text=True)
     assert p.returncode == 1 and not (tmp_path / "conf/suites/fresh.yaml").exists(), p.stderr
+
+
+def _fuzz(tmp_path, *args):
+    import subprocess
+    import sys
+
+    from conftest import env
+
+    shutil.copytree(Path(__file__).parents[1] / "conf", tmp_path / "conf", dirs_exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "parity.commands.fuzz_cli", "critical", "--dtype", "fp16",
+                           "--provider", "ort_cpu", *args], cwd=tmp_path, env=env(), capture_output=True, text=True)
+
+
+def test_36_8_a_negative_fuzz_seed_names_the_option(tmp_path):
+    p = _fuzz(tmp_path, "--seed", "-1")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == "parity fuzz: error: argument --seed: expected an integer >= 0, got -1"
+    assert not (tmp_path / "parity-fuzz").exists()
+
+
+def test_36_8_an_unknown_case_to_reproduce_lists_the_suites_cases(tmp_path):
+    p = _fuzz(tmp_path, "--reproduce", "nosuch~s123")
+    assert p.returncode == 2
+    line = p.stderr.strip()
+    assert line.startswith("parity fuzz: no case 'nosuch' in suite critical. Cases: add, add_bcast, "), line
+    assert "\n" not in line and "matmul" in line

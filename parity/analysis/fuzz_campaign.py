@@ -209,7 +209,8 @@ def find_case(ident: str, suite: str, section: dict, campaign_dir: Path | None, 
     base, seed = fuzz.parse_id(ident)
     tpls = {t["base"]: t for t in select(suite, section, [base])}
     if base not in tpls:
-        raise KeyError(f"no case {base!r} in suite {suite}. Cases: {', '.join(sorted(tpls))}")
+        known = sorted({t["base"] for t in fuzz.templates(suite, copy.deepcopy(section))})
+        raise KeyError(f"no case {base!r} in suite {suite}. Cases: {', '.join(known) or 'none'}")
     return fuzz.mutate(tpls[base], seed, torch_dtype, _opts(settings({"fuzz": f})))
 
 

@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", required=True)
     ap.add_argument("--provider", required=True)
     ap.add_argument("--cases", type=at_least(1), help="cases in the campaign (fuzz.cases)")
-    ap.add_argument("--seed", type=int, help="campaign seed (fuzz.seed)")
+    ap.add_argument("--seed", type=at_least(0), help="campaign seed (fuzz.seed), an integer >= 0")
     ap.add_argument("--op", action="append", help="fuzz only suite cases matching this fnmatch pattern (repeatable)")
     ap.add_argument("--nonfinite", action="store_true", help="also draw NaN/Inf inputs")
     ap.add_argument("--no-empty", action="store_true", help="never draw size-0 dims")
