@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from parity.core import io, store
 
 
@@ -94,3 +95,18 @@ def test_36_8_an_unknown_case_to_reproduce_lists_the_suites_cases(tmp_path):
     line = p.stderr.strip()
     assert line.startswith("parity fuzz: no case 'nosuch' in suite critical. Cases: add, add_bcast, "), line
     assert "\n" not in line and "matmul" in line
+
+
+def test_36_3_an_override_that_reads_the_environment_is_refused_at_compose(monkeypatch):
+    """`-S 'seed=${oc.env:SECRET}'` was resolved and its value persisted into the committed params.yaml."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    from conftest import composed
+
+    monkeypatch.setenv("PARITY_TEST_SECRET", "hunter2")
+    with pytest.raises(InterpolationResolutionError) as e:
+        composed("+models.mlp.secret=${oc.env:PARITY_TEST_SECRET}")
+    msg = str(e.value)
+    assert msg.startswith("parity: config error: models.mlp.secret: reads the environment (${oc.env:...})"), msg
+    assert "hunter2" not in msg and "\n" not in msg
+    assert composed("seed=3")["seed"] == 3  # a plain override composes as before

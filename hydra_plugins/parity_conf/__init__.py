@@ -29,6 +29,7 @@ initialised exception of its own through unwrapped, so the message stays one lin
 """
 
 import os
+import re
 from pathlib import Path
 
 from hydra.plugins.search_path_plugin import SearchPathPlugin
@@ -90,6 +91,18 @@ def _check_loaded(p: dict) -> None:
                                   f"name '{option}', found '{k}' (rename the key or the file)")
 
 
+ENV_READ = re.compile(r"\$\{\s*oc\.env\s*:")
+
+
+def _env_reads(node, key: str = "") -> list[str]:
+    """The dotted keys whose value is an `${oc.env:...}` interpolation (at any depth)."""
+    if isinstance(node, dict):
+        return [k for name, v in node.items() for k in _env_reads(v, f"{key}.{name}" if key else str(name))]
+    if isinstance(node, list):
+        return [k for i, v in enumerate(node) for k in _env_reads(v, f"{key}[{i}]")]
+    return [key] if isinstance(node, str) and ENV_READ.search(node) else []
+
+
 def _validate(*, _root_) -> str:
     from parity.config import params as config
     from parity.suites import spec
@@ -97,6 +110,11 @@ def _validate(*, _root_) -> str:
     p = OmegaConf.to_container(_root_, resolve=False)
     p.pop("validated", None)
     try:
+        env = _env_reads(p)
+        if env:  # DVC writes the resolved value into params.yaml, which is committed: a secret would leak
+            raise config.ConfigError(f"{env[0]}: reads the environment (${{oc.env:...}}); DVC writes the resolved "
+                                     "value into params.yaml, which git records: give the value itself, or keep "
+                                     "secrets (remote credentials) in `dvc remote modify --local`")
         for g in ("models", "dtypes", "providers"):
             if not p.get(g):
                 raise config.ConfigError(f"{g}: no option selected ({g}=[]); select at least one, e.g. "
