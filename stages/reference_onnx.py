@@ -1,7 +1,8 @@
 """reference_onnx@model: the reference of a model given as an ONNX file (`arch.source: onnx`):
 onnxruntime CPU with every graph optimisation disabled, fp32, per node output (fp32.parquet), and with
-`reference.fp64: true` an fp64 golden run by the ONNX reference evaluator when the graph allows it
-(fp64.parquet); parity.pipeline.onnx_reference. The same outputs as reference@model (stages/reference.py,
+`reference.fp64: true` an fp64 golden run by the ONNX reference evaluator, node by node with fallbacks,
+or the fp32 yardstick where none can be made (fp64.parquet; its metadata says which); a model output
+~0 is refused; parity.pipeline.onnx_reference. The same outputs as reference@model (stages/reference.py,
 the models built in torch), in the same folder: dvc.yaml dispatches on the source (params onnx_models).
 """
 

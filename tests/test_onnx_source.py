@@ -198,9 +198,10 @@ def test_torchvision_onnx_as_a_file_runs_per_node(tmp_path):
     assert names[:len(lj["layers"])] == [x["name"] for x in lj["layers"]]
 
 
-def test_no_fp64_golden_where_the_evaluator_cannot_run_the_graph(tmp_path):
+def test_contrib_op_in_the_reference_and_the_golden_run(tmp_path):
     """A contrib op (com.microsoft FusedMatMul) runs on onnxruntime, not in the ONNX reference
-    evaluator: the fp32 reference is there, the fp64 golden is not, and the reason says which op."""
+    evaluator: the fp32 reference is there, and the fp64 golden too, with that node run alone on
+    onnxruntime and named (tests/test_onnx_oracle.py has the rest of the fallbacks)."""
     import onnx
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
@@ -219,5 +220,6 @@ def test_no_fp64_golden_where_the_evaluator_cannot_run_the_graph(tmp_path):
     # y (the contrib op's output) has no type ONNX shape inference can give: not captured (docs say so)
     assert [t.name for t in rows] == ["z", "output"]
     assert np.array_equal(rows[-1].array, np.maximum(2 * feeds[0]["x"], 0))
-    gold, why = onnx_reference.golden_rows(p, "c", feeds)
-    assert gold == [] and "FusedMatMul" in why, why
+    gold, why, fell = onnx_reference.golden_rows(p, "c", feeds, rows)
+    assert why == "" and [t.name for t in gold] == ["z", "output"], why
+    assert [(r["op"], r["ran"]) for r in fell] == [("FusedMatMul", "onnxruntime float64")], fell

@@ -77,12 +77,17 @@ def verdict_mode(rule: tolerance.Rule, reference_dir: Path, baseline_dir: Path |
         f32 = reference_dir / "fp32.parquet"  # the reference stage records why it wrote no golden run
         why = store.read_metadata(f32).get("no_fp64") if f32.exists() else None
         return "tolerance", f"no fp64 reference: {why or 'reference.fp64 is true but the reference wrote none'}"
+    # what the fp64 file is (an ONNX file's reference: parity.pipeline.onnx_reference): a note on nodes
+    # that ran in float32, or the fp32 yardstick, which judges reduced-precision cells only
+    gmd = store.read_metadata(reference_dir / "fp64.parquet")
+    if gmd.get("yardstick") == "fp32" and rule.reduced is None:
+        return "tolerance", f"no fp64 reference: {gmd.get('note', 'an fp32 yardstick')}; an fp32 cell is judged by tolerance"
     if not rule.baseline:
         return "tolerance", f"dtypes.{rule.dtype}.mode {rule.precision!r} has no trusted baseline"
     st = read_json(baseline_dir / "status.json") if baseline_dir and (baseline_dir / "status.json").exists() else {}
     if st.get("status") != "OK":
         return "tolerance", f"baseline did not run ({st.get('status', 'missing')}: {st.get('reason', '')})"
-    return "oracle", "diff.verdict: oracle"
+    return "oracle", "diff.verdict: oracle" + (f" ({gmd['note']})" if gmd.get("note") else "")
 
 
 def judge(rule: tolerance.Rule, cell: Cell) -> list[tuple[str | None, CellDiff]]:

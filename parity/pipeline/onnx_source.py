@@ -13,8 +13,9 @@ per node and run without torch.
   no fusion: the graph as written), run through the same OrtCpuRunner as the providers. The ONNX
   reference evaluator was the other candidate: it is numpy and much slower (resnet50, one sample, every
   node output: 19 s at load ~12 against ~1 s), and no more exact at float32. It does serve as the fp64 golden
-  run: the graph cast to float64 (onnxruntime has no float64 Conv kernel) where the evaluator runs every
-  op; when it cannot, the reference has no fp64 run and cells are judged by tolerance, and say so.
+  run: the graph cast to float64 (to_float64; onnxruntime has no float64 Conv kernel), node by node,
+  a node it cannot run falling back alone (parity.pipeline.onnx_fp64).
+- Layers are the values that can fail: constants and zero-element tensors are not (instrument).
 - The trusted baseline of the fp64 oracle (issue 9) for such a model is the same no-optimisation ORT
   CPU run at the cell's dtype (torch CPU eager cannot run an ONNX file).
 """
@@ -196,24 +197,35 @@ def check_inputs(m, specs: list[dict], p: Path, where: str) -> None:
 # -- graphs -----------------------------------------------------------------------------------------
 
 def topo_sorted(m):
-    """A copy of m with the main graph's nodes in topological order (stable: file order among ready
-    nodes). ONNX requires it already; a file that breaks the rule is repaired, not refused."""
+    """A copy of m with the main graph's nodes in topological order: the file's order when it is one
+    already (as ONNX requires), else repaired (stable: file order among ready nodes), not refused. A
+    node is ready when its inputs and the outer-scope values its subgraphs read (If/Loop/Scan bodies:
+    implicit_inputs) are."""
     out = onnx.ModelProto()
     out.CopyFrom(m)
     g = out.graph
     have = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    nodes, order = list(g.node), []
-    while nodes:
-        produced = _produced(nodes)
-        ready = [n for n in nodes if all(i in have or i not in produced for i in n.input)]
-        if not ready:  # a cycle: leave the rest as it is, the checker/ORT will name it
-            order += nodes
+    needs = [(n, [*n.input, *implicit_inputs(n)]) for n in g.node]
+    produced = _produced(g.node)
+    seen = set(have)
+    for n, reads in needs:  # one pass: is the file's order a topological one already?
+        if any(i not in seen and i in produced for i in reads):
             break
-        for n in ready:
+        seen.update(n.output)
+    else:
+        return out
+    order = []
+    while needs:
+        produced = _produced(n for n, _ in needs)
+        ready = [(n, r) for n, r in needs if all(i in have or i not in produced for i in r)]
+        if not ready:  # a cycle: leave the rest as it is, the checker/ORT will name it
+            order += [n for n, _ in needs]
+            break
+        for n, _ in ready:
             order.append(n)
             have.update(n.output)
-        ready_ids = {id(n) for n in ready}
-        nodes = [n for n in nodes if id(n) not in ready_ids]
+        ready_ids = {id(n) for n, _ in ready}
+        needs = [(n, r) for n, r in needs if id(n) not in ready_ids]
     del g.node[:]
     g.node.extend(order)
     return out
@@ -223,13 +235,72 @@ def _produced(nodes) -> set:
     return {o for n in nodes for o in n.output}
 
 
+def subgraphs(node) -> list:
+    """The graphs a node holds as attributes (If branches, Loop and Scan bodies)."""
+    out = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            out.extend(a.graphs)
+    return out
+
+
+def implicit_inputs(node) -> list[str]:
+    """The values a node's subgraphs (recursively) read from the enclosing scopes: inputs it takes
+    without naming them in node.input (an If branch reading a tensor of the main graph)."""
+    reads: list[str] = []
+    for g in subgraphs(node):
+        local = {i.name for i in g.input} | {t.name for t in g.initializer} | \
+            {t.values.name for t in g.sparse_initializer} | {""}
+        for n in g.node:
+            reads += [i for i in [*n.input, *implicit_inputs(n)] if i not in local]
+            local.update(n.output)
+        reads += [o.name for o in g.output if o.name not in local]  # a branch output that is an outer value
+    return list(dict.fromkeys(reads))
+
+
 def output_names(n: int) -> list[str]:
     """What the stages call the model's outputs (parity.core.store.is_output)."""
     return ["output"] if n == 1 else [f"output:{i}" for i in range(n)]
 
 
+SHAPE_ONLY = {"Shape", "Size"}  # outputs that read their input's shape, not its values
+
+
+def input_dependent(g, vi: dict) -> set:
+    """The tensors of graph `g` (nodes in topological order) whose values depend on the graph's
+    inputs (those without an initializer: what the feeds give). Constant subgraphs (Constant nodes,
+    arithmetic on initializers, an exporter's `p2o.helper.constant.*`) are not, and neither is a Shape
+    or Size of a tensor whose shape is static (`vi`: the shape-inferred value infos)."""
+    inits = {t.name for t in g.initializer}
+    dep = {i.name for i in g.input if i.name not in inits}
+    for n in g.node:
+        if n.op_type in SHAPE_ONLY and n.domain in ("", "ai.onnx") and n.input and _static(vi.get(n.input[0])):
+            continue
+        if any(i in dep for i in [*n.input, *implicit_inputs(n)]):
+            dep.update(o for o in n.output if o)
+    return dep
+
+
+def _static(v) -> bool:
+    """A value info with a fully known shape."""
+    if v is None or not v.type.tensor_type.HasField("shape"):
+        return False
+    return all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+
+
+def _empty(v) -> bool:
+    """A value info whose shape has a 0 dimension: a zero-element tensor."""
+    return v.type.tensor_type.HasField("shape") and \
+        any(d.HasField("dim_value") and d.dim_value == 0 for d in v.type.tensor_type.shape.dim)
+
+
 def instrument(m):
-    """(layers model, plain model, [(layer tensor, op type)] in topological order, {output: tensor})."""
+    """(layers model, plain model, [(layer tensor, op type)] in topological order, {output: tensor}).
+    A layer is a floating node output of the main graph whose value depends on the graph inputs
+    (input_dependent) and that is not known to be empty: a constant or a zero-element tensor computes
+    nothing a backend could get wrong, so it is never a layer (nor a drift origin)."""
     m = topo_sorted(m)
     try:
         typed = onnx.shape_inference.infer_shapes(m)
@@ -252,11 +323,13 @@ def instrument(m):
         outs.append(v)
     del plain.graph.output[:]
     plain.graph.output.extend(outs)
+    dep = input_dependent(m.graph, vi)
     layers_list = []
     for n in m.graph.node:
         for o in n.output:
             v = vi.get(o)
-            if o and v is not None and v.type.tensor_type.elem_type in FLOAT_ELEM and not is_output(o):
+            if o and v is not None and v.type.tensor_type.elem_type in FLOAT_ELEM and not is_output(o) \
+                    and o in dep and not _empty(v):
                 layers_list.append((o, n.op_type))
     layers = onnx.ModelProto()
     layers.CopyFrom(plain)
@@ -264,26 +337,69 @@ def instrument(m):
     return layers, plain, layers_list, renamed
 
 
+# -- float64 ----------------------------------------------------------------------------------------
+
+DTYPE_ATTRS = {"to", "dtype"}  # Cast's target; EyeLike's and the Random* ops' output type
+
+
 def to_float64(m):
-    """A copy of m computing in float64: float32 initializers, graph value types, Cast targets and
-    constant attributes become float64."""
+    """A copy of m computing in float64: float32 initializers, value types, Cast targets, output
+    types (EyeLike, Random*) and constant attributes become float64, in the main graph and in every
+    subgraph (If branches, Loop and Scan bodies, recursively) and model-local function."""
     out = onnx.ModelProto()
     out.CopyFrom(m)
-    g = out.graph
-
-    def t64(t):
-        if t.data_type == TensorProto.FLOAT:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
-
-    for t in g.initializer:
-        t64(t)
-    for v in [*g.input, *g.output, *g.value_info]:
-        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
-            v.type.tensor_type.elem_type = TensorProto.DOUBLE
-    for n in g.node:
-        for a in n.attribute:
-            if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
-                a.i = TensorProto.DOUBLE
-            elif a.type == onnx.AttributeProto.TENSOR:
-                t64(a.t)
+    _graph64(out.graph)
+    for f in out.functions:
+        for n in f.node:
+            _node64(n)
     return out
+
+
+def _t64(t) -> None:
+    if t.data_type == TensorProto.FLOAT:
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
+
+
+def _type64(tp) -> None:
+    """float32 -> float64 in a TypeProto (tensors, and the tensors of sequences and optionals)."""
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type" and tp.tensor_type.elem_type == TensorProto.FLOAT:
+        tp.tensor_type.elem_type = TensorProto.DOUBLE
+    elif kind in ("sequence_type", "optional_type"):
+        _type64(getattr(tp, kind).elem_type)
+    elif kind == "map_type":
+        _type64(tp.map_type.value_type)
+
+
+def _graph64(g) -> None:
+    for t in g.initializer:
+        _t64(t)
+    for v in [*g.input, *g.output, *g.value_info]:
+        _type64(v.type)
+    for n in g.node:
+        _node64(n)
+
+
+def _node64(n) -> None:
+    std = n.domain in ("", "ai.onnx")
+    if std and n.op_type == "Constant":  # value_float(s): an attribute that yields float32
+        for a in list(n.attribute):
+            if a.name in ("value_float", "value_floats"):
+                v = np.array(a.f if a.name == "value_float" else list(a.floats), np.float64)
+                n.attribute.remove(a)
+                n.attribute.append(helper.make_attribute("value", numpy_helper.from_array(v)))
+    if std and n.op_type == "ConstantOfShape" and not any(a.name == "value" for a in n.attribute):
+        n.attribute.append(helper.make_attribute("value", numpy_helper.from_array(np.zeros(1, np.float64))))
+    for a in n.attribute:
+        if std and a.type == onnx.AttributeProto.INT and a.name in DTYPE_ATTRS and a.i == TensorProto.FLOAT:
+            a.i = TensorProto.DOUBLE
+        elif a.type == onnx.AttributeProto.TENSOR:
+            _t64(a.t)
+        elif a.type == onnx.AttributeProto.TENSORS:
+            for t in a.tensors:
+                _t64(t)
+        elif a.type == onnx.AttributeProto.GRAPH:
+            _graph64(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for sg in a.graphs:
+                _graph64(sg)

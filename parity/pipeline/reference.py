@@ -20,12 +20,8 @@ from parity.models import build as build_model
 from parity.models.layers import LayerRecorder, leaf_modules
 import torch
 from parity.config import schema
-
-MIN_OUTPUT_ABS = 1e-3
-
-
-class TinyOutput(Exception):
-    """The model output is too small to prove anything (tiny_outputs): nothing is published."""
+# the ~0-output rule, shared with the ONNX-file reference (torch-free there)
+from parity.pipeline.tiny_output import MIN_OUTPUT_ABS, TinyOutput, refusal, tiny_outputs  # noqa: F401
 
 
 def build(p: dict, model_name: str):
@@ -166,13 +162,6 @@ def _restore(mod, orig: dict) -> None:
         t.data = data
 
 
-def tiny_outputs(peak: dict) -> dict:
-    """Model outputs whose max |value| is <= MIN_OUTPUT_ABS. An output within atol of zero passes any
-    diff, even against an all-zero actual: the default atols are 1e-4 (fp32) and 1e-5 (fp16/bf16), so
-    demand values well above them."""
-    return {n: v for n, v in peak.items() if not v > MIN_OUTPUT_ABS}
-
-
 def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept: dict | None = None) -> str:
     """fp32.parquet (and fp64.parquet) under `out`, streamed; the summary line. TinyOutput when the
     model's output is too small to prove anything (nothing is published). `net`: the model, built
@@ -185,10 +174,8 @@ def write(p: dict, model_name: str, feeds: list, out, fp64: bool, net=None, kept
     with store.writer(out / "fp32.parquet", {"model": model_name, "dtype": "float32"}, background=bg) as w:
         tiny = tiny_outputs(stream(p, model_name, net, feeds, "float32", w))
         if tiny:
-            raise TinyOutput(f"reference@{model_name}: model output max |value| {tiny} <= {MIN_OUTPUT_ABS:g}: a diff "
-                             f"against it proves nothing (any actual within atol of zero passes). Initialise the "
-                             f"model's head, set models.{model_name}.arch.calibrate for BatchNorm nets, or change "
-                             f"its inputs.")
+            raise refusal(model_name, tiny, f"Initialise the model's head, set models.{model_name}.arch.calibrate "
+                                            f"for BatchNorm nets, or change its inputs.")
     n = w.count
     msg = f"reference@{model_name}: {n} tensors ({len(feeds)} samples) fp32"
     if fp64:
