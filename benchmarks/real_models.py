@@ -150,10 +150,13 @@ def timed_repro(repo: Path) -> dict:
         m = re.search(rf"{re.escape(key)}: ([\d.:]+)", p.stderr)
         return m.group(1) if m else None
     cpu = float(grab("User time (seconds)") or 0) + float(grab("System time (seconds)") or 0)
-    err = [ln for ln in (p.stdout + p.stderr).splitlines() if "ERROR" in ln or "Error" in ln][-3:]
+    lines = (p.stdout + "\n" + p.stderr).splitlines()
+    err = [ln for ln in lines if "ERROR" in ln or "Error" in ln][-3:]
+    # what the stages said (one line each: "reference@m: ...", "export@m: ..."): why a cell has no result
+    said = [ln for ln in lines if re.match(r"^[a-z_]+@[\w.-]+: ", ln)][-6:]
     return {"rc": p.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "max_rss_mb": round(int(grab("Maximum resident set size (kbytes)") or 0) / 1024),
-            "stages": len(re.findall(r"^Running stage", p.stdout, re.M)), "errors": err}
+            "stages": len(re.findall(r"^Running stage", p.stdout, re.M)), "errors": err, "said": said}
 
 
 def cells(repo: Path, model: str, providers: list[str]) -> list[dict]:
@@ -216,6 +219,11 @@ def table(results: list[dict]) -> str:
         if r.get("compose_error"):
             rows.append(f"| {r['model']} | - | CONFIG ERROR | - | - | - | {r['compose_error'][0][:200]} | - | - |")
         for c in r.get("cells", []):
+            if c["verdict"] == "NO RESULT":
+                why = (run.get("said") or run.get("errors") or r.get("notes") or ["-"])[-1]
+                rows.append(f"| {r['model']} | {c['cell'].split('-', 1)[1]} | NO RESULT | - | - | - | "
+                            f"{why[:240]} | - | {t} |")
+                continue
             cause = c.get("drift_origin_cause")
             cause = (cause.get("label") or cause.get("cause")) if isinstance(cause, dict) else cause
             failed = f"{c.get('layers_failed', '-')} / {c.get('layers', '-')}"
@@ -316,7 +324,47 @@ def fp64_check(model: str, cache: Path) -> list[dict]:
         o32, o16 = s32.run(None, feed), s16.run(None, feed)
         for name, g, a32, a16 in zip(names, o64, o32, o16):
             rows.append({"sample": k, "output": name, "rms64": _rms(g), **_err("fp32", a32, g), **_err("fp16", a16, g),
-                         **_decision(a16, a32, g)})
+                         **_decision(model, a16, a32, g)})
+    return rows
+
+
+def torch_fp64_check(model: str, cache: Path) -> list[dict]:
+    """The same for a torch checkpoint (crepe_tiny): the module in float64 / float32 / float16 (torch CPU),
+    and its ONNX graph (torch.onnx's TorchScript exporter, opset 17) on ORT at fp32 and at fp16."""
+    import copy
+    import tempfile as tf
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    if model != "crepe_tiny":
+        return []
+    from examples.real_models.crepe import crepe
+
+    net = crepe("tiny", str(cache / model / "tiny.pth"))
+    x = real_inputs.arrays(model)["frames"]
+    with tf.TemporaryDirectory() as d:
+        f = f"{d}/m.onnx"
+        torch.onnx.export(net, (torch.from_numpy(x[0]),), f, input_names=["frames"], opset_version=17, dynamo=False)
+        import onnx
+        m = onnx.load(f)
+        s32 = ort.InferenceSession(f, providers=["CPUExecutionProvider"])
+        s16 = ort.InferenceSession(convert_float_to_float16(m, keep_io_types=True).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    rows = []
+    with torch.no_grad():
+        for k in range(real_inputs.SAMPLES):
+            t = torch.from_numpy(x[k])
+            g = copy.deepcopy(net).double()(t.double()).numpy()
+            t32 = net(t).numpy()
+            t16 = copy.deepcopy(net).half()(t.half()).float().numpy()
+            o32, o16 = s32.run(None, {"frames": x[k]})[0], s16.run(None, {"frames": x[k]})[0]
+            rows.append({"sample": k, "output": "output", "rms64": _rms(g), **_err("torch_fp32", t32, g),
+                         **_err("torch_fp16", t16, g), **_err("fp32", o32, g), **_err("fp16", o16, g),
+                         **_decision(model, o16, o32, g), "torch_fp16_argmax_flips": float(np.mean(
+                             np.argmax(t16, -1) != np.argmax(g, -1)))})
     return rows
 
 
@@ -333,19 +381,29 @@ def _err(tag: str, a, g) -> dict:
             f"{tag}_max_abs": float(np.nanmax(np.abs(d))) if np.size(d) else 0.0, f"{tag}_nonfinite": nonfinite}
 
 
-def _decision(a16, a32, g) -> dict:
-    """What a user reads off the output: the argmax over the last axis (classes, characters, bins), and,
-    for probabilities, the >0.5 mask (text pixels, speech, notes): fp16 and fp32 vs fp64, as fractions."""
+# what a user reads off each model's output: the class argmax along an axis, or the >0.5 mask of probabilities
+DECISIONS = {"ocr_det": ("mask", None), "ocr_rec": ("argmax", -1), "ocr_cls": ("argmax", -1),
+             "magika": ("argmax", -1), "basic_pitch": ("mask", None), "silero_vad": ("mask", None),
+             "silero_vad_op15": ("mask", None), "nudenet": ("argmax", 1), "crepe_tiny": ("argmax", -1)}
+
+
+def _decision(model: str, a16, a32, g) -> dict:
+    """The fraction of decisions (argmax positions or mask pixels) where fp16 / fp32 differ from fp64."""
     import numpy as np
-    g = np.asarray(g, np.float64)
-    if g.ndim < 2 or g.shape[-1] < 2:
+    kind, axis = DECISIONS.get(model, ("argmax", -1))
+    g, a16, a32 = (np.asarray(v, np.float64) for v in (g, a16, a32))
+    if model == "nudenet":  # rows 4.. of [1, 22, anchors] are the class scores
+        g, a16, a32 = g[:, 4:], a16[:, 4:], a32[:, 4:]
+    if kind == "mask":
+        if not (g.min() >= 0 and g.max() <= 1):
+            return {}
+        return {"decision": "mask > 0.5", "flips_fp16": float(np.mean((a16 > 0.5) != (g > 0.5))),
+                "flips_fp32": float(np.mean((a32 > 0.5) != (g > 0.5)))}
+    if g.ndim < 2:
         return {}
-    out = {"argmax_flips_fp16": float(np.mean(np.argmax(a16, -1) != np.argmax(g, -1))),
-           "argmax_flips_fp32": float(np.mean(np.argmax(a32, -1) != np.argmax(g, -1)))}
-    if g.min() >= 0 and g.max() <= 1:
-        out["mask_flips_fp16"] = float(np.mean((np.asarray(a16) > 0.5) != (g > 0.5)))
-        out["mask_flips_fp32"] = float(np.mean((np.asarray(a32) > 0.5) != (g > 0.5)))
-    return out
+    return {"decision": f"argmax axis {axis}",
+            "flips_fp16": float(np.mean(np.argmax(a16, axis) != np.argmax(g, axis))),
+            "flips_fp32": float(np.mean(np.argmax(a32, axis) != np.argmax(g, axis)))}
 
 
 def main(argv=None) -> int:
@@ -357,8 +415,13 @@ def main(argv=None) -> int:
                     help="the checkout whose pipeline runs (default: this one; e.g. a clone of an older commit)")
     ap.add_argument("--fp64-check", action="store_true",
                     help="instead of the pipeline: the float64 check by hand of each ONNX-file model's fp16 output")
+    ap.add_argument("--render", type=Path, default=None, help="print the table of a results JSON and exit")
     ap.add_argument("--keep", action="store_true", help="keep the scratch repositories (paths in the JSON)")
     a = ap.parse_args(argv)
+    if a.render:
+        doc = json.loads(a.render.read_text())
+        print(f"commit {doc['commit']}, {doc['date']}\n\n{table(doc['results'])}")
+        return 0
     cache = cache_dir()
     names = [n for n in a.models.split(",") if n] or ORDER
     missing = [n for n in names if n not in MODELS or not present(cache, n)]
@@ -367,7 +430,7 @@ def main(argv=None) -> int:
               f"(run python scripts/fetch_real_models.py)", file=sys.stderr)
         return 2
     if a.fp64_check:
-        rows = {n: fp64_check(n, cache) for n in names if n not in TORCH_MODELS}
+        rows = {n: fp64_check(n, cache) if n not in TORCH_MODELS else torch_fp64_check(n, cache) for n in names}
         print(json.dumps(rows, indent=1))
         if a.out:
             a.out.write_text(json.dumps(rows, indent=1))
