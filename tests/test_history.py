@@ -165,3 +165,16 @@ def test_a_verdict_mode_or_tolerance_change_in_the_metrics_is_named_not_its_meas
     assert tolerance_moved(c, params) == ["dtypes.fp16.tol.atol", "verdict_mode"]
     same = Change("mlp-fp32-ort_cpu", {"verdict": "PASS", "tol_ratio": 0.1}, {"verdict": "PASS", "tol_ratio": 0.2})
     assert tolerance_moved(same, params) == []
+
+
+def test_compare_says_what_is_true_when_no_reachable_remote_holds_the_metrics(two_commits, tmp_path):
+    """Issue 36 item 9: a fresh clone whose directory remote lacks the commit's outputs was told to
+    fetch every commit, which cannot succeed. It is told to commit its own run instead."""
+    clone, empty = tmp_path / "clone", tmp_path / "empty-remote"
+    empty.mkdir()
+    two_commits.run(["git", "clone", "-q", str(two_commits.path), str(clone)])
+    run(["dvc", "remote", "add", "--local", "-d", "mine", str(empty)], clone)
+    p = run(["parity", "compare", "HEAD~1", "HEAD"], clone, check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert f"nor in the remote 'mine' ({empty})" in p.stderr, p.stderr
+    assert "--all-commits" not in p.stderr and "`make run`, then `git commit dvc.lock env/dvc.lock`" in p.stderr

@@ -102,12 +102,36 @@ def _first_line(e) -> str:
     return text.splitlines()[0]
 
 
-def _locked_outputs(rev: str, root: str) -> set[str]:
-    """Paths of the outputs recorded in dvc.lock at `rev` (what DVC can restore from a cache)."""
+def _locked_outputs(rev: str, root: str) -> dict[str, str | None]:
+    """{path: md5} of the outputs recorded in dvc.lock at `rev` (what DVC can restore from a cache)."""
     p = subprocess.run(["git", "show", f"{rev}:./dvc.lock"], cwd=root, capture_output=True, text=True)
     lock = (yaml.safe_load(p.stdout) or {}) if p.returncode == 0 else {}
-    return {o["path"] for st in (lock.get("stages") or {}).values()
+    return {o["path"]: o.get("md5") for st in (lock.get("stages") or {}).values()
             for o in (st.get("outs") or []) if isinstance(o, dict) and "path" in o}
+
+
+def _in_local_remote(url: str | None, md5s: list) -> bool | None:
+    """Whether a directory remote (no scheme) holds every object; None when that cannot be told
+    without the network (a cloud or SSH remote, no md5 recorded)."""
+    if not url or "://" in url or not all(md5s):
+        return None
+    base = Path(url)
+    return all((base / "files" / "md5" / m[:2] / m[2:]).exists() for m in md5s)
+
+
+def _not_cached(rev: str, some: str, missing: list, locked: dict, remote: str | None, url: str | None) -> str:
+    """What is true of a revision whose metrics this clone lacks (issue 36 item 9: the hint to fetch every
+    commit walked 527 commits for > 10 min where no remote held them)."""
+    held = _in_local_remote(url, [locked.get(path) for path, _ in missing if path in locked])
+    own_run = ("run the pipeline here and commit its results (`make run`, then `git commit dvc.lock env/dvc.lock`), "
+               "then compare against that commit")
+    if held is False:
+        return (f"metrics of {rev} are not in the local cache ({some}) nor in the remote '{remote}' ({url}): "
+                f"they were made on another machine and never pushed where this clone can reach. To compare, "
+                f"{own_run}")
+    return (f"metrics of {rev} are not in the local cache ({some}): if they were pushed to "
+            f"{f'the remote {remote!r}' if remote else 'a remote'}, `dvc pull -r {remote or '<remote>'} --all-commits` "
+            f"fetches them (it walks every commit: slow on a long history); otherwise {own_run}")
 
 
 def _cells_of(rev: str, res: dict) -> tuple[dict, list[str] | None]:
@@ -130,7 +154,7 @@ def _cells_of(rev: str, res: dict) -> tuple[dict, list[str] | None]:
     return cells, named
 
 
-def _rev_metrics(rev: str, files: dict, root: str, remote: str | None) -> dict:
+def _rev_metrics(rev: str, files: dict, root: str, remote: str | None, url: str | None = None) -> dict:
     """{cell: flat metrics} from {cell (or a path): DVC file result}; MetricsUnavailable when its cell
     metrics cannot be loaded or it has none."""
     cells, missing = {}, []
@@ -152,9 +176,7 @@ def _rev_metrics(rev: str, files: dict, root: str, remote: str | None) -> dict:
         if not any(path in locked for path, _ in missing):
             raise MetricsUnavailable(f"no cell metrics at {rev} ({some}): its dvc.lock records no diff "
                                      f"results (the pipeline was not run and committed there)")
-        raise MetricsUnavailable(f"metrics of {rev} are not in the local cache ({some}): run "
-                                 f"`dvc pull -r {remote or '<remote>'} --all-commits` "
-                                 f"(or `dvc fetch -r {remote or '<remote>'} --all-commits`)")
+        raise MetricsUnavailable(_not_cached(rev, some, missing, locked, remote, url))
     if not cells:
         raise MetricsUnavailable(f"no cell metrics at {rev} (artifacts/diff/*/metrics.json): it declares "
                                  f"no diff stage")
@@ -200,6 +222,7 @@ def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[
         with _dvc_repo(cwd) as repo:
             shown = repo.metrics.show(revs=[rev_a, rev_b], hide_workspace=rev_b != WORKSPACE)
             root, remote = repo.root_dir, repo.config["core"].get("remote")
+            url = (repo.config.get("remote") or {}).get(remote, {}).get("url") if remote else None
             for rev in (rev_a, rev_b):  # a summary.json that does not parse: said first, whatever else
                 for path, d in (_shown(shown, rev).get("data") or {}).items():
                     if "error" in d and _corrupt(d["error"]):
@@ -213,7 +236,7 @@ def load_metrics(rev_a: str, rev_b: str | None = None, cwd: str = ".") -> tuple[
                         m = CELL_METRICS.match(p.replace("\\", "/"))
                         if m:
                             files[m.group("cell")] = d
-                out.append(_rev_metrics(rev, files, root, remote))
+                out.append(_rev_metrics(rev, files, root, remote, url))
     except DvcException as e:
         raise RuntimeError(f"dvc metrics of {rev_a}, {rev_b}: {_first_line(e)}") from None
     return out[0], out[1]
