@@ -110,3 +110,16 @@ def test_36_3_an_override_that_reads_the_environment_is_refused_at_compose(monke
     assert msg.startswith("parity: config error: models.mlp.secret: reads the environment (${oc.env:...})"), msg
     assert "hunter2" not in msg and "\n" not in msg
     assert composed("seed=3")["seed"] == 3  # a plain override composes as before
+
+
+@pytest.mark.parametrize("option", ["../providers/ort_cpu", "../providers/x"])
+def test_36_8_an_option_given_as_a_path_is_named_with_the_groups_options(option):
+    """`-S 'models=[../providers/x]'` said "bad option name ''" (or listed the providers as models)."""
+    from conftest import composed
+
+    with pytest.raises(Exception) as e:
+        composed(f"models=[{option}]")
+    msg = str(e.value)
+    assert msg.startswith(f"parity: config error: models: option '{option}' is a path; an option is the name "
+                          "of a file in conf/models/ (without .yaml). Available options in 'models': "), msg
+    assert "resnet18" in msg and "ort_cpu," not in msg and "\n" not in msg

@@ -77,10 +77,24 @@ def _available(group: str) -> str:
     return f" Available options in '{group}': {', '.join(opts)}" if opts else ""
 
 
+def _path_option(source: str) -> str | None:
+    """The one-line error for an option given as a path (`-S 'models=[../providers/x]'`), else None: Hydra
+    resolves it to another group's file (issue 36 item 8: "bad option name ''", or another group's options)."""
+    group = source.split("/", 1)[0]
+    if group not in GROUPS or "/" not in source[len(group) + 1:] and ".." not in source:
+        return None
+    option = source[len(group) + 1:]
+    return (f"parity: config error: {group}: option '{option}' is a path; an option is the name of a file in "
+            f"conf/{group}/ (without .yaml).{_available(group)}")
+
+
 def _check_loaded(p: dict) -> None:
     """Every option of a group came from the conf file of the same name, keyed by that name."""
     from parity.config.params import ConfigError
 
+    for source in sorted(_LOADED):
+        if _path_option(source):
+            raise ConfigError(_path_option(source).removeprefix("parity: config error: "))
     for source, (file, keys) in sorted(_LOADED.items()):
         group, _, option = source.rpartition("/")
         if group not in GROUPS:
@@ -220,6 +234,8 @@ def _wrap_missing_option_error() -> None:
             group, _, option = path.rpartition("/")
             if not group or str(e).startswith("parity:"):  # Hydra's own text ends with its search path
                 raise
+            if _path_option(path):
+                raise MissingConfigException(_path_option(path), missing_cfg_file=path) from None
             options = repo.get_group_options(group, ObjectType.CONFIG)
             msg = (f"parity: config error: unknown {group} option '{option}' (no conf/{path}.yaml). "
                    f"Available options in '{group}': {', '.join(options)}")
