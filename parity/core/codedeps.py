@@ -5,7 +5,9 @@ Three users:
   artifacts/code/provider-<provider>.json, what the stages running that one runner depend on;
 - the env stage hashes the source of every `arch.source: import` model (models.<m>.arch.name
   'package.module:callable') into a per-model file that the model's stages depend on, so editing a
-  user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json);
+  user's model re-runs exactly that model's stages (dvc.yaml: artifacts/code/<model>.json); the same
+  file holds, hashed by streaming, every file a model reads (an ONNX file and its external data, a
+  checkpoint folder's weights, config and tokenizer files, a `weights:` file: parity.core.modelfiles);
 - parity.commands.stagedeps (`parity deps --write|--check`) computes each stage's import closure and writes it
   to stages/closures.json (env/dvc.yaml's stage: as its code `deps:`); the env stage hashes each
   closure into artifacts/code/stage-<stage>.json (stages_code), that stage's one code dependency.
@@ -28,6 +30,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+from parity.core import modelfiles
 
 CLOSURES = "stages/closures.json"  # every dvc.yaml stage's import closure (parity deps --write)
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_]\w*:[A-Za-z_][\w.]*$")
@@ -184,19 +188,29 @@ def model_code(module: str, roots=None) -> dict:
                       for f in sorted(files)}}
 
 
-def models_code(models: dict, roots=None) -> dict[str, dict]:
-    """{model: what its stages depend on} for every model of params `models`. parity and torchvision
-    models get a constant: their code is parity/models (a file dep of the stages) and torchvision
-    (whose version is in the torch fingerprint)."""
+def models_code(models: dict, roots=None, digests: modelfiles.Digests | None = None) -> dict[str, dict]:
+    """{model: what its stages depend on} for every model of params `models`: an `import` model's
+    source (model_code); every file an ONNX file or a Hugging Face checkpoint folder (`source: hf,
+    path:`) has its model read (onnx_file_code, hf_checkpoint_code); and a torch model's `weights:`
+    file, under "weights". Other parity and torchvision models get a constant: their code is
+    parity/models (a file dep of the stages) and torchvision (whose version is in the torch
+    fingerprint). Files are hashed by streaming, each once per change (`digests`: by default
+    remembered under the repository's .dvc/tmp, parity.core.modelfiles.Digests)."""
+    digests = modelfiles.Digests.for_repo() if digests is None else digests
     out = {}
     for name, m in sorted(models.items()):
         arch = m["arch"]
         if arch["source"] == "import":
             out[name] = model_code(str(arch["name"]).partition(":")[0], roots)
         elif arch["source"] == "onnx":
-            out[name] = onnx_file_code(Path(str(arch["path"])))
+            out[name] = onnx_file_code(Path(str(arch["path"])), digests)
+        elif arch["source"] == "hf" and arch.get("path"):
+            out[name] = hf_checkpoint_code(Path(str(arch["path"])), digests)
         else:
             out[name] = {"source": arch["source"]}
+        if arch.get("weights"):
+            out[name]["weights"] = file_code(Path(str(arch["weights"])), digests)
+    digests.save()
     return out
 
 
@@ -222,14 +236,44 @@ def stages_code(closures: Path) -> dict[str, dict]:
     return {stage: {"files": {f: digest[f] for f in files}} for stage, files in sorted(names.items())}
 
 
-def onnx_file_code(path: Path) -> dict:
-    """An `arch.source: onnx` model's dependency: the sha256 of the file and of every other file beside
-    it (external data), so replacing the model or its weights re-runs exactly its stages."""
+def file_code(path: Path, digests: modelfiles.Digests) -> dict:
+    """{path: sha256} of one file a model reads ({path: "missing"} when it is not there: the stage that
+    reads it says so, and creating it changes this)."""
+    return {str(path): digests.sha256(path) if path.is_file() else "missing"}
+
+
+def onnx_file_code(path: Path, digests: modelfiles.Digests | None = None) -> dict:
+    """An `arch.source: onnx` model's dependency: the sha256 of the file and of every external-data file
+    its tensors name (modelfiles.onnx_locations: wherever under the file's folder, `data/w.bin` too,
+    and the initializers of If/Loop/Scan bodies), i.e. what onnxruntime reads, keyed by location. So
+    changing the model or its weights re-runs exactly its stages, and a file beside it that the model
+    does not read changes nothing (and is never opened). A location parity refuses to read (outside
+    the folder: the export stage names it) is recorded, not read."""
+    digests = modelfiles.Digests() if digests is None else digests
     files = {}
     if path.is_file():
-        files[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
-        for f in sorted(path.parent.iterdir()):
-            if f.is_file() and f != path and f.suffix not in (".onnx", ".dvc", ".md") and not f.name.startswith("."):
-                files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+        files[path.name] = digests.sha256(path)
+        try:
+            locations = modelfiles.onnx_locations(path)
+        except ValueError:  # not a protobuf: the export stage says so (onnx_source.load_checked)
+            locations = []
+        for loc in locations:
+            try:
+                files[loc] = digests.sha256(modelfiles.external_file(path.parent, loc))
+            except FileNotFoundError:
+                files[loc] = "missing"
+            except modelfiles.ExternalDataError as e:
+                files[loc] = f"refused: {e}"
     return {"source": "onnx", "path": str(path), "files": files}
 
+
+def hf_checkpoint_code(folder: Path, digests: modelfiles.Digests) -> dict:
+    """A `source: hf, path: <folder>` model's dependency: the sha256 of every file of the checkpoint
+    that transformers reads (modelfiles.hf_files: config, the weights it picks with every shard,
+    tokenizer files), keyed by name; a shard or tokenizer file changed re-runs exactly its stages."""
+    files = {}
+    if folder.is_dir():
+        for name in modelfiles.hf_files(folder):
+            f = folder / name
+            files[name] = digests.sha256(f) if f.is_file() else "missing"
+    return {"source": "hf", "path": str(folder), "files": files}

@@ -10,7 +10,9 @@ protobuf's 2 GiB limit:
   external files a torch export or a user's file left) to one weights file, in graph order, each
   tensor at an aligned offset, and points the graph at it. Same graph, same bytes.
 - `load_graph` reads a graph without its external data; graphs are pruned, cut and renamed that way,
-  and `check` runs onnx's checker by path.
+  and `check` runs onnx's checker on the weightless graph after checking its external data itself
+  (external_path: files reached through DVC's hard links or symlinks are read; onnx's loader refuses
+  them), as every reader here does.
 - onnxruntime takes a graph by path (or serialised, weightless, with the folder of its external data:
   session option `session.model_external_initializers_file_folder_path`) and memory-maps the weights
   file itself, so every session of a process reads the same pages. (Measured on bert_base, fp32: a
@@ -35,6 +37,7 @@ from onnx import TensorProto, helper
 from onnx.helper import tensor_dtype_to_np_dtype
 from onnx.numpy_helper import to_array
 
+from parity.core import modelfiles
 from parity.core.io import atomic_path
 
 WEIGHTS = "weights.bin"
@@ -102,11 +105,40 @@ def _copy_range(src: Path, offset: int, length: int, out) -> None:
             left -= len(buf)
 
 
+def external_path(t: TensorProto, base_dir) -> Path:
+    """The file external tensor `t` reads under `base_dir`, where parity reads it: through a DVC hard
+    link or a symbolic link into DVC's cache (onnx's loader refuses both), never outside the model's
+    folder (a `../` or absolute location, a symlink elsewhere): modelfiles.external_file.
+    onnx.checker.ValidationError names the tensor otherwise."""
+    loc = external_info(t).get("location", "")
+    try:
+        return modelfiles.external_file(Path(base_dir), loc)
+    except FileNotFoundError:
+        raise onnx.checker.ValidationError(f"{t.name}: its external data file {loc!r} does not exist "
+                                           f"under {base_dir}") from None
+    except modelfiles.ExternalDataError as e:
+        raise onnx.checker.ValidationError(f"{t.name}: {e}") from None
+
+
+def external_range(t: TensorProto, f: Path) -> tuple[int, int]:
+    """(offset, length) of external tensor `t` in its file `f`, checked: integers >= 0 within the file
+    (a declared length past its end is refused before anything is read). A missing length is the rest
+    of the file."""
+    info, size = external_info(t), f.stat().st_size
+    try:
+        off = int(info.get("offset", 0))
+        n = int(info["length"]) if "length" in info else size - off
+    except ValueError:
+        raise onnx.checker.ValidationError(f"{t.name}: external data offset/length are not integers: "
+                                           f"{info.get('offset')!r}, {info.get('length')!r}") from None
+    if off < 0 or n < 0 or off + n > size:
+        raise onnx.checker.ValidationError(f"{t.name}: its external data (bytes {off} to {off + n}) runs past "
+                                           f"the end of {f} ({size} bytes)")
+    return off, n
+
+
 def _external_length(t: TensorProto, base: Path) -> int:
-    info = external_info(t)
-    if "length" in info:
-        return int(info["length"])
-    return (base / info["location"]).stat().st_size - int(info.get("offset", 0))
+    return external_range(t, external_path(t, base))[1]
 
 
 def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS) -> onnx.ModelProto:
@@ -115,22 +147,23 @@ def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS) -
     tensor's bytes come from its inline fields or from its external file under `base_dir`. `m` is
     changed in place and returned. Returns without holding more than one CHUNK of weights in memory
     (inline tensors excepted: they are in `m` already)."""
-    base = Path(base_dir)
+    base, where = Path(base_dir), {}
     with open(weights, "wb") as out:
         for t in initializers(m):
             if is_external(t):
-                info = external_info(t)
-                n = _external_length(t, base)
+                loc = external_info(t).get("location", "")
+                src = where[loc] if loc in where else where.setdefault(loc, external_path(t, base))
+                off, n = external_range(t, src)
                 if n < THRESHOLD:  # small: inline, as a torch export keeps it
-                    with open(base / info["location"], "rb") as f:
-                        f.seek(int(info.get("offset", 0)))
+                    with open(src, "rb") as f:
+                        f.seek(off)
                         raw = f.read(n)
                     del t.external_data[:]
                     t.data_location = TensorProto.DEFAULT
                     t.raw_data = raw
                     continue
                 pos = _align(out)
-                _copy_range(base / info["location"], int(info.get("offset", 0)), n, out)
+                _copy_range(src, off, n, out)
             else:
                 if t.data_type == TensorProto.STRING:
                     continue
@@ -158,27 +191,58 @@ def save_graph(m: onnx.ModelProto, path) -> None:
 
 
 def check(path, full_check: bool = True) -> None:
-    """onnx's check of the graph at `path`, by path (works past 2 GiB: the weights are not read into a
-    protobuf; the checker only verifies the external data files beside it). onnx refuses an external
-    data file with several hard links (DVC's `cache.type hardlink` gives every output two): then the
-    weightless graph is checked, and its external data ranges against the file sizes."""
-    try:
+    """onnx's check of the graph at `path`, its external data checked here rather than by onnx's loader
+    (check_external). onnx refuses an external data file that is hard-linked (DVC's `cache.type
+    hardlink` gives every tracked file and output two links) or a symbolic link (DVC's symlink cache
+    type); parity reads both, and refuses what onnx's rules are for (`../` and absolute locations, a
+    symlink out of the model's folder other than into DVC's cache, a range past the end of a file).
+    onnx's checker then runs by path on the weightless graph written to a temp folder beside sparse
+    stand-ins of its external data files (same names, same sizes, no bytes written): its own
+    external-data rules then hold, and the weights are never read into a protobuf (past 2 GiB too)."""
+    m, base = load_graph(path), Path(path).parent
+    check_external(m, base)
+    locations = modelfiles.onnx_locations(Path(path))  # every tensor's: Constant attributes' too
+    if not locations:
         onnx.checker.check_model(str(path), full_check=full_check)
-    except onnx.checker.ValidationError as e:
-        if "hard link" not in str(e):
-            raise
-        m = load_graph(path)
-        for t in initializers(m):
-            if is_external(t):
-                info = external_info(t)
-                f = Path(path).parent / info["location"]
-                if int(info.get("offset", 0)) + _external_length(t, Path(path).parent) > f.stat().st_size:
-                    raise onnx.checker.ValidationError(f"{t.name}: its external data runs past the end of {f}")
-        onnx.checker.check_model(m, full_check=full_check)
+        return
+    with tempfile.TemporaryDirectory(prefix="parity-check-") as d:
+        for loc in locations:
+            size = _located(base, loc).stat().st_size
+            (Path(d) / loc).parent.mkdir(parents=True, exist_ok=True)
+            stand = Path(d) / os.path.normpath(loc)
+            stand.parent.mkdir(parents=True, exist_ok=True)
+            with open(stand, "wb") as f:
+                f.truncate(size)
+        save_graph(m, Path(d) / "model.onnx")
+        try:
+            onnx.checker.check_model(str(Path(d) / "model.onnx"), full_check=full_check)
+        except onnx.checker.ValidationError as e:
+            raise onnx.checker.ValidationError(str(e).replace(str(d), str(base))) from None
+
+
+def _located(base: Path, loc: str) -> Path:
+    try:
+        return modelfiles.external_file(base, loc)
+    except FileNotFoundError:
+        raise onnx.checker.ValidationError(f"external data file {loc!r} does not exist under {base}") from None
+    except modelfiles.ExternalDataError as e:
+        raise onnx.checker.ValidationError(str(e)) from None
+
+
+def check_external(m: onnx.ModelProto, base_dir) -> None:
+    """Every external tensor of `m` reads a file parity may read under `base_dir` (external_path), and
+    bytes within it (external_range); onnx.checker.ValidationError names the first that does not."""
+    seen: dict = {}
+    for t in initializers(m):
+        if is_external(t):
+            loc = external_info(t).get("location", "")
+            if loc not in seen:
+                seen[loc] = external_path(t, base_dir)
+            external_range(t, seen[loc])
 
 
 def write_checked(m: onnx.ModelProto, path, full_check: bool = True) -> None:
-    """Publish weightless graph `m` at `path` (atomic), checked by path against the weights file
+    """Publish weightless graph `m` at `path` (atomic), checked (check) against the weights file
     beside it (`full_check`: with strict shape inference; a user's ONNX file is checked as given)."""
     with atomic_path(path) as tmp:
         save_graph(m, tmp)
@@ -188,12 +252,15 @@ def write_checked(m: onnx.ModelProto, path, full_check: bool = True) -> None:
 def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
     """The values of external tensor `t` as a read-only view of its memory-mapped file under `base_dir`."""
     info = external_info(t)
-    f = str(Path(base_dir) / info["location"])
-    if f not in maps:
-        maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
+    f = str(Path(base_dir) / info.get("location", ""))
+    if f not in maps:  # where parity may read it (through DVC's links), checked once per file
+        maps[f] = np.memmap(external_path(t, base_dir), dtype=np.uint8, mode="r")
     dt = np.dtype(tensor_dtype_to_np_dtype(t.data_type))
     off = int(info.get("offset", 0))
     n = int(info["length"]) if "length" in info else int(np.prod(t.dims, dtype=np.int64)) * dt.itemsize
+    if off < 0 or n < 0 or off + n > len(maps[f]):
+        raise onnx.checker.ValidationError(f"{t.name}: its external data (bytes {off} to {off + n}) runs past "
+                                           f"the end of {f} ({len(maps[f])} bytes)")
     return maps[f][off:off + n].view(dt).reshape(tuple(t.dims))
 
 
@@ -218,8 +285,8 @@ def with_data(m: onnx.ModelProto, base_dir) -> onnx.ModelProto:
     """`m` with its external data read in (for the few consumers that need a whole-model protobuf:
     the quantizers, the ONNX reference evaluator, reduce). Small models only. Read here (memory-mapped,
     tensor_view), not by onnx's loader: onnx refuses an external data file with several hard links
-    ("potential hardlink attack"), and DVC's `cache.type hardlink` links every output to its cache
-    object, so weights.bin always has two."""
+    ("potential hardlink attack") or a symbolic link, and DVC's `cache.type hardlink,symlink` links
+    every output and every `dvc add`-ed file to its cache object (external_path: where parity reads)."""
     maps: dict = {}
     for t in initializers(m):
         if is_external(t):

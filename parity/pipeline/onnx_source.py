@@ -30,6 +30,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
+from parity.core import modelfiles
 from parity.core.io import atomic_path
 from parity.core.store import is_output
 from parity.models import onnx_weights
@@ -84,26 +85,37 @@ def load_checked(path: str | Path, where: str = "arch.path", notes: list | None 
         notes.append(note)
     _check_external(m, p, where)
     try:
-        onnx_weights.check(p, full_check=False)  # by path; a DVC hard-linked weights file is read by parity
+        onnx_weights.check(p, full_check=False)  # external data read by parity: through DVC's links too
     except onnx.checker.ValidationError as e:
         raise OnnxSourceError(f"{where}: {p}: invalid ONNX model: {str(e).strip().splitlines()[0]}") from None
     return m
 
 
 def _check_external(m, p: Path, where: str) -> None:
-    """Check every external-data file the initializers name: present, long enough (not read)."""
+    """Check every external-data file the tensors name (not read): one parity may read
+    (onnx_weights.external_path: under the model's folder, reached through DVC's hard links or its
+    symlinks into DVC's cache; never `../`, an absolute path or a symlink elsewhere), holding the
+    bytes each tensor declares (a declared length past the file's end is refused)."""
     for t in initializers(m):
         if not is_external(t):
             continue
-        info = external_info(t)
-        f = p.parent / info.get("location", "")
-        if not info.get("location") or not f.is_file():
+        loc = external_info(t).get("location", "")
+        try:
+            f = modelfiles.external_file(p.parent, loc) if loc else None
+        except FileNotFoundError:
+            f = None
+        except modelfiles.ExternalDataError as e:
+            raise OnnxSourceError(f"{where}: {p}: external data refused: initializer '{t.name}': {e}") from None
+        if f is None:
             raise OnnxSourceError(f"{where}: {p}: external data missing: initializer '{t.name}' reads "
-                                  f"{info.get('location')!r}, no such file beside the model ({f})")
-        need = int(info.get("offset", 0)) + int(info.get("length", 0))
-        if f.stat().st_size < need:
-            raise OnnxSourceError(f"{where}: {p}: external data file {f} is {f.stat().st_size} bytes; "
-                                  f"initializer '{t.name}' needs bytes up to {need} (truncated)")
+                                  f"{loc or None!r}, no such file beside the model ({p.parent / loc})")
+        try:
+            onnx_weights.external_range(t, f)
+        except onnx.checker.ValidationError:
+            info = external_info(t)
+            raise OnnxSourceError(f"{where}: {p}: external data file {f} is {f.stat().st_size} bytes; initializer "
+                                  f"'{t.name}' declares offset {info.get('offset', 0)}, length "
+                                  f"{info.get('length', '(rest)')} (truncated, or a bad range)") from None
 
 
 def write_graphs(m, src_dir: Path, out: Path):
