@@ -306,3 +306,17 @@ def test_a_plain_golden_run_keeps_the_plain_reason(tmp_path):
     store.write(ref / GOLD, [store.Tensor(0, "output", 0, np.ones(3))], {"dtype": "float64"})
     rule, base = _rule_and_dirs(tmp_path, "fp16")
     assert verdict_mode(rule, ref, base) == ("oracle", "diff.verdict: oracle")
+
+
+def test_a_node_no_way_runs_is_named(tmp_path):
+    """Without the reference to check shapes against, the evaluator's wrong GlobalMaxPool output
+    reaches the Squeeze, which then runs in no way: the golden run is refused naming that node and
+    every way tried (the reference stage then writes the fp32 yardstick)."""
+    from parity.pipeline import onnx_reference
+
+    p, feeds = _params(_saved(tmp_path, mixed_graph())), _feeds()
+    gold, why, fell = onnx_reference.golden_rows(p, "m", feeds)
+    assert gold == [] and fell == []
+    assert why.startswith("GoldenError: node 'sq' (Squeeze) runs in no way tried: float64 evaluator: AxisError"), why
+    for how in ("onnxruntime float64", "onnxruntime float32", "evaluator float32"):
+        assert how in why, why

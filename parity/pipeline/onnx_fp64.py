@@ -65,7 +65,7 @@ class _Unloadable:
         return False
 
     def run(self, *args, **kwargs):
-        raise RuntimeError(f"no implementation in the ONNX reference evaluator: {_line(self.error)}")
+        raise RuntimeError(f"no implementation in the ONNX reference evaluator: {one_line(self.error)}")
 
 
 class _BatchNormInference(BatchNormalization_9):
@@ -96,7 +96,7 @@ class _Lenient(ReferenceEvaluator):
             return lambda n, run_params, err=e: _Unloadable(n, err)
 
 
-def _line(e: Exception) -> str:
+def one_line(e: Exception) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
 
@@ -186,13 +186,13 @@ class Golden:
                 if ref:
                     _shapes(node, outs, ref)
             except Exception as e:  # noqa: BLE001  the next way is tried; all of them are named if none works
-                errors.append(f"{how}: {_line(e)}")
+                errors.append(f"{how}: {one_line(e)}")
                 continue
             if idx not in self.fell:
                 self.fell[idx] = {"node": n64.name or n64.output[0], "op": n64.op_type, "ran": how,
-                                  "why": _line(err) if err is not None else ""}
+                                  "why": one_line(err) if err is not None else ""}
             return [_up(o) for o in outs] if how != ORT64 else list(outs)
-        first = f"float64 evaluator: {_line(err)}; " if err is not None else ""
+        first = f"float64 evaluator: {one_line(err)}; " if err is not None else ""
         raise GoldenError(f"node '{n64.name or n64.output[0]}' ({n64.op_type}) runs in no way tried: "
                           f"{first}{'; '.join(errors)}")
 
@@ -200,29 +200,30 @@ class Golden:
         key = (idx, how)
         if how == EVAL32:
             if key not in self._sessions:
-                self._sessions[key] = ReferenceEvaluator(self._one_node(node, vals))
+                self._sessions[key] = ReferenceEvaluator(self._one_node(node, vals, how))
             return self._sessions[key].run(None, vals)
         # lazy: onnxruntime (+0.1 s) only for a graph with a node the evaluator cannot run
         import onnxruntime as ort
 
         if key not in self._sessions:
             so = ort.SessionOptions()
-            so.log_severity_level = 3
+            so.log_severity_level = 4  # a node that fails is reported by the exception
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             so.intra_op_num_threads = 1
-            self._sessions[key] = ort.InferenceSession(self._one_node(node, vals).SerializeToString(), so,
+            self._sessions[key] = ort.InferenceSession(self._one_node(node, vals, how).SerializeToString(), so,
                                                        providers=["CPUExecutionProvider"])
         return self._sessions[key].run(None, {k: np.asarray(v) for k, v in vals.items()})
 
-    def _one_node(self, node, vals: dict):
+    def _one_node(self, node, vals: dict, how: str):
         """A model of `node` alone: its inputs (and the outer-scope values its bodies read) are graph
         inputs typed as the values given (no shapes: samples may differ), its outputs untyped."""
         ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(np.asarray(v).dtype), None)
                for k, v in vals.items()]
         outs = [onnx.ValueInfoProto(name=o) for o in node.output if o]
         g = helper.make_graph([node], "parity_fp64_node", ins, outs)
-        return helper.make_model(g, opset_imports=list(self.m64.opset_import), ir_version=self.m64.ir_version,
-                                 functions=list(self.m64.functions))
+        m = self.m64 if how == ORT64 else self.m32  # the opsets and model-local functions of its graph
+        return helper.make_model(g, opset_imports=list(m.opset_import), ir_version=m.ir_version,
+                                 functions=list(m.functions))
 
 
 DIVERGE = 1e-3  # rel_l2 from the fp32 reference past which a node's float64 output is checked

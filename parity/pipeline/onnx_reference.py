@@ -79,8 +79,10 @@ def golden_rows(p: dict, model: str, feeds: list, ref: list | None = None) -> tu
             got = golden.run(f64, expect.get(k))
             keep = [n for n in names if n in expect[k]] if k in expect else names
             rows += store.rows_from(k, [(n, np.asarray(got[n])) for n in keep])
-    except Exception as e:  # noqa: BLE001  a node no way runs (onnx_fp64.GoldenError), or the graph itself: no golden run
-        return [], onnx_fp64._line(e), []
+    except onnx_fp64.GoldenError as e:  # a node no way runs: the message names it and every way tried
+        return [], f"GoldenError: {e}", []
+    except Exception as e:  # noqa: BLE001  the graph itself (the evaluator cannot load it): no golden run
+        return [], onnx_fp64.one_line(e), []
     return rows, "", [golden.fell[i] for i in sorted(golden.fell)]
 
 
