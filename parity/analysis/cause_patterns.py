@@ -26,6 +26,10 @@ so the same arrays give the same evidence, byte for byte.
                        logits up to a per-row constant (log of the reference output): t is the least-squares
                        slope of the centred log-probabilities; the residual is at least 10x smaller than
                        the error.
+  cancellation         the layer subtracts nearly equal values: its input (the fp64 reference's `pre:<call>`)
+                       is at least 16x larger than its output (rms), and the error is what one rounding of
+                       the input in the cell's format leaves in the output: rel_l2 <= 8 u rms(input) /
+                       rms(output) (while more than the precision limit at the output's own scale).
 Each function returns (label, summary, evidence) or None.
 """
 
@@ -297,3 +301,30 @@ def softmax_temperature(a, b, rel: float) -> tuple | None:
                 f"logits (log of its output, up to a per-row constant): rel_l2 {rel:.3g} -> {after:.3g}",
                 {"t": t, "axis": int(ax), "rel_l2": rel, "rel_l2_after": after})
     return None
+
+
+# ---- catastrophic cancellation --------------------------------------------------------------------
+
+CANCEL_RATIO = 16.0        # input rms at least this many times the output's
+CANCEL_K = 8.0             # error at most this many roundings of the input, relative to the output
+
+
+def cancellation(a, b, x, rel: float, u: float, limit: float) -> tuple | None:
+    if x is None or not math.isfinite(rel):
+        return None
+    x = np.asarray(x, dtype=np.float64).ravel()
+    x = x[np.isfinite(x)]
+    if not x.size:
+        return None
+    rin, rout = math.sqrt(_dot(x, x) / x.size), math.sqrt(_dot(b.ravel(), b.ravel()) / max(b.size, 1))
+    if rout == 0 or rin < CANCEL_RATIO * rout:
+        return None
+    explained = u * rin / rout  # the relative error one rounding of the input leaves in the output
+    if rel > CANCEL_K * explained or rel <= limit:
+        return None
+    return ("cancellation",
+            f"cancellation: the layer's input is {rin / rout:.3g}x larger than its output (rms {rin:.3g} vs "
+            f"{rout:.3g}): one rounding of the input (u {u:.3g}) is rel_l2 ~{explained:.3g} of the output; "
+            f"measured {rel:.3g}",
+            {"rms_input": rin, "rms_output": rout, "ratio": rin / rout, "u": u, "explained_rel_l2": explained,
+             "rel_l2": rel})

@@ -7,7 +7,16 @@ blames (drift_origin), once per layer: arrays of one sample, or samples concaten
 wins:
 
   overflow   inf/NaN in `actual` where `expected` is finite, or |expected| beyond the largest finite
-             value of the dtype (fp16 65504, bf16 3.39e38, fp32 3.40e38, fp8_e4m3 448).
+             value of the dtype (fp16 65504, bf16 3.39e38, fp32 3.40e38, fp8_e4m3 448), counted:
+             "1,204 values above 65504 (fp16's largest) at this layer, 1,204 of them clamped to it".
+  underflow  (when the error is beyond the precision limit) values nonzero in the reference, below the
+             format's smallest normal there, are 0 in `actual`, and the values below the smallest normal
+             carry >= 50% of the squared error: counts of those flushed and of those below the smallest
+             subnormal (fp16 6.1e-5 and 5.96e-8).
+  cancellation
+             (when the error is beyond the precision limit, with `inputs`) the layer's input is >= 16x
+             larger (rms) than its output and the error is what one rounding of the input explains
+             (parity.analysis.cause_patterns).
   layout     an axis permutation of `actual` (or a reshape of its buffer to the permuted shape, then the
              permutation: NHWC data labelled NCHW) matches `expected`: rel_l2 after the permutation
              <= max(1e-3, limit) and at least 100x smaller than before (when the shapes match). The
@@ -37,7 +46,14 @@ wins:
              share of the squared error, and each named channel's least-squares scale.
   unknown    none of the above: rel_l2, cosine, max_abs, and the best scale/offset fits tried.
 
-One cause comes from the cell's settings, not from the numbers: `int8_saturation(settings, ...)`, for
+Two causes come from the cell's settings, not from the numbers. `param_range(settings, layer, ...)`
+(label `range`): the capture scanned the graph's parameters before anything ran (status.json
+`settings.range`, parity.backends.ort_cpu.range_scan: fp16 cells) and the layer reads one that the
+format cannot hold: "var (read by BatchNormalization): 24 of 24 values above 65504 (fp16's largest; max
+9.6e+07): inf in a cast, 65504 in onnxruntime's fp16 conversion", or nonzero values below the smallest
+subnormal (underflow). It names the overflow or underflow whatever pattern the values then show (a
+clamped variance scales its channels: `channel` or `scale`, kept in the evidence as `numeric`).
+`int8_saturation(settings, ...)`, for
 the failing layers of an int8 cell whose capture recorded `saturation_risk` (status.json `settings`,
 parity.backends.ort_int8: u8 x s8 GEMMs with full-range weights, reduce_range off, on an x86 CPU
 without VNNI, where ONNX Runtime's kernels saturate int16 pair sums). Its summary starts with
@@ -59,10 +75,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from parity.core import dtypes, store
-from parity.analysis import cause_patterns as patterns
+from parity.analysis import cause_patterns as patterns, oracle
 from parity.core.compare import dot as _dot
 
-LABELS = ("overflow", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",
+LABELS = ("overflow", "underflow", "cancellation", "range", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",
           "offset", "channel_permutation", "channel", "unknown", "int8_saturation")
 SATURATION = "int8 saturation (CPU without VNNI, reduce_range off)"
 
@@ -135,6 +151,10 @@ def _classify(actual, expected, fmt: dtypes.Format, layout_hint=None, limit: flo
     if not finite.all():  # non-finite on both sides (overflow ruled that pair out): compare the rest
         a, b = np.where(finite, a, 0.0), np.where(finite, b, 0.0)
         rel = _rel_l2(a, b)
+    if rel > limit:
+        cause = _underflow(a, b, a - b, fmt) or _found(patterns.cancellation(a, b, inputs, rel, u, limit))
+        if cause:
+            return cause
     if rel <= limit:
         bits = math.log2(rel / u) if rel > 0 else -math.inf
         return Cause("precision", f"precision: rel_l2 {rel:.3g} <= limit {limit:.3g} ({name}, u={u:.3g}"
@@ -206,14 +226,42 @@ def _overflow(a, b, name: str, big: float) -> Cause | None:
     if not (n_nan or n_inf or beyond):
         return None
     max_ref = float(absb.max()) if absb.size else 0.0
+    clamped = int(((np.abs(a) == big) & (absb > big)).sum()) if a.shape == b.shape else 0
     parts = []
-    if n_nan or n_inf:
-        parts.append(f"{n_inf} inf / {n_nan} NaN in actual where the reference is finite")
     if beyond:
-        parts.append(f"{beyond} reference values beyond the {name} max {big:.6g}")
+        parts.append(f"{beyond:,} values above {big:.6g} ({name}'s largest) at this layer"
+                     + (f", {clamped:,} of them clamped to it" if clamped else ""))
+    if n_nan or n_inf:
+        parts.append(f"{n_inf:,} inf / {n_nan:,} NaN in actual where the reference is finite")
     return Cause("overflow", f"overflow: {'; '.join(parts)} (max |reference| {max_ref:.4g})",
-                 {"nan_actual": n_nan, "inf_actual": n_inf, "beyond_max": beyond,
+                 {"nan_actual": n_nan, "inf_actual": n_inf, "beyond_max": beyond, "clamped": clamped,
                   "max_abs_expected": max_ref, "dtype_max": big, "dtype": name})
+
+
+UNDERFLOW_SHARE = 0.5  # underflow: the flushed values carry at least this share of the squared error
+
+
+def _underflow(a, b, d, fmt: dtypes.Format) -> Cause | None:
+    """Values the format flushes: nonzero in the reference, below its smallest normal there, and 0 (or
+    a subnormal) in actual, carrying >= UNDERFLOW_SHARE of the squared error."""
+    absb = np.abs(b)
+    low = (absb > 0) & (absb < fmt.tiny)
+    if not low.any():
+        return None
+    flushed = low & (a == 0)
+    d2 = d * d
+    total = float(np.add.reduce(d2.ravel()))
+    share = float(np.add.reduce(d2[low].ravel())) / total if total > 0 else 0.0
+    if not flushed.any() or share < UNDERFLOW_SHARE:
+        return None
+    sub = dtypes.subnormal_min(fmt)
+    return Cause("underflow", f"underflow: {int(flushed.sum()):,} values nonzero in the reference are 0 in actual "
+                 f"({int(low.sum()):,} below {fmt.name}'s smallest normal {fmt.tiny:.3g}, "
+                 f"{int((absb[low] < sub / 2).sum()):,} below its smallest subnormal {sub:.3g}); they carry "
+                 f"{100 * share:.1f}% of the squared error",
+                 {"flushed": int(flushed.sum()), "below_normal": int(low.sum()),
+                  "below_subnormal": int((absb[low] < sub / 2).sum()), "error_share": share,
+                  "dtype": fmt.name, "tiny": fmt.tiny, "subnormal_min": sub})
 
 
 def _perm_candidates(shape: tuple, hint) -> list[tuple]:
@@ -383,6 +431,47 @@ def int8_saturation(settings: dict | None, layer: dict, numeric: dict | None = N
                  f"flags {', '.join(flags) or 'none'}{'; ' + nums if nums else ''}", ev)
 
 
+def _layer_of(name: str) -> str:
+    """`between:x` -> x, `x#1` -> x, `x:1` -> x: the layer an own value or a call belongs to."""
+    name = name[len(store.BETWEEN):] if name.startswith(store.BETWEEN) else name
+    return name.split("#")[0].split(":")[0]
+
+
+def _reads(entry: dict, name: str) -> bool:
+    """Whether the layer `name` reads the parameter of a range entry (status.json settings.range): a
+    node output, node or torch module that reads it, or the module its name is under."""
+    layer = _layer_of(name)
+    owners = set(entry.get("outputs") or []) | set(entry.get("nodes") or []) | set(entry.get("modules") or [])
+    return name in owners or layer in owners or str(entry.get("param", "")).rpartition(".")[0] == layer
+
+
+def param_range(settings: dict | None, name: str, numeric: dict | None = None) -> Cause | None:
+    """The range cause of layer `name` when the capture found (status.json settings.range, before
+    anything ran: parity.backends.ort_cpu.range_scan) parameters it reads that the cell's format
+    cannot hold: their counts, largest / smallest values and what the cast makes of them; None else.
+    `numeric`: classify()'s cause of the layer's values (as_dict), kept as evidence."""
+    found = [e for e in (settings or {}).get("range") or [] if _reads(e, name)]
+    if not found:
+        return None
+    parts = []
+    for e in found:
+        f = dtypes.facts(e["format"])
+        what = []
+        if e["over"]:
+            what.append(f"{e['over']:,} of {e['numel']:,} values above {f.max:.6g} ({f.name}'s largest; max "
+                        f"{e['max_abs']:.3g}): inf in a cast, {f.max:.6g} in onnxruntime's fp16 conversion")
+        if e["under"]:
+            what.append(f"{e['under']:,} nonzero values below {dtypes.subnormal_min(f):.3g} ({f.name}'s smallest "
+                        f"subnormal; min {e['min_abs']:.3g}): 0 in a cast, {dtypes.subnormal_min(f):.3g} in "
+                        f"onnxruntime's fp16 conversion")
+        ops = ", ".join(sorted(set(e.get("ops") or []))) or "no node"
+        parts.append(f"{e['param']} (read by {ops}): {'; '.join(what)}")
+    label = "overflow" if any(e["over"] for e in found) else "underflow"
+    return Cause("range", f"range ({label} of parameters at {found[0]['format']}): {' | '.join(parts)}",
+                 {"params": found, "kind": label,
+                  "numeric": {k: numeric.get(k) for k in ("label", "summary")} if numeric else None})
+
+
 def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, limits: tuple,
                  fmt: dtypes.Format) -> dict | None:
     """Why a cell's drift origin differs (`cd`: parity.analysis.diffcell.CellDiff; act, ref, gold,
@@ -403,11 +492,7 @@ def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, 
     pairs = [(values[s, name].array, expected[s, exp_name].array) for s in samples]
     if not pairs:
         return None
-    limit = None
-    if rec and rec.get("ref_rms"):
-        u, k, slack = limits
-        floor = max(rec["floor_rmse"] or 0.0, u * rec["ref_rms"])
-        limit = k * floor / rec["ref_rms"] + slack  # the slack is relative
+    limit = oracle.limit_rel(rec, *limits) if rec else None  # the verdict's own limit, as a rel_l2
     return classify_samples(pairs, fmt, limit=limit, inputs=_inputs(gold, name, samples)).as_dict()
 
 

@@ -95,6 +95,8 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
         m["precision"] = summary["precision"]
     if summary.get("baseline"):
         m["baseline"] = summary["baseline"]
+    if summary.get("notes"):  # the oracle's notes (parity.analysis.oracle.judge)
+        m["notes"] = summary["notes"]
     origin = summary.get("drift_origin")
     if origin:
         m["drift_origin_where"] = where(origin, layers_json)

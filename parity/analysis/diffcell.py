@@ -166,7 +166,7 @@ def _oracle_sums(cell: Cell, names: list[str], act: dict, samples: range | None,
         return sq, own_sq, None, None
     gold = read_dict(cell.reference_dir / "fp64.parquet")
     base = read_dict(cell.baseline_dir / "layers.parquet")
-    ref_sq: dict = {}  # sum of squares of each fp64 value, shared by cell, baseline and own errors
+    ref_sq: dict = {}  # (sum of squares, max |x|) of each fp64 value, shared by cell, baseline and own errors
     sq = {}
     for name in names:
         gname = store.reference_name(name)
@@ -190,17 +190,22 @@ def _only(d: dict, samples: range) -> dict:
 
 
 def settings_causes(cd: CellDiff) -> None:
-    """Causes that the capture's settings explain (causes.int8_saturation): every failing layer gets
-    one, and it replaces the drift origin's numeric cause (which stays in its evidence)."""
+    """Causes that the capture's settings explain (causes.int8_saturation; causes.param_range: a
+    parameter the layer reads that the cell's format cannot hold): every failing layer gets one, and it
+    replaces the drift origin's numeric cause (which stays in its evidence)."""
     settings = cd.status.get("settings")
     origin = cd.summary.get("drift_origin")
     for d in cd.layers:
         if d.passed:
             continue
         numeric = cd.summary.get("drift_origin_cause") if d.name == origin else None
-        c = causes.int8_saturation(settings, d.as_dict(), numeric)
+        c = causes.int8_saturation(settings, d.as_dict(), numeric) or causes.param_range(settings, d.name, numeric)
         if c is not None:
             cd.layer_causes[d.name] = c.as_dict()
+    if origin and origin not in cd.layer_causes:  # an own value (between:<leaf>) is no layer of its own
+        c = causes.param_range(settings, origin, cd.summary.get("drift_origin_cause"))
+        if c is not None:
+            cd.layer_causes[origin] = c.as_dict()
     if origin in cd.layer_causes:
         cd.summary["drift_origin_cause"] = cd.layer_causes[origin]
 
@@ -242,8 +247,8 @@ def _sq(values: dict, name: str, gold: dict, gold_name: str, ref_sq: dict) -> or
         if t is None or t.array.shape != g.array.shape:
             return None
         if (s, gold_name) not in ref_sq:
-            ref_sq[s, gold_name] = compare.sum_sq(g.array)
-        sq.add(t.array, g.array, ref_sq[s, gold_name])
+            ref_sq[s, gold_name] = compare.sum_sq_max(g.array)
+        sq.add(t.array, g.array, *ref_sq[s, gold_name])
     return sq if sq.n else None
 
 
@@ -283,4 +288,8 @@ def summarize(cd: CellDiff) -> dict:
         if worst_own["excess"] > 1.0:
             s["worst_layer"], s["worst_excess"] = worst_own["name"], worst_own["excess"]
         s["own_failed"] = [r["name"] for r in failing]
+    notes = ([f"{d.name}: {d.oracle['note']}" for d in judged if d.oracle.get("note")]
+             + [f"{r['name']} (own error): {r['note']}" for r in cd.own if r.get("note")])
+    if notes:  # passed by the scale floor, or judged without a broken trusted backend (oracle.judge)
+        s["notes"] = notes
     return s

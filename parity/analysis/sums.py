@@ -23,11 +23,11 @@ import numpy as np
 
 from parity.core import store
 from parity.analysis.oracle import Sq, has_baseline
-from parity.core.compare import sq_error, sum_sq
+from parity.core.compare import sq_error, sum_sq_max
 from parity.core.io import read_json, write_json
 
 FILE = "oracle_sums.json"
-VERSION = 1
+VERSION = 2  # 2: ref_max, the largest |fp64| value per reference tensor and sample (the scale floor)
 
 
 def _shape(a: np.ndarray) -> tuple:
@@ -55,7 +55,7 @@ def _table(samples: list[list[tuple[str, np.ndarray]]], gold: list[dict], gold_n
                 rows.append(None)
                 continue
             if (s, gname) not in ref_sq:
-                ref_sq[s, gname] = sum_sq(ref)
+                ref_sq[s, gname] = sum_sq_max(ref)
             err, bad = sq_error(val, ref)
             rows.append([err, bad, int(np.size(ref))])
         out[name] = {"gold": gname, "samples": rows}
@@ -73,7 +73,8 @@ def compute(layers: list[list[tuple[str, np.ndarray]]], own: list[list[tuple[str
            # own.parquet's order per sample (the diff lists own records in it)
            "own_order": [[n for n, _ in named] for named in own] if own is not None else None}
     names = sorted({g for _, g in ref_sq})
-    doc["ref_sq"] = {g: [ref_sq.get((s, g)) for s in range(len(gold))] for g in names}
+    for key, i in (("ref_sq", 0), ("ref_max", 1)):
+        doc[key] = {g: [ref_sq[s, g][i] if (s, g) in ref_sq else None for s in range(len(gold))] for g in names}
     return doc
 
 
@@ -133,7 +134,7 @@ class Acc:
         if ref is None or _shape(np.asarray(val)) != _shape(ref):
             return
         if (k, gname) not in self.ref_sq:
-            self.ref_sq[k, gname] = sum_sq(ref)
+            self.ref_sq[k, gname] = sum_sq_max(ref)
         err, bad = sq_error(val, ref)
         entry["rows"][k] = [err, bad, int(np.size(ref))]
 
@@ -157,8 +158,9 @@ class Acc:
                "own": self._table(self.own, used) if self.own is not None else None,
                "own_order": self.own_order if self.own is not None else None}
         names = sorted({g for _, g in used})
-        doc["ref_sq"] = {g: [self.ref_sq.get((k, g)) if (k, g) in used else None
-                             for k in range(len(self.gold_names))] for g in names}
+        for key, i in (("ref_sq", 0), ("ref_max", 1)):
+            doc[key] = {g: [self.ref_sq[k, g][i] if (k, g) in used else None
+                            for k in range(len(self.gold_names))] for g in names}
         return doc
 
 
@@ -205,16 +207,18 @@ def sq(doc: dict, kind: str, name: str, gold_name: str, samples: range | None = 
     if entry is None or entry["gold"] != gold_name:
         return None
     rows, refs = entry["samples"], doc["ref_sq"].get(gold_name, [])
+    tops = doc.get("ref_max", {}).get(gold_name, [])
     if samples is not None:
-        rows, refs = rows[samples.start:samples.stop], refs[samples.start:samples.stop]
+        rows, refs, tops = (x[samples.start:samples.stop] for x in (rows, refs, tops))
     out = Sq()
-    for r, ref in zip(rows, refs):
+    for i, (r, ref) in enumerate(zip(rows, refs)):
         if r is None:
             return None
         out.err += r[0]
         out.nonfinite += r[1]
         out.ref += ref
         out.n += r[2]
+        out.amax = max(out.amax, tops[i]) if i < len(tops) and tops[i] is not None else out.amax
     return out if out.n else None
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from parity.backends import fault
-from parity.core import store
+from parity.core import dtypes, store
 from parity.backends.base import OpSkip, Runner, SessionError, Unavailable, interleave
 from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_weights import Converted
@@ -47,6 +47,15 @@ class OrtRunner(Runner):
     options_schema = {"graph_optimization_level": ("disabled", "basic", "extended", "all"),
                       "provider_options": "mapping", "fallback": "list",
                       "fault": "fault"}  # diagnostic: emulate a miscompiled node (parity.backends.fault)
+
+    @classmethod
+    def settings(cls, job) -> dict:
+        """At fp16, the parameters fp16 cannot hold (range_scan), from the graph's values alone: the
+        diff names them as the cause of the layer that reads them (parity.analysis.causes.param_range)."""
+        if job.dtype_cfg.get("torch") != "float16":
+            return {}
+        found = range_scan(Path(job.model_dir) / "model.onnx", "fp16")
+        return {"range": found} if found else {}
 
     @classmethod
     def availability(cls, job):
@@ -369,6 +378,35 @@ def _export_op(side, args, kwargs, opset: int, exporter: str = "legacy"):
     except Exception as e:
         raise OpSkip("EXPORT_FAIL", f"torch.onnx.export ({exporter}): " + ops.reason_of(e)) from None
     return buf.getvalue(), names, ts
+
+
+def range_scan(path: Path, fmt: str) -> list[dict]:
+    """The float initializers and Constant values of the graph at `path` that the format `fmt` cannot
+    hold (parity.core.dtypes.out_of_range: |x| above its max, nonzero |x| below its smallest subnormal),
+    each with the nodes that read it (their names, op types, outputs and the torch module scopes they
+    were exported in, pkg.torch.onnx.name_scopes: a leaf module is a layer's name): one read of
+    each tensor, memory-mapped. onnxruntime's convert_float_to_float16 clamps such values to +-65504
+    and +-5.96e-8; a torch .half() makes them inf and 0."""
+    f, m, maps, out = dtypes.facts(fmt), onnx_weights.load_graph(path), {}, []
+    readers: dict[str, list] = {}
+    for n in m.graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    tensors = [(t.name, t) for t in m.graph.initializer] + [
+        (n.output[0], a.t) for n in m.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
+    for name, t in tensors:
+        if t.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+            continue
+        a = onnx_weights.tensor_view(t, path.parent, maps) if onnx_weights.is_external(t) else numpy_helper.to_array(t)
+        r = dtypes.out_of_range(a, f)
+        if r is None or not (r["over"] or r["under"]):
+            continue
+        ns = readers.get(name, [])
+        out.append({"param": name, "format": f.name, **r, "nodes": [n.name for n in ns], "ops": [n.op_type for n in ns],
+                    "outputs": [o for n in ns for o in n.output],
+                    "modules": sorted({sc.removeprefix(onnx_cut.PREFIX) for n in ns for sc in onnx_cut.scopes(n) if sc})})
+    maps.clear()
+    return out
 
 
 class OrtCpuRunner(OrtRunner):

@@ -255,6 +255,29 @@ def sum_sq(x: np.ndarray) -> float:
     return total
 
 
+def sum_sq_max(x: np.ndarray) -> tuple[float, float]:
+    """(sum(x * x), max |x| over the finite values, 0 when none) in one float64 pass, block by block:
+    the fp64 oracle's sums of a reference value and its largest magnitude (the scale floor,
+    parity.analysis.oracle)."""
+    x = np.ravel(x)
+    step = min(CHUNK, max(int(x.size), 1))
+    buf = _work(2, step)
+    total, top = 0.0, 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        for lo in range(0, x.size, step):
+            v = buf[0, :min(step, x.size - lo)]
+            np.copyto(v, x[lo:lo + step], casting="unsafe")
+            s = _sumsq(v, buf[1, :v.size])
+            np.abs(v, out=v)
+            m = float(np.maximum.reduce(v)) if v.size else 0.0
+            if not math.isfinite(s) or not math.isfinite(m):  # NaN/Inf: the finite values' max
+                fin = v[np.isfinite(v)]
+                m = float(fin.max()) if fin.size else 0.0
+            total += s
+            top = max(top, m)
+    return total, top
+
+
 def sq_error(actual: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
     """(sum of (actual - expected)^2 over the elements where that difference is finite, how many
     differences are NaN/Inf where `expected` is finite), in float64 block by block. The fp64

@@ -72,3 +72,28 @@ def reduced(name: str) -> Format | None:
     fp64, unknown names)."""
     f = find(name)
     return f if f is not None and f.u > FP32.u else None
+
+
+def subnormal_min(f: Format) -> float:
+    """The smallest positive value of a float format (its smallest subnormal): tiny x 2u."""
+    return f.tiny * 2.0 * f.u
+
+
+def out_of_range(values, f: Format) -> dict | None:
+    """What the float format `f` cannot hold of `values` (finite ones): {"over": values with |x| above
+    its largest finite value (inf, or clamped to the max, when cast), "under": nonzero values below
+    its smallest subnormal (flushed to zero, or clamped up to it), "subnormal": values below its
+    smallest normal that it keeps with fewer significant bits, "numel", "max_abs", "min_abs" (the
+    smallest nonzero |x|)}; None when every value is a normal number of `f` (or zero)."""
+    a = np.abs(np.asarray(values, dtype=np.float64).ravel())
+    a = a[np.isfinite(a)]
+    nz = a[a > 0]
+    if not nz.size:
+        return None
+    over = int(np.count_nonzero(nz > f.max))
+    under = int(np.count_nonzero(nz < subnormal_min(f) / 2))  # nearer zero than the smallest subnormal
+    sub = int(np.count_nonzero(nz < f.tiny)) - under
+    if not (over or under or sub):
+        return None
+    return {"over": over, "under": under, "subnormal": sub, "numel": int(a.size),
+            "max_abs": float(nz.max()), "min_abs": float(nz.min())}
