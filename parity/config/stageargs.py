@@ -5,8 +5,27 @@ export, parity.pipeline.publish) starts without loading the config code (~0.1 s)
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import sys
 
 PARAMS_FILE = "params.yaml"
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _one_line_full_disk(prog: str):
+    """sys.excepthook for a stage: a full disk (ENOSPC, EDQUOT) is one line naming the stage and where,
+    exit 1; anything else keeps Python's traceback. Outputs are written to a temp file renamed into place
+    (parity.core.io.atomic_path), so nothing partial was published (issue 36 item 8)."""
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        if not (isinstance(exc, OSError) and exc.errno in FULL):
+            return previous(kind, exc, tb)
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"{prog}: {os.strerror(exc.errno).lower()}{where}: free space on the disk of {os.getcwd()} "
+              f"(`df -h .`; DVC's cache is there too) and re-run; nothing partial was published", file=sys.stderr)
+    return hook
 
 
 def stage_parser(module: str, doc: str | None, cell: bool = False):
@@ -15,6 +34,7 @@ def stage_parser(module: str, doc: str | None, cell: bool = False):
     ap = argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--params", default=PARAMS_FILE, help="the composed config (default: %(default)s)")
+    sys.excepthook = _one_line_full_disk(ap.prog)
     if cell:
         for k in ("model", "dtype", "provider"):
             ap.add_argument(f"--{k}", required=True)
