@@ -36,9 +36,10 @@ from scripts.fetch_real_models import MODELS, cache_dir, present  # noqa: E402
 
 PROJECT_FILES = ["dvc.yaml", "env", "conf", "stages", "parity", "hydra_plugins", ".dvcignore", "data"]
 SNIPPETS = ROOT / "examples" / "real_models"
-TORCH_MODELS = {"crepe_tiny", "minilm"}
+TORCH_MODELS = {"crepe_tiny", "crepe_unvoiced", "minilm"}
+ALIASES = {"crepe_unvoiced": "crepe_tiny"}  # another conf (other inputs) of a fetched model: its cache folder
 ORDER = ["ocr_det", "ocr_rec", "ocr_cls", "magika", "basic_pitch", "silero_vad", "silero_vad_op15", "nudenet",
-         "crepe_tiny", "minilm"]
+         "crepe_tiny", "crepe_unvoiced", "minilm"]
 BIN = str(Path(sys.executable).parent)
 
 
@@ -98,7 +99,7 @@ def conf_for(model: str, feat: dict, repo: Path, cache: Path) -> tuple[str, list
     """The conf file text for `model` in `repo` (the snippet, or its fallback) and notes on fallbacks."""
     text = (SNIPPETS / f"{model}.yaml").read_text()
     notes = []
-    if model == "crepe_tiny" and not feat["weights"]:
+    if model in ("crepe_tiny", "crepe_unvoiced") and not feat["weights"]:
         text = text.replace("kwargs: {size: tiny}\n    weights: models/real/crepe_tiny/tiny.pth",
                             "kwargs: {size: tiny, weights: models/real/crepe_tiny/tiny.pth}")
         notes.append("no arch.weights: state dict loaded by the module's weights kwarg")
@@ -129,10 +130,11 @@ def _tokens(folder: Path, conf: str):
 
 
 def setup_model(repo: Path, model: str, cache: Path, feat: dict) -> list[str]:
-    dest = repo / "models" / "real" / model
+    src = ALIASES.get(model, model)
+    dest = repo / "models" / "real" / src
     dest.mkdir(parents=True, exist_ok=True)
-    for member in MODELS[model][1]:
-        shutil.copy2(cache / model / Path(member).name, dest / Path(member).name)
+    for member in MODELS[src][1]:
+        shutil.copy2(cache / src / Path(member).name, dest / Path(member).name)
     real_inputs.write(model, repo / "data" / "inputs" / "real")
     (repo / "data" / "inputs" / "real").mkdir(parents=True, exist_ok=True)
     text, notes = conf_for(model, feat, repo, cache)
@@ -189,7 +191,7 @@ def run_model(model: str, cache: Path, feat: dict, keep: bool, src: Path = ROOT)
     tmp = Path(tempfile.mkdtemp(prefix=f"parity-real-{model}-"))
     repo = tmp / "repo"
     providers = ["ort_cpu", "torch_cpu"] if model in TORCH_MODELS else ["ort_cpu"]
-    rec = {"model": model, "package": MODELS[model][0], "providers": providers}
+    rec = {"model": model, "package": MODELS[ALIASES.get(model, model)][0], "providers": providers}
     try:
         make_scratch(repo, src)
         rec["notes"] = setup_model(repo, model, cache, feat)
@@ -339,11 +341,11 @@ def torch_fp64_check(model: str, cache: Path) -> list[dict]:
     import torch
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    if model != "crepe_tiny":
+    if model not in ("crepe_tiny", "crepe_unvoiced"):
         return []
     from examples.real_models.crepe import crepe
 
-    net = crepe("tiny", str(cache / model / "tiny.pth"))
+    net = crepe("tiny", str(cache / "crepe_tiny" / "tiny.pth"))
     x = real_inputs.arrays(model)["frames"]
     with tf.TemporaryDirectory() as d:
         f = f"{d}/m.onnx"
@@ -368,6 +370,18 @@ def torch_fp64_check(model: str, cache: Path) -> list[dict]:
     return rows
 
 
+def fp64_table(rows: dict) -> str:
+    """The hand check as a Markdown table: per model, sample and output, each side's error vs float64."""
+    out = ["| model | sample | output | rms (fp64) | ORT fp32 rel_l2 | ORT fp16 rel_l2 | ORT fp16 max abs | "
+           "decision | flips fp16 (fp32) |", "|---|---|---|---|---|---|---|---|---|"]
+    for model, rs in rows.items():
+        for r in rs:
+            flips = f"{r['flips_fp16']:.2%} ({r['flips_fp32']:.2%})" if "flips_fp16" in r else "-"
+            out.append(f"| {model} | {r['sample']} | {_short(r['output'])} | {r['rms64']:.3g} | {r['fp32_rel_l2']:.2g} | "
+                       f"{r['fp16_rel_l2']:.2g} | {r['fp16_max_abs']:.2g} | {r.get('decision', '-')} | {flips} |")
+    return "\n".join(out)
+
+
 def _rms(a) -> float:
     import numpy as np
     return float(np.sqrt(np.mean(np.square(np.asarray(a, np.float64))))) if np.size(a) else 0.0
@@ -384,7 +398,8 @@ def _err(tag: str, a, g) -> dict:
 # what a user reads off each model's output: the class argmax along an axis, or the >0.5 mask of probabilities
 DECISIONS = {"ocr_det": ("mask", None), "ocr_rec": ("argmax", -1), "ocr_cls": ("argmax", -1),
              "magika": ("argmax", -1), "basic_pitch": ("mask", None), "silero_vad": ("mask", None),
-             "silero_vad_op15": ("mask", None), "nudenet": ("argmax", 1), "crepe_tiny": ("argmax", -1)}
+             "silero_vad_op15": ("mask", None), "nudenet": ("argmax", 1), "crepe_tiny": ("argmax", -1),
+             "crepe_unvoiced": ("argmax", -1)}
 
 
 def _decision(model: str, a16, a32, g) -> dict:
@@ -420,11 +435,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.render:
         doc = json.loads(a.render.read_text())
+        if "results" not in doc:  # a --fp64-check JSON
+            print(fp64_table(doc))
+            return 0
         print(f"commit {doc['commit']}, {doc['date']}\n\n{table(doc['results'])}")
         return 0
     cache = cache_dir()
     names = [n for n in a.models.split(",") if n] or ORDER
-    missing = [n for n in names if n not in MODELS or not present(cache, n)]
+    missing = [n for n in names if ALIASES.get(n, n) not in MODELS or not present(cache, ALIASES.get(n, n))]
     if missing:
         print(f"real_models: not in the cache {cache}: {', '.join(missing)} "
               f"(run python scripts/fetch_real_models.py)", file=sys.stderr)

@@ -100,6 +100,10 @@ def crepe_frames(rng, frames: int, f0: float) -> np.ndarray:
     return (fr - fr.mean(1, keepdims=True)) / fr.std(1, keepdims=True)
 
 
+def _normalised(fr: np.ndarray) -> np.ndarray:
+    return (fr - fr.mean(1, keepdims=True)) / fr.std(1, keepdims=True)
+
+
 def arrays(model: str, seed: int = 0) -> dict[str, np.ndarray]:
     """{input name: [SAMPLES, *shape] array} for a model of the set."""
     rng = np.random.default_rng(seed)
@@ -116,6 +120,7 @@ def arrays(model: str, seed: int = 0) -> dict[str, np.ndarray]:
         "silero_vad": lambda: _vad(rng),
         "silero_vad_op15": lambda: _vad(rng),
         "crepe_tiny": lambda: {"frames": [crepe_frames(rng, 8, f) for f in (220.0, 440.0)]},
+        "crepe_unvoiced": lambda: {"frames": [_normalised(rng.standard_normal((8, 1024))), crepe_frames(rng, 8, 20.0)]},
     }
     if model not in make:
         return {}
