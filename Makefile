@@ -30,13 +30,16 @@ plots: .dvc/parity-plots.html
 
 $(VENV)/.installed: pyproject.toml
 	@echo "parity: installing the pinned dependencies into $(VENV) ($(TORCH_PINS) from \
-	$(if $(TORCH_INDEX),$(TORCH_INDEX),your pip index: PyPI's is the CUDA build, ~3.4 GB with nvidia-* and triton; \
-	TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build)); minutes"
+	$(if $(TORCH_INDEX),$(TORCH_INDEX),your pip index and find-links: a CPU wheel there is used as it is; \
+	PyPI's own Linux torch is the CUDA build, ~3.4 GB with nvidia-* and triton: \
+	TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build)); minutes: pip names each package as it goes"
 	$(PYTHON) -m venv $(VENV)
 ifneq ($(strip $(TORCH_INDEX)),)
 	$(BIN)/pip install -q --no-deps --index-url $(TORCH_INDEX) $(TORCH_PINS)
 endif
-	$(BIN)/pip install -q -e '.[dev]'
+	@# pip names each package it collects (its -q was silent for 6-12 minutes); its exit status decides
+	@{ $(BIN)/pip install --progress-bar off -e '.[dev]' 2>&1; echo $$? > $(VENV)/.pip-rc; } \
+	  | grep --line-buffered -E '^(Collecting|Successfully|ERROR|error)'; exit $$(cat $(VENV)/.pip-rc)
 	@echo "parity: $(VENV): torch $$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("torch"))'), \
 	$$($(BIN)/pip list 2>/dev/null | grep -c '^nvidia-') nvidia-* packages, $$(du -sh $(VENV) | cut -f1), \
 	$$(( $$(date +%s) - $(T0) )) s since make started"
