@@ -7,8 +7,9 @@
 - a node the float64 evaluator cannot run (its GlobalMaxPool on a 3-D input drops an axis; a
   com.microsoft contrib op) falls back alone, and fp64.parquet and the diff's reason name it;
 - the evaluator's BatchNormalization-9 with `momentum` (as Paddle2ONNX writes it) is inference;
-- where no golden run can be made, the fp32 reference is the yardstick: reduced-precision cells are
-  judged by the oracle against it, fp32 cells by tolerance;
+- where no golden run can be made, the fp32 reference is the yardstick: reduced-precision cells
+  are judged by the oracle against it, fp32 cells by tolerance (by the stage functions and through
+  the pipeline); a node that runs in no way is named with every way tried;
 - an all-zero output is refused at reference time, as a torch model's is;
 - through the pipeline: an fp16 cell of such a model is judged by the oracle (verdict_mode 'oracle'),
   not by tolerance, and its fp32 cell passes.
@@ -259,6 +260,28 @@ def test_no_golden_run_at_all_makes_the_fp32_run_the_yardstick(tmp_path):
     assert mode == "tolerance" and "yardstick" in reason and "fp32 cell is judged by tolerance" in reason, reason
 
 
+def unrunnable_graph():
+    """tanh(x @ w + squeeze(GlobalMaxPool(c))), c a [1, 4, 6] constant: the evaluator's GlobalMaxPool
+    gives [1, 1], and as a constant it is no layer, so no reference shape catches it; the Squeeze then
+    runs in no way (every way gets the wrong-shaped input): no fp64 golden run can be made."""
+    import onnx
+    from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+    rng = np.random.default_rng(3)
+    nodes = [h.make_node("GlobalMaxPool", ["c"], ["cm"], name="const_pool"),
+             h.make_node("Squeeze", ["cm", "two_i"], ["cs"], name="const_squeeze"),
+             h.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+             h.make_node("Add", ["y", "cs"], ["z"], name="add"),
+             h.make_node("Tanh", ["z"], ["logits"], name="tanh")]
+    g = h.make_graph(nodes, "unrunnable", [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 6])],
+                     [h.make_tensor_value_info("logits", T.FLOAT, [2, 4, 4])],
+                     [_f(rng.standard_normal((1, 4, 6)), "c"), nh.from_array(np.array([2], np.int64), "two_i"),
+                      _f(rng.standard_normal((6, 4)), "w")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(m, full_check=True)
+    return m
+
+
 def onnx_repo(path: Path, m, dtypes=("fp32", "fp16")) -> Repo:
     import onnx
 
@@ -320,3 +343,22 @@ def test_a_node_no_way_runs_is_named(tmp_path):
     assert why.startswith("GoldenError: node 'sq' (Squeeze) runs in no way tried: float64 evaluator: AxisError"), why
     for how in ("onnxruntime float64", "onnxruntime float32", "evaluator float32"):
         assert how in why, why
+
+
+def test_pipeline_without_a_golden_run_judges_fp16_against_the_fp32_yardstick(tmp_path):
+    """No fp64 run can be made (unrunnable_graph): the fp16 cell is judged by the oracle against the
+    unfused fp32 run, never by fp32's fixed tolerance; the fp32 cell by tolerance; both reasons say why."""
+    from parity.core import store
+
+    r = onnx_repo(tmp_path / "repo", unrunnable_graph())
+    out = r.run(["dvc", "repro"])
+    assert "as the yardstick" in out.stdout and "'const_squeeze' (Squeeze)" in out.stdout, out.stdout[-3000:]
+    a = r.path / "artifacts"
+    assert store.read_metadata(a / "reference/mixed" / GOLD)["yardstick"] == "fp32"
+    want = {"fp16": "oracle", "fp32": "tolerance"}
+    for dtype, mode in want.items():
+        d = json.loads((a / f"diff/mixed-{dtype}-ort_cpu/layers.json").read_text())
+        assert d["verdict_mode"] == mode and "yardstick" in d["verdict_mode_reason"], d["verdict_mode_reason"]
+        assert "'const_squeeze' (Squeeze)" in d["verdict_mode_reason"], d["verdict_mode_reason"]
+        m = json.loads((a / f"diff/mixed-{dtype}-ort_cpu/metrics.json").read_text())
+        assert m["verdict"] == "PASS", m
