@@ -258,6 +258,25 @@ def test_worker_and_repro_give_up_on_a_closed_port(repo):
     assert line.startswith("parity: repro --cluster: cannot reach Ray at '127.0.0.1:1': no Ray head answers"), line
 
 
+def test_repro_gives_up_on_a_port_where_something_else_listens(repo):
+    """Issue 36 item 6: a listener that accepts and never answers (not Ray) kept `repro --cluster` waiting
+    for ever (Ray retries every ~40 s); --connect-timeout bounds it, one line."""
+    import socket
+    import threading
+
+    pytest.importorskip("ray")
+    srv = socket.create_server(("127.0.0.1", 0))
+    port, held = srv.getsockname()[1], []
+    threading.Thread(target=lambda: [held.append(srv.accept()) for _ in range(4)], daemon=True).start()
+    try:
+        for cmd, says in ((("worker", "--address"), "parity worker: no Ray head answers at"),
+                          (("repro", "--cluster"), "parity: repro --cluster: cannot reach Ray at")):
+            line = refused(repo, parity(*cmd, f"127.0.0.1:{port}", "--connect-timeout", "2"))
+            assert line.startswith(says) and "a program listens there but does not answer as a Ray head" in line, line
+    finally:
+        srv.close()
+
+
 # 11: two repro at once
 
 

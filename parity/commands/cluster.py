@@ -322,10 +322,35 @@ def reachable(address: str, timeout: float) -> str | None:
     host, sep, port = hostport.rpartition(":")
     host, port = (host, port) if sep and port.isdigit() else (hostport, "6379")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return None
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            return _speaks_grpc(sock, f"{host}:{port}", timeout)
     except OSError as e:
         return f"{host}:{port}: {e.strerror or type(e).__name__} (waited at most {timeout:g}s)"
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS frame
+
+
+def _speaks_grpc(sock: socket.socket, where: str, timeout: float) -> str | None:
+    """None when the listener answers an HTTP/2 client preface with a SETTINGS frame, as a Ray head's GCS
+    (gRPC) and a Ray client server do at once; else why not. Something else listening (issue 36 item 6:
+    Ray retried it every ~40 s and never returned) is told apart within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        sock.sendall(H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = sock.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except socket.timeout:
+        return f"{where}: a program listens there but does not answer as a Ray head (no gRPC reply in {timeout:g}s)"
+    except OSError as e:
+        return f"{where}: {e.strerror or type(e).__name__} while greeting it as a Ray head"
+    if len(head) < 9 or head[3] != 4:  # frame type 4: SETTINGS
+        return f"{where}: a program listens there but it is not a Ray head (it does not speak gRPC)"
+    return None
 
 
 def connect(address: str, root: Path, timeout: float = CONNECT_TIMEOUT_S) -> None:
