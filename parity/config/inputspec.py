@@ -17,10 +17,20 @@ named `key`, default the input's name) or Parquet (parity's tensor store: rows n
 order; or a table with a column `key`, one sample a row). The array is `[N, *shape]` (N samples) or
 exactly `shape` (one sample); the first `inputs.samples` samples are used. Files live under
 `data/inputs/`, which the inputs stage depends on (git- or DVC-tracked: `dvc add data/inputs/x.npy`).
+
+Text (`init: text`, a model with a checkpoint folder: `arch: {source: hf, path: <dir>}`): prompts given
+inline (`prompts: [...]`) or in a file (`path: data/inputs/<f>.txt`, one prompt a line, blank lines
+skipped), tokenised by the checkpoint's own tokenizer and padded/truncated to the declared shape
+([S] or [B, S]: S tokens). `key:` names the tokenizer's field the input holds: input_ids (the default
+for an input named so), attention_mask or token_type_ids; companion inputs (the mask) take `init: text`
+with their `key:` and the same prompts, or none (then the first text input's). Every text input of a
+model has the same shape. The folder must hold tokenizer.json (the fast tokenizer's one file);
+parity.pipeline.inputfiles tokenises.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -29,6 +39,11 @@ from parity.config import schema
 INPUT_DIR = "data/inputs"  # real input files: the inputs stage's dependency (dvc.yaml)
 LABEL = re.compile(r"^[A-Za-z0-9_]+$")
 FILE_SUFFIXES = (".npy", ".npz", ".parquet")
+TEXT_SUFFIXES = (".txt",)  # init: text, path: a prompts file
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")  # init: text: the tokenizer's fields
+# what to do about a checkpoint folder without tokenizer.json (the file init: text reads)
+NO_TOKENIZER = ("init: text reads the fast tokenizer file; for a folder with only tokenizer.model or vocab files, "
+                "write it once: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
 
 
 def labels(m: dict) -> list[str | None]:
@@ -102,14 +117,39 @@ def nbytes(m: dict, samples: int, calibration: int = 0) -> int:
     return samples * sum(one(lab) for lab in labels(m)) + calibration * one(export_label(m))
 
 
+def checkpoint_config(arch: dict) -> dict:
+    """The config.json of an hf checkpoint folder (`arch.path`) as a dict; {} for any other model or
+    a folder without a readable one (validation says so)."""
+    if arch.get("source") != "hf" or not isinstance(arch.get("path"), str):
+        return {}
+    try:
+        got = json.loads((Path(arch["path"]) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def model_vocab(arch: dict) -> int | None:
+    """The model's vocabulary size: `arch.kwargs.vocab_size`, or a checkpoint's config.json's."""
+    v = (arch.get("kwargs") or {}).get("vocab_size")
+    if v is None:
+        cfg = checkpoint_config(arch)
+        v = cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def vocab_where(arch: dict) -> str:
+    """Where model_vocab read the vocabulary size (for messages)."""
+    return f"{arch['path']}/config.json vocab_size" if arch.get("path") else "arch.kwargs.vocab_size"
+
+
 def vocab_bound(spec: dict, arch: dict) -> int | None:
     """The exclusive upper bound on an integer input's values: `high`, else the vocabulary for token
     ids (`init: tokens`, or `input_ids` of a Hugging Face model)."""
     if spec.get("high") is not None and spec.get("init") in ("tokens", "file"):
         return int(spec["high"])
     if spec.get("init") == "tokens" or (arch.get("source") == "hf" and spec.get("name") == "input_ids"):
-        v = (arch.get("kwargs") or {}).get("vocab_size")
-        return int(v) if v is not None else None
+        return model_vocab(arch)
     return None
 
 
@@ -154,16 +194,82 @@ def validate(where: str, m: dict) -> None:
         if init == "tokens" and bound is None:
             raise ValueError(f"{w}: init tokens needs `high` or {where}.arch.kwargs.vocab_size")
         if init == "randint" and arch.get("source") == "hf" and spec.get("name") == "input_ids":
-            vocab = (arch.get("kwargs") or {}).get("vocab_size")
+            vocab = model_vocab(arch)
             if vocab is not None and int(spec.get("high", schema.INIT_BOUNDS["randint"][1])) > int(vocab):
-                raise ValueError(f"{w}.high: {spec.get('high')} exceeds {where}.arch.kwargs.vocab_size {vocab}: "
+                raise ValueError(f"{w}.high: {spec.get('high')} exceeds {where}.{vocab_where(arch)} {vocab}: "
                                  "token ids must index the embedding table (use init: tokens)")
         if init == "file":
-            path = spec.get("path")
-            if not isinstance(path, str) or not Path(path).suffix in FILE_SUFFIXES:
-                raise ValueError(f"{w}.path: expected a {'/'.join(FILE_SUFFIXES)} file under {INPUT_DIR}/, got {path!r}")
-            if Path(path).is_absolute() or Path(path).parts[:2] != tuple(INPUT_DIR.split("/")) or ".." in Path(path).parts:
-                raise ValueError(f"{w}.path: {path!r} is not under {INPUT_DIR}/ (the inputs stage depends on that "
-                                 "folder, so a file elsewhere would not re-run it when it changes)")
+            _input_file(w, spec.get("path"), FILE_SUFFIXES)
             if shapes is not None:
                 raise ValueError(f"{w}: file inputs have the file's shape; {where}.shapes cannot change it")
+    _text(where, m)
+
+
+def _input_file(w: str, path, suffixes: tuple) -> None:
+    """A real input file's path: a `suffixes` file under data/inputs/ (the inputs stage's dependency)."""
+    if not isinstance(path, str) or Path(path).suffix not in suffixes:
+        raise ValueError(f"{w}.path: expected a {'/'.join(suffixes)} file under {INPUT_DIR}/, got {path!r}")
+    if Path(path).is_absolute() or Path(path).parts[:2] != tuple(INPUT_DIR.split("/")) or ".." in Path(path).parts:
+        raise ValueError(f"{w}.path: {path!r} is not under {INPUT_DIR}/ (the inputs stage depends on that "
+                         "folder, so a file elsewhere would not re-run it when it changes)")
+
+
+def text_source(m: dict) -> dict:
+    """{'prompts': [...]} or {'path': file} of the model's text inputs (the first that gives one)."""
+    for s in m["input"]:
+        if s.get("init") == "text" and ("prompts" in s or "path" in s):
+            return {"prompts": list(s["prompts"])} if "prompts" in s else {"path": s["path"]}
+    return {}
+
+
+def _text(where: str, m: dict) -> None:
+    """`init: text` inputs: an hf checkpoint folder with a tokenizer, a known `key`, integer dtype,
+    rank 1 or 2, one prompt source (inline or a .txt file under data/inputs/), one shape."""
+    texts = [(i, s) for i, s in enumerate(m["input"]) if s.get("init") == "text"]
+    if not texts:
+        return
+    arch = m.get("arch") or {}
+    first = f"{where}.input[{texts[0][0]}]"
+    if arch.get("source") != "hf" or not arch.get("path"):
+        raise ValueError(f"{first}.init: text is tokenised by the checkpoint's own tokenizer: it needs "
+                         f"{where}.arch: {{source: hf, path: <checkpoint folder with tokenizer.json>}}")
+    folder = Path(str(arch["path"]))
+    if folder.is_dir() and not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{first}.init: text: no tokenizer.json in {folder} ({NO_TOKENIZER})")
+    own = None
+    for i, s in texts:
+        w = f"{where}.input[{i}]"
+        key = s.get("key", s["name"])
+        if key not in TEXT_KEYS:
+            raise ValueError(f"{w}.key: init text gives the tokenizer's {', '.join(TEXT_KEYS)}: {key!r} is none "
+                             f"of them (set key: to the field this input holds)")
+        if s.get("dtype", schema.InputSpec.dtype) not in ("int64", "int32"):
+            raise ValueError(f"{w}.dtype: init text gives token ids and masks: use int64 or int32, not "
+                             f"{s.get('dtype', schema.InputSpec.dtype)!r}")
+        if len(s["shape"]) not in (1, 2):
+            raise ValueError(f"{w}.shape: init text takes [S] or [B, S] (S tokens a prompt), got {s['shape']}")
+        if list(s["shape"]) != list(texts[0][1]["shape"]):
+            raise ValueError(f"{w}.shape: {s['shape']} differs from {first}.shape {texts[0][1]['shape']}: every "
+                             f"text input of a model holds the same prompts at the same length")
+        src = _prompt_source(w, s)
+        if src is not None and own is not None and src != own[1]:
+            raise ValueError(f"{w}: its prompts differ from {own[0]}'s: give the same prompts or none (then it "
+                             f"takes {own[0]}'s)")
+        own = own or (src and (w, src))
+    if own is None:
+        raise ValueError(f"{first}: init text needs prompts: [...] or path: {INPUT_DIR}/<file>.txt (one prompt a line)")
+
+
+def _prompt_source(w: str, s: dict):
+    """('prompts', tuple) or ('path', file) of one text input, None when it gives neither."""
+    if "prompts" in s and "path" in s:
+        raise ValueError(f"{w}: give prompts: [...] or path: <file>, not both")
+    if "prompts" in s:
+        ps = s["prompts"]
+        if not isinstance(ps, list) or not ps or not all(isinstance(x, str) for x in ps):
+            raise ValueError(f"{w}.prompts: expected a non-empty list of strings, got {ps!r}")
+        return ("prompts", tuple(ps))
+    if "path" in s:
+        _input_file(w, s["path"], TEXT_SUFFIXES)
+        return ("path", s["path"])
+    return None

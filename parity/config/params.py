@@ -74,10 +74,17 @@ ARCH_SOURCES = ("parity", "torchvision", "import", "onnx", "hf")
 # `arch.head` of an hf model: base (AutoModel, the default) or causal_lm (AutoModelForCausalLM: lm_head,
 # logits out); the keys of parity/models/hf.py's HEADS
 HF_HEADS = ("base", "causal_lm")
+# `arch` keys of a model built in torch (an ONNX-file model takes source and path only)
+ARCH_KEYS = {"source", "name", "kwargs", "calibrate", "head", "import", "path", "weights"}
+# `arch.weights` files (parity/models/weights.py SUFFIXES; tests/test_checkpoints.py keeps them equal)
+WEIGHTS_SUFFIXES = (".safetensors", ".pt", ".pth")
+# arch.kwargs beside an hf `path:` (from_pretrained arguments, parity/models/hf.py FROM_CONFIG_KEYS)
+HF_PATH_KWARGS = ("attn_implementation",)
 INPUT_DTYPES = ("float32", "float64", "float16", "int64", "int32", "bool")  # bool: Where conditions, masks
 INPUT_INITS = {"normal": {"mean", "std"}, "uniform": {"low", "high"}, "randint": {"low", "high"},
                "zeros": set(), "ones": set(),
-               "tokens": {"low", "high"}, "file": {"path", "key", "high"}}  # parity/config/inputspec.py
+               "tokens": {"low", "high"}, "file": {"path", "key", "high"},
+               "text": {"prompts", "path", "key"}}  # parity/config/inputspec.py
 TORCH_DTYPES = ("float32", "float16", "bfloat16", "float64")
 # Precision modes (conf/dtypes/<d>.yaml `mode:`) and the `torch:` dtypes each allows. `torch:` is the
 # cast dtype (cast), the autocast dtype (autocast), or the graph I/O dtype (the others).
@@ -324,8 +331,8 @@ def _model(where: str, m: dict) -> None:
         _onnx_arch(f"{where}.arch", arch)
         arch = {**arch, "name": ""}
     else:
-        _check_keys(f"{where}.arch", arch, {"source", "name", "kwargs", "calibrate", "head", "import"},
-                    required=("source", "name"))
+        _check_keys(f"{where}.arch", arch, ARCH_KEYS, required=("source",))
+        _torch_arch(f"{where}.arch", arch)
     if "calibrate" in arch:
         c = arch["calibrate"]
         _check_keys(f"{where}.arch.calibrate", c, {"shape"}, required=("shape",))
@@ -451,6 +458,50 @@ def _onnx_arch(where: str, arch: dict) -> None:
     if not Path(str(arch["path"])).is_file():
         raise ConfigError(f"{where}.path: {arch['path']}: no such file (relative to the repo root, "
                           f"{Path.cwd()}); track it with git or `dvc add`")
+
+
+def _torch_arch(where: str, arch: dict) -> None:
+    """A model built in torch: `name` (or, for hf, a checkpoint `path` instead), and `weights`."""
+    if arch.get("source") == "hf" and "path" in arch:
+        _hf_checkpoint(where, arch)
+    elif "name" not in arch:
+        raise ConfigError(f"{where}: missing key 'name'" + (" (or `path:` to a local Hugging Face checkpoint "
+                                                              "folder)" if arch.get("source") == "hf" else ""))
+    elif "path" in arch:
+        raise ConfigError(f"{where}.path: only for arch.source: onnx (a .onnx file) or hf (a checkpoint "
+                          f"folder), not source {arch.get('source')}; trained weights of a torch model go in "
+                          f"{where}.weights")
+    if "weights" in arch:
+        w = arch["weights"]
+        if arch.get("source") not in ("parity", "torchvision", "import", "hf"):
+            return  # an unknown source: refused below with the valid ones
+        if not isinstance(w, str) or Path(w).suffix not in WEIGHTS_SUFFIXES:
+            raise ConfigError(f"{where}.weights: expected a {'/'.join(WEIGHTS_SUFFIXES)} state-dict file, got {w!r}")
+        if not Path(w).is_file():
+            raise ConfigError(f"{where}.weights: {w}: no such file (relative to the repo root, {Path.cwd()}); "
+                              f"track it with git or `dvc add`")
+
+
+def _hf_checkpoint(where: str, arch: dict) -> None:
+    """`arch: {source: hf, path: <dir>}`: a folder holding config.json (the model type and its
+    config come from there, so no `name`, no `kwargs` but from_pretrained's own, no `weights`)."""
+    path = arch["path"]
+    for key, why in (("name", "the model type comes from config.json"), ("weights", "the checkpoint holds them"),
+                     ("calibrate", "a checkpoint's BatchNorm statistics are trained")):
+        if key in arch:
+            raise ConfigError(f"{where}.{key}: not with {where}.path ({why})")
+    extra = sorted(set(arch.get("kwargs") or {}) - set(HF_PATH_KWARGS))
+    if extra:
+        raise ConfigError(f"{where}.kwargs: {', '.join(extra)}: not with {where}.path (the checkpoint's config.json "
+                          f"sets the model). Valid: {_choices(HF_PATH_KWARGS)}")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{where}.path: expected a checkpoint folder, got {path!r}")
+    if not Path(path).is_dir():
+        raise ConfigError(f"{where}.path: {path}: no such folder (relative to the repo root, {Path.cwd()}): a "
+                          f"Hugging Face checkpoint folder (config.json, *.safetensors); track it with git or `dvc add`")
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"{where}.path: {path}: no config.json in the folder: a Hugging Face checkpoint folder "
+                          f"(what save_pretrained writes: config.json, *.safetensors)")
 
 
 def check_import_model(where: str, name, declared=None) -> None:

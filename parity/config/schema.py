@@ -118,7 +118,8 @@ class Arch:
     calibrate: Calibrate | None = field(default=None, metadata=_conv(lambda v: _make(Calibrate, v)))
     head: str = "base"         # hf: base (AutoModel) or causal_lm (parity.config.params.HF_HEADS)
     import_: str | list | None = field(default=None, metadata={"key": "import"})
-    path: str | None = None    # source: onnx
+    path: str | None = None    # source: onnx (the .onnx file); source: hf (a checkpoint folder)
+    weights: str | None = None  # a torch model's trained state dict (.safetensors/.pt/.pth; parity.models.weights)
 
 
 # init -> (low, high) when the spec gives none (uniform floats, integer draws, token ids)
@@ -135,8 +136,9 @@ class InputSpec:
     std: float = 1.0
     low: float | None = None   # None: INIT_BOUNDS[init]
     high: float | None = None
-    path: str | None = None    # init: file
-    key: str | None = None
+    path: str | None = None    # init: file; init: text (a prompts file, one a line)
+    key: str | None = None     # init: file (array/column); init: text (the tokenizer's field)
+    prompts: tuple[str, ...] | None = field(default=None, metadata=_conv(lambda v: None if v is None else _tuple(v)))
 
     def bounds(self) -> tuple:
         lo, hi = INIT_BOUNDS.get(self.init, (None, None))

@@ -13,7 +13,10 @@ from parity.models.tv_compat import import_torchvision
 
 
 def build(arch: dict, seed: int):
-    """Return the model in eval mode, fp32, with seeded weights.
+    """Return the model in eval mode, fp32, with seeded weights, or trained ones: a Hugging Face
+    checkpoint (`arch.source: hf` with `arch.path`: parity.models.hf.from_checkpoint) or a state-dict
+    file (`arch.weights`: parity.models.weights) replaces the seeded init, and then neither the
+    re-initialisation nor the BatchNorm calibration below runs over it.
 
     Linear/Conv weights that start all zero (vit_b_16's classification head under weights=None)
     are re-initialised from the same seed, so no output is trivially all zeros.
@@ -27,7 +30,14 @@ def build(arch: dict, seed: int):
     import torch
 
     torch.manual_seed(seed)
+    if arch["source"] == "hf" and arch.get("path"):
+        return hf.from_checkpoint(str(arch["path"]), arch.get("head", schema.Arch.head), arch.get("kwargs"))
     model = construct(arch)
+    if arch.get("weights"):
+        from parity.models import weights  # lazy: only a model with a weights file reads one
+
+        weights.load_into(model, arch["weights"])
+        return model.eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for m in model.modules():
@@ -42,9 +52,12 @@ def build(arch: dict, seed: int):
 
 
 def construct(arch: dict):
-    """The model of `arch`, as its source builds it (no seeding, no re-initialisation, no calibration):
-    under `torch.device("meta")` it allocates nothing (parity.core.memory sizes a model that way)."""
-    source, name, kwargs = arch["source"], arch["name"], dict(arch.get("kwargs") or {})
+    """The model of `arch`, as its source builds it (no seeding, no re-initialisation, no calibration,
+    no trained weights: a checkpoint's architecture from its config.json): under `torch.device("meta")`
+    it allocates nothing (parity.core.memory sizes a model that way)."""
+    source, name, kwargs = arch["source"], arch.get("name", ""), dict(arch.get("kwargs") or {})
+    if source == "hf" and arch.get("path"):
+        return hf.checkpoint_config(str(arch["path"]), arch.get("head", schema.Arch.head), kwargs)
     if source == "parity":
         from parity.models import zoo  # lazy: zoo loads torch (as below); ORT stages import parity.models.onnx_weights
 

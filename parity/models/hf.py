@@ -21,6 +21,17 @@ the same seed gives the same weights in every process.
 - `kwargs.attn_implementation` (eager | sdpa) picks the attention kernel; transformers' default
   otherwise (sdpa).
 
+A local checkpoint (`arch: {source: hf, path: <dir>, head: base|causal_lm}`): the folder Hugging Face's
+`save_pretrained` writes (config.json; model.safetensors, or shards with model.safetensors.index.json;
+weights stored in fp32, fp16 or bf16), loaded by transformers' own
+`from_pretrained(path, local_files_only=True, dtype=float32)`: the model type comes from config.json,
+nothing is downloaded, and weights stored in fp16/bf16 are cast to fp32 tensor by tensor as they are
+read (the fp32 model is the one full copy). A key the model needs that the checkpoint lacks, or one of
+another shape, is an error listing them (transformers would initialise it at random and only warn);
+keys the checkpoint has beyond the model (a causal LM's `lm_head` loaded with `head: base`) are
+dropped, as transformers does. `checkpoint_config` builds the same architecture from config.json alone
+(no weights read: parity.pipeline.memsize sizes it on the meta device).
+
 transformers imports torchvision when it is installed (its image utilities): on CPU torch that needs
 parity.models.tv_compat's workaround first, so transformers is always imported through `load()`.
 """
@@ -50,8 +61,7 @@ def load():
 def build(name: str, kwargs: dict, head: str = "base"):
     """The model of type `name` with config `kwargs` (the base model, or with `head`), seeded by
     the caller."""
-    if head not in HEADS:
-        raise ValueError(f"unknown Hugging Face head '{head}'. Valid: {', '.join(sorted(HEADS))}")
+    _head(head)
     tf = load()
     kw = dict(kwargs)
     extra = {k: kw.pop(k) for k in FROM_CONFIG_KEYS if k in kw}
@@ -68,3 +78,57 @@ def build(name: str, kwargs: dict, head: str = "base"):
     cfg.use_cache = False
     model = getattr(tf, HEADS[head]).from_config(cfg, **extra)
     return model
+
+
+def _head(head: str) -> str:
+    if head not in HEADS:
+        raise ValueError(f"unknown Hugging Face head '{head}'. Valid: {', '.join(sorted(HEADS))}")
+    return HEADS[head]
+
+
+def _extra(kwargs: dict | None) -> dict:
+    """The from_config / from_pretrained keyword arguments a checkpoint model takes from arch.kwargs
+    (attn_implementation; parity.config.params refuses other keys beside arch.path)."""
+    return {k: v for k, v in (kwargs or {}).items() if k in FROM_CONFIG_KEYS}
+
+
+def checkpoint_config(path: str, head: str = "base", kwargs: dict | None = None):
+    """The architecture of the checkpoint in `path` from its config.json alone, cache off, no weights
+    read (under `torch.device("meta")` nothing is allocated)."""
+    tf = load()
+    cls = _head(head)
+    cfg = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    cfg.use_cache = False
+    return getattr(tf, cls).from_config(cfg, **_extra(kwargs))
+
+
+def from_checkpoint(path: str, head: str = "base", kwargs: dict | None = None):
+    """The checkpoint in `path` as a fp32 model with its trained weights (ValueError listing what
+    does not fit)."""
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.models is imported by ORT stages too
+
+    tf = load()
+    cls = getattr(tf, _head(head))
+    from parity.models.weights import mismatch  # lazy: the checkpoint path only
+
+    verbosity = tf.logging.get_verbosity()
+    tf.logging.set_verbosity_error()  # its load report and progress bar: the error below says what matters
+    tf.logging.disable_progress_bar()
+    try:
+        model, info = cls.from_pretrained(path, local_files_only=True, dtype=torch.float32, use_cache=False,
+                                          output_loading_info=True, **_extra(kwargs))
+    except (OSError, ValueError, RuntimeError) as e:  # no weights file, an unknown model type, a bad shard
+        msg = " ".join(str(e).split())
+        raise ValueError(f"path: {path}: transformers cannot load it: {msg[:400]}") from None
+    finally:
+        tf.logging.set_verbosity(verbosity)
+        tf.logging.enable_progress_bar()
+    missing, shaped = sorted(info.get("missing_keys") or ()), list(info.get("mismatched_keys") or ())
+    if missing or shaped:
+        want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        got = {k: want[k] for k in want if k not in missing}
+        for item in shaped:  # (key, checkpoint shape, model shape)
+            key, ck = (item[0], tuple(item[1])) if isinstance(item, tuple) and len(item) == 3 else (str(item), ())
+            got[key] = ck
+        raise ValueError(mismatch(f"{path}", type(model).__name__, got, want).replace("weights: ", "path: ", 1))
+    return model.eval()

@@ -1,17 +1,37 @@
-"""Input samples of a model, synthetic or loaded from files (`init: file`), sample set after sample
-set (`models.<m>.shapes`): the inputs stage's arrays. What the specs mean (shapes, token bounds,
-which files are allowed) is parity.config.inputspec; this module reads the files (numpy, pyarrow, the
-tensor store), so the config layer stays free of them.
+"""Input samples of a model, synthetic, loaded from files (`init: file`) or tokenised from text
+(`init: text`), sample set after sample set (`models.<m>.shapes`): the inputs stage's arrays. What the
+specs mean (shapes, token bounds, which files are allowed) is parity.config.inputspec; this module reads
+the files (numpy, pyarrow, the tensor store, the tokenizer), so the config layer stays free of them.
+
+Text: the checkpoint folder's `tokenizer.json` is read by the `tokenizers` library itself (no torch, no
+transformers: the inputs stage stays light), with its own truncation and padding to the declared length
+S (what transformers' fast tokenizers do underneath: `tok(prompts, padding="max_length",
+truncation=True, max_length=S, padding_side="right")` gives the same ids and mask). The truncation
+side and the pad token come from tokenizer_config.json (special_tokens_map.json), as transformers reads
+them. Padding always goes after the prompt, whatever the tokenizer's `padding_side`: left padding gives
+a causal LM query rows whose every key is masked (a pad before any real token), and what attention
+computes there is up to the implementation: torch eager and ORT's graph of the same exported SDPA
+differ there (a tiny Qwen2, left-padded: 37.5% of the logits, max_abs 0.46, all at pad positions), so
+a comparison would fail on values no one reads. Right padding leaves every real token's output as it
+is (causal attention never sees later pads; the mask hides them from a bidirectional encoder). A
+tokenizer without a pad token pads with config.json's pad_token_id, else its EOS token, else id 0 (the
+attention mask marks those positions 0). A folder with no tokenizer.json (only a sentencepiece
+tokenizer.model or a vocab.txt) is refused: transformers writes one for it once
+(`AutoTokenizer.from_pretrained(folder).save_pretrained(folder)`), and reading the slow formats would
+take transformers (and torch) into this light stage. Row b of sample j holds prompt j x B + b (B = 1 for an [S] input), cycling through the
+prompts.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 from parity.config import schema
-from parity.config.inputspec import export_label, sample_sets, specs_for, vocab_bound
+from parity.config.inputspec import export_label, model_vocab, sample_sets, specs_for, text_source, vocab_bound
+from parity.config.inputspec import NO_TOKENIZER, vocab_where
 from parity.core import store
 
 
@@ -23,11 +43,13 @@ def model_samples(m: dict, seed: int, n: int, generate) -> list[dict]:
     """Every sample of the model, sample set after sample set: {input name: array}. `generate(spec,
     seed, sample, index)` draws a synthetic input; `init: file` inputs come from their file."""
     files = {i: load_file(s, m.get("arch") or {}, n) for i, s in enumerate(m["input"]) if s.get("init") == "file"}
+    text = TextInputs(m) if any(s.get("init") == "text" for s in m["input"]) else None
     out = []
     for lab, idx in sample_sets(m, n):
         specs = specs_for(m, lab)
         for j, k in enumerate(idx):
-            out.append({s["name"]: files[i][j] if i in files else generate(s, seed, k, i) for i, s in enumerate(specs)})
+            out.append({s["name"]: files[i][j] if i in files else text.sample(s, j) if s.get("init") == "text"
+                        else generate(s, seed, k, i) for i, s in enumerate(specs)})
     return out
 
 
@@ -110,11 +132,126 @@ def model_calibration(m: dict, seed: int, c: int, generate) -> list[dict]:
     for i, s in enumerate(m["input"]):
         if s.get("init") == "file" and c:
             files[i] = load_file(s, m.get("arch") or {}, _count(s))  # every sample the file holds
-    return [{s["name"]: files[i][k % len(files[i])] if i in files else generate(s, seed, k, i, calibration=True)
-             for i, s in enumerate(specs)} for k in range(c)]
+    text = TextInputs(m) if c and any(s.get("init") == "text" for s in m["input"]) else None
+    return [{s["name"]: files[i][k % len(files[i])] if i in files else text.sample(s, k) if s.get("init") == "text"
+             else generate(s, seed, k, i, calibration=True) for i, s in enumerate(specs)} for k in range(c)]
 
 
 def _count(spec: dict) -> int:
     """How many samples a file input holds."""
     a = _read_array(Path(spec["path"]), spec.get("key", spec["name"]))
     return 1 if tuple(a.shape) == tuple(spec["shape"]) else int(np.shape(a)[0])
+
+
+# init: text `key:` -> the field of a tokenizers Encoding that holds it
+ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+
+
+class TextInputs:
+    """A model's text inputs: its prompts and its checkpoint's tokenizer, each prompt batch encoded once
+    (input_ids and the mask of one sample come from the same encoding)."""
+
+    def __init__(self, m: dict):
+        self.arch = m.get("arch") or {}
+        src = text_source(m)
+        self.where = (f"input (init: text, path: {src['path']})" if "path" in src else "input (init: text, prompts)")
+        self.prompts = read_prompts(Path(src["path"])) if "path" in src else list(src["prompts"])
+        self.encoder = tokenizer(Path(str(self.arch["path"])))
+        self._cache: dict[tuple, dict] = {}
+
+    def sample(self, spec: dict, j: int) -> np.ndarray:
+        """Input `spec`'s array for sample j: prompts j*B .. j*B+B-1 (cycling), padded/truncated to S."""
+        shape = tuple(spec["shape"])
+        b, length = (shape[0] if len(shape) == 2 else 1), shape[-1]
+        picked = tuple(self.prompts[(j * b + r) % len(self.prompts)] for r in range(b))
+        if (picked, length) not in self._cache:
+            self._cache[(picked, length)] = self._encode(list(picked), length)
+        got = self._cache[(picked, length)][spec.get("key", spec["name"])]
+        return np.ascontiguousarray(got.reshape(shape).astype(schema.section(schema.InputSpec, spec).dtype))
+
+    def _encode(self, prompts: list[str], length: int) -> dict:
+        out = self.encoder(prompts, length)
+        vocab = model_vocab(self.arch)
+        ids = out["input_ids"]
+        if vocab is not None and ids.size and int(ids.max()) >= vocab:
+            raise InputError(f"{self.where}: the tokenizer in {self.arch['path']} gives token id {int(ids.max())}, "
+                             f"outside the model's vocabulary [0, {vocab}) ({vocab_where(self.arch)}): a tokenizer of "
+                             f"another model?")
+        return out
+
+
+def read_prompts(path: Path) -> list[str]:
+    """One prompt a line (blank lines skipped), InputError when there is none or no such file."""
+    where = f"input (init: text, path: {path})"
+    if not path.is_file():
+        raise InputError(f"{where}: no such file (git-track it, or `dvc add` it and `dvc pull`)")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    prompts = [ln for ln in lines if ln.strip()]
+    if not prompts:
+        raise InputError(f"{where}: no prompts (one a line)")
+    return prompts
+
+
+def tokenizer(folder: Path):
+    """encode(prompts, S) -> {input_ids, attention_mask, token_type_ids: int64 [len(prompts), S]}, by
+    the checkpoint's own tokenizer (its tokenizer.json, through the `tokenizers` library)."""
+    if not (folder / "tokenizer.json").is_file():
+        raise InputError(f"input (init: text): {folder}: no tokenizer.json ({NO_TOKENIZER})")
+    return _fast_tokenizer(folder)
+
+
+def _json(path: Path) -> dict:
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def _special(name: str, *configs: dict) -> str | None:
+    """A special token's text as tokenizer_config.json / special_tokens_map.json give it."""
+    for cfg in configs:
+        v = cfg.get(name)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            return v
+    return None
+
+
+def pad_token(folder: Path, token_to_id, id_to_token) -> tuple[int, str]:
+    """(id, text) the tokenizer pads with: its pad token, else config.json's pad_token_id, else its
+    EOS token (or config.json's eos_token_id), else id 0."""
+    tc, sm, cfg = (_json(folder / f) for f in ("tokenizer_config.json", "special_tokens_map.json", "config.json"))
+    for name, key in (("pad_token", "pad_token_id"), ("eos_token", "eos_token_id")):
+        tok = _special(name, tc, sm)
+        if tok is not None and token_to_id(tok) is not None:
+            return int(token_to_id(tok)), tok
+        pid = cfg.get(key)
+        pid = pid[0] if isinstance(pid, list) and pid else pid
+        if isinstance(pid, int) and not isinstance(pid, bool) and pid >= 0:
+            return pid, id_to_token(pid) or ""
+    return 0, id_to_token(0) or ""
+
+
+def _fast_tokenizer(folder: Path):
+    from tokenizers import Tokenizer  # lazy: +0.03 s, only a model with text inputs
+
+    path = folder / "tokenizer.json"
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the library says what is wrong with the file
+        raise InputError(f"input (init: text): {path}: cannot be read by the tokenizers library: {e}") from None
+    tc = _json(folder / "tokenizer_config.json")
+    pid, ptok = pad_token(folder, tok.token_to_id, tok.id_to_token)
+    pad_side = "right"  # not tc["padding_side"]: see the module docstring
+    trunc_side = tc.get("truncation_side") if tc.get("truncation_side") in ("left", "right") else "right"
+
+    def encode(prompts: list[str], length: int) -> dict:
+        tok.enable_truncation(max_length=length, direction=trunc_side)
+        tok.enable_padding(direction=pad_side, pad_id=pid, pad_type_id=0, pad_token=ptok, length=length)
+        encs = tok.encode_batch(prompts)
+        return {k: np.array([getattr(e, f) for e in encs], dtype=np.int64) for k, f in ENCODING_FIELDS.items()}
+    return encode
