@@ -146,7 +146,8 @@ def _saved(p: Path, m) -> Path:
 
 
 def test_no_fp64_reason_is_the_real_one(tmp_path):
-    """reference.fp64 is true, the evaluator cannot run a contrib op: the verdict's reason says that."""
+    """reference.fp64 is true, the evaluator cannot run a contrib op: that node runs alone on
+    onnxruntime (parity.pipeline.onnx_fp64) and the verdict's reason says that."""
     import onnx
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
@@ -167,9 +168,12 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     out = tmp_path / "ref"
     out.mkdir()
     assert onnx_reference.reference(p, "c", [{"x": np.ones((2, 4), np.float32)}], out) == 0
-    assert not (out / "fp64.parquet").exists()
-    mode, why = diffcell.verdict_mode(tolerance.rule(p, "c", "fp32", []), out, None)
-    assert mode == "tolerance" and "reference.fp64: false" not in why and "FusedMatMul" in why, why
+    assert (out / "fp64.parquet").exists()  # the golden run, FusedMatMul run alone on onnxruntime
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "status.json").write_text('{"status": "OK"}')
+    mode, why = diffcell.verdict_mode(tolerance.rule(p, "c", "fp32", []), out, base)
+    assert mode == "oracle" and "reference.fp64: false" not in why and "(FusedMatMul) ran on onnxruntime" in why, why
 
 
 def test_fp16_conversion_onnxruntime_cannot_load_is_infer_fail_naming_the_conversion(tmp_path):
