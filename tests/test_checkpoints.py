@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import composed, config_error, make_repo, run
+from conftest import BIN, composed, config_error, make_repo, run
 from parity.core import store
 
 WORDS = ("the a cat dog sat on mat ran fast slow big small red blue green tree house river sun moon "
@@ -414,18 +414,41 @@ def test_the_inputs_stage_tokenises_without_torch(tmp_path):
 @pytest.mark.slow
 def test_a_dvc_tracked_checkpoint_loads_and_runs(tmp_path, monkeypatch):
     """A checkpoint folder tracked by `dvc add` (the project's cache.type: links into DVC's cache, not
-    copies) loads through from_pretrained and runs; an edit of one shard re-runs that model's stages."""
+    copies) loads through from_pretrained and runs; an edit of one shard re-runs that model's stages
+    and no other model's; an edit of its tokenizer.json re-runs its inputs stage."""
+    from safetensors.torch import load_file, save_file
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    r = make_repo(tmp_path / "repo", models=("ck_llama",), dtypes=("fp32",), providers=("ort_cpu",), compose=False)
+    r = make_repo(tmp_path / "repo", models=("ck_llama", "tiny_mlp"), dtypes=("fp32",), providers=("ort_cpu",),
+                  compose=False)
     save_checkpoint(r.path / "models/ck_llama", "llama", "bfloat16", "20KB")
     save_tokenizer(r.path / "models/ck_llama", "llama")
     (r.path / "conf/models/ck_llama.yaml").write_text(LLAMA)
     (r.path / "data/inputs/prompts.txt").write_text(PROMPTS)
+    r.run([f"{BIN}/parity", "compose"])  # dvc add reads dvc.yaml, whose matrices read params.yaml
     r.run(["dvc", "add", "models/ck_llama"])
     r.commit("dvc-tracked checkpoint")
     shard = sorted((r.path / "models/ck_llama").glob("*.safetensors"))[0]
+    cache_type = r.run(["dvc", "config", "cache.type"], check=False).stdout.strip()
+    links = shard.stat().st_nlink
     t0 = time.perf_counter()
     r.exp_run()
-    print(f"dvc-tracked checkpoint: exp run {time.perf_counter() - t0:.1f}s, {shard.name} links "
-          f"{shard.stat().st_nlink}, cache.type {r.run(['dvc', 'config', 'cache.type'], check=False).stdout.strip()}")
+    print(f"dvc-tracked checkpoint: cache.type {cache_type!r}, {shard.name} has {links} links; "
+          f"first exp run {time.perf_counter() - t0:.1f}s")
+    assert links == 2 or shard.is_symlink(), (cache_type, links)  # a link into DVC's cache, not a copy
     assert _json(r, "artifacts/diff/ck_llama-fp32-ort_cpu/metrics.json")["verdict"] == "PASS"
+
+    r.run(["dvc", "unprotect", "models/ck_llama"])  # DVC's way to edit a linked file (else the cache changes too)
+    sd = load_file(str(shard))
+    key = sorted(sd)[0]
+    sd[key] = sd[key] * 1.5
+    save_file(sd, str(shard), metadata={"format": "pt"})
+    t0 = time.perf_counter()
+    ran = r.repro()
+    print(f"one shard edited: {time.perf_counter() - t0:.1f}s, ran {ran}")
+    assert any(s.startswith("export@ck_llama") for s in ran), ran
+    assert not any("tiny_mlp" in s for s in ran), ran
+    tok = r.path / "models/ck_llama/tokenizer.json"
+    tok.write_text(tok.read_text().replace('"sat"', '"sits"'))
+    ran = r.repro()
+    assert "inputs@ck_llama" in ran and not any("tiny_mlp" in s for s in ran), ran
