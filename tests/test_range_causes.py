@@ -166,8 +166,8 @@ def fp16_repo(tmp_path_factory):
     return r
 
 
-def _cell(r, model):
-    d = r.path / f"artifacts/diff/{model}-fp16-ort_cpu"
+def _cell(r, model, provider="ort_cpu"):
+    d = r.path / f"artifacts/diff/{model}-fp16-{provider}"
     return json.loads((d / "metrics.json").read_text()), json.loads((d / "layers.json").read_text())
 
 
@@ -219,3 +219,49 @@ def test_an_activation_above_65504_is_named_with_its_count(fp16_repo, tmp_path):
     n = cause["evidence"]["beyond_max"]
     assert cause["label"] == "overflow" and n == cause["evidence"]["inf_actual"] > 0, cause
     assert f"{n:,} values above 65504 (fp16's largest) at this layer" in cause["summary"], cause["summary"]
+
+
+# ---------------------------------------------------------------- a torch model, torch_cpu + ort_cpu fp16
+
+BN_NET = '''\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.fc1, self.bn, self.act, self.fc2 = nn.Linear(4, 24), nn.BatchNorm1d(24), nn.ReLU(), nn.Linear(24, 2)
+        with torch.no_grad():  # trained-looking: activations ~3e3, their running variances 1e7-1e8
+            self.fc1.weight.copy_(torch.randn(24, 4, generator=g) * 1500.0)
+            self.bn.running_var.copy_(torch.rand(24, generator=g) * 9e7 + 1e7)
+
+    def forward(self, x):
+        return torch.sigmoid(self.fc2(self.act(self.bn(self.fc1(x)))))
+'''
+
+
+def test_a_torch_batchnorm_beyond_fp16_fails_both_cells_at_that_batchnorm(tmp_path):
+    """torch's .half() makes the variances inf (the layer outputs its bias, 0), onnxruntime's conversion
+    clamps them to 65504: both fp16 cells are wrong from `bn` on. The trusted backend judged against
+    itself is no BASELINE there (its error is capped: it fails), and the ORT cell's cause names the
+    parameter from the exported graph (the exporter keeps a BatchNorm1d after a Linear)."""
+    r = make_repo(tmp_path / "repo", models=("bn_net",), dtypes=("fp16",), compose=False)
+    (r.path / "usermodels").mkdir()
+    (r.path / "usermodels/__init__.py").write_text("")
+    (r.path / "usermodels/net.py").write_text(BN_NET)
+    (r.path / "conf/models/bn_net.yaml").write_text(
+        "bn_net:\n  arch: {source: import, name: 'usermodels.net:Net'}\n  input:\n"
+        "    - {name: x, shape: [8, 4], dtype: float32, init: normal, mean: 0.0, std: 1.0}\n  tolerances: []\n")
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("a BatchNorm1d with running variances beyond fp16")
+    r.repro()
+    m, lj = _cell(r, "bn_net", "torch_cpu")
+    assert m["verdict"] == "FAIL" and m["drift_origin"] == "bn", m
+    assert [d["name"] for d in lj["layers"] if d["passed"]] == ["fc1"]
+    m, lj = _cell(r, "bn_net", "ort_cpu")
+    assert m["verdict"] == "FAIL" and m["drift_origin"] == "bn", m
+    cause = lj["drift_origin_cause"]
+    assert cause["label"] == "range" and "bn.running_var (read by BatchNormalization): 24 of 24 values above 65504" \
+        in cause["summary"], cause

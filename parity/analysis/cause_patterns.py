@@ -27,7 +27,8 @@ so the same arrays give the same evidence, byte for byte.
                        slope of the centred log-probabilities; the residual is at least 10x smaller than
                        the error.
   cancellation         the layer subtracts nearly equal values: its input (the fp64 reference's `pre:<call>`)
-                       is at least 16x larger than its output (rms), and the error is what one rounding of
+                       is at least 16x larger than its output (rms) and mostly a common offset (|mean| >=
+                       0.9 rms: a large input divided down, a normalisation, is not), and the error is what one rounding of
                        the input in the cell's format leaves in the output: rel_l2 <= 8 u rms(input) /
                        rms(output) (while more than the precision limit at the output's own scale).
 Each function returns (label, summary, evidence) or None.
@@ -307,6 +308,7 @@ def softmax_temperature(a, b, rel: float) -> tuple | None:
 
 CANCEL_RATIO = 16.0        # input rms at least this many times the output's
 CANCEL_K = 8.0             # error at most this many roundings of the input, relative to the output
+CANCEL_OFFSET = 0.9        # the input is mostly a common offset: |mean| >= this share of its rms
 
 
 def cancellation(a, b, x, rel: float, u: float, limit: float) -> tuple | None:
@@ -317,8 +319,9 @@ def cancellation(a, b, x, rel: float, u: float, limit: float) -> tuple | None:
     if not x.size:
         return None
     rin, rout = math.sqrt(_dot(x, x) / x.size), math.sqrt(_dot(b.ravel(), b.ravel()) / max(b.size, 1))
-    if rout == 0 or rin < CANCEL_RATIO * rout:
-        return None
+    mean = float(np.add.reduce(x)) / x.size
+    if rout == 0 or rin < CANCEL_RATIO * rout or abs(mean) < CANCEL_OFFSET * rin:
+        return None  # a small output from a large input by division (a normalisation) is no cancellation
     explained = u * rin / rout  # the relative error one rounding of the input leaves in the output
     if rel > CANCEL_K * explained or rel <= limit:
         return None

@@ -15,7 +15,8 @@ wins:
              subnormal (fp16 6.1e-5 and 5.96e-8).
   cancellation
              (when the error is beyond the precision limit, with `inputs`) the layer's input is >= 16x
-             larger (rms) than its output and the error is what one rounding of the input explains
+             larger (rms) than its output, mostly a common offset that the layer removes, and the error
+             is what one rounding of the input explains
              (parity.analysis.cause_patterns).
   layout     an axis permutation of `actual` (or a reshape of its buffer to the permuted shape, then the
              permutation: NHWC data labelled NCHW) matches `expected`: rel_l2 after the permutation
@@ -47,7 +48,7 @@ wins:
   unknown    none of the above: rel_l2, cosine, max_abs, and the best scale/offset fits tried.
 
 Two causes come from the cell's settings, not from the numbers. `param_range(settings, layer, ...)`
-(label `range`): the capture scanned the graph's parameters before anything ran (status.json
+(label `range`): the capture scanned the graph's parameters, from the graph alone (status.json
 `settings.range`, parity.backends.ort_cpu.range_scan: fp16 cells) and the layer reads one that the
 format cannot hold: "var (read by BatchNormalization): 24 of 24 values above 65504 (fp16's largest; max
 9.6e+07): inf in a cast, 65504 in onnxruntime's fp16 conversion", or nonzero values below the smallest
@@ -446,8 +447,8 @@ def _reads(entry: dict, name: str) -> bool:
 
 
 def param_range(settings: dict | None, name: str, numeric: dict | None = None) -> Cause | None:
-    """The range cause of layer `name` when the capture found (status.json settings.range, before
-    anything ran: parity.backends.ort_cpu.range_scan) parameters it reads that the cell's format
+    """The range cause of layer `name` when the capture found (status.json settings.range,
+    from the graph alone: parity.backends.ort_cpu.range_scan) parameters it reads that the cell's format
     cannot hold: their counts, largest / smallest values and what the cast makes of them; None else.
     `numeric`: classify()'s cause of the layer's values (as_dict), kept as evidence."""
     found = [e for e in (settings or {}).get("range") or [] if _reads(e, name)]
