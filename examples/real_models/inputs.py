@@ -104,8 +104,10 @@ def _normalised(fr: np.ndarray) -> np.ndarray:
     return (fr - fr.mean(1, keepdims=True)) / fr.std(1, keepdims=True)
 
 
-def arrays(model: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """{input name: [SAMPLES, *shape] array} for a model of the set."""
+def arrays(model: str, seed: int = 0, warm=None) -> dict[str, np.ndarray]:
+    """{input name: [SAMPLES, *shape] array} for a model of the set. `warm(chunks, sr)` -> state runs a
+    recurrent model over a stream's earlier chunks (silero: the state after 0.5 s of the same voice;
+    without it the state is zeros, a stream's first chunk)."""
     rng = np.random.default_rng(seed)
     det = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     rec = ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
@@ -117,8 +119,8 @@ def arrays(model: str, seed: int = 0) -> dict[str, np.ndarray]:
         "magika": lambda: {"bytes": [file_bytes(t) for t in TEXTS[:SAMPLES]]},
         "basic_pitch": lambda: {"serving_default_input_2:0": [
             tone(rng, 43844, 22050, f)[None, :, None] for f in (220.0, 329.6)]},
-        "silero_vad": lambda: _vad(rng),
-        "silero_vad_op15": lambda: _vad(rng),
+        "silero_vad": lambda: _vad(rng, warm),
+        "silero_vad_op15": lambda: _vad(rng, warm),
         "crepe_tiny": lambda: {"frames": [crepe_frames(rng, 8, f) for f in (220.0, 440.0)]},
         "crepe_unvoiced": lambda: {"frames": [_normalised(rng.standard_normal((8, 1024))), crepe_frames(rng, 8, 20.0)]},
     }
@@ -128,17 +130,26 @@ def arrays(model: str, seed: int = 0) -> dict[str, np.ndarray]:
     return {k: a.astype(np.float32) if a.dtype.kind == "f" else a for k, a in out.items()}
 
 
-def _vad(rng) -> dict:
-    return {"input": [voiced(rng, 512, 16000)[None].astype(np.float32) for _ in range(SAMPLES)],
-            "state": [np.zeros((2, 1, 128), np.float32)] * SAMPLES,
-            "sr": [np.array(16000, np.int64)] * SAMPLES}
+def _vad(rng, warm=None, chunks: int = 16) -> dict:
+    """Per sample: chunk `chunks` of a voiced stream as silero v5+ takes it (576 samples: the previous
+    chunk's last 64, then 512 new ones), and the state after the chunks before it."""
+    out = {"input": [], "state": [], "sr": []}
+    for _ in range(SAMPLES):
+        x = voiced(rng, 512 * (chunks + 1), 16000).astype(np.float32).reshape(chunks + 1, 512)
+        ctx = np.concatenate([np.zeros((1, 64), np.float32), x[:-1, -64:]])
+        framed = np.concatenate([ctx, x], axis=1)[:, None]  # [chunks + 1, 1, 576]
+        state = warm(framed[:-1], 16000) if warm else np.zeros((2, 1, 128), np.float32)
+        out["input"].append(framed[-1])
+        out["state"].append(np.asarray(state, np.float32))
+        out["sr"].append(np.array(16000, np.int64))
+    return out
 
 
-def write(model: str, folder: Path, seed: int = 0) -> list[Path]:
+def write(model: str, folder: Path, seed: int = 0, warm=None) -> list[Path]:
     """Save the model's input arrays as <folder>/<model>_<input>.npy (input names sanitised)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = []
-    for name, a in arrays(model, seed).items():
+    for name, a in arrays(model, seed, warm).items():
         p = folder / f"{model}_{safe(name)}.npy"
         np.save(p, a)
         out.append(p)
