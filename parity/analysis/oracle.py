@@ -85,9 +85,11 @@ SCALE_UNITS = 0.25
 # A trusted backend whose error at a layer exceeds this share of the layer's rms does not round the
 # layer, it breaks it (a parameter beyond the format's range, catastrophic cancellation): its error is
 # no yardstick there, and it is counted up to this much only, so an error above k / 64 (1/16 of the
-# rms at k = 4) fails whatever the trusted backend does. 1/64 is 32 units of fp16's roundoff and 4 of
-# bf16's: a rounding error that large is no rounding any more (docs/verdicts.md section 1e).
+# rms at k = 4) fails whatever the trusted backend does. 1/64 is 32 units of fp16's roundoff: a rounding
+# error that large is no rounding any more (docs/verdicts.md section 1e). A coarser format gets its own 32
+# units (FLOOR_MAX_UNITS: bf16's cap is 1/8), so a deep model's accumulated bf16 rounding stays a yardstick.
 FLOOR_MAX_REL = 1.0 / 64
+FLOOR_MAX_UNITS = 32
 
 
 @dataclass
@@ -122,10 +124,11 @@ class Sq:
         return math.sqrt(self.ref / self.n) if self.n else 0.0
 
 
-def _floor(err: Sq, floor: Sq | None) -> tuple[float, bool]:
-    """(the trusted backend's error as the yardstick, whether FLOOR_MAX_REL capped it)."""
+def _floor(err: Sq, floor: Sq | None, u: float) -> tuple[float, bool]:
+    """(the trusted backend's error as the yardstick, whether the cap, FLOOR_MAX_REL or FLOOR_MAX_UNITS u of
+    the rms, the larger, capped it)."""
     f = floor.rmse if floor is not None else 0.0
-    cap = FLOOR_MAX_REL * err.rms_ref
+    cap = max(FLOOR_MAX_REL, FLOOR_MAX_UNITS * u) * err.rms_ref
     return (cap, True) if f > cap > 0 else (f, False)
 
 
@@ -138,7 +141,7 @@ def scale_floor(err: Sq, u: float) -> float:
 def excess(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> float:
     """err / (max(floor, u rms, scale floor) + slack rms / k): k times err over the limit."""
     noise = u * err.rms_ref
-    denom = max(_floor(err, floor)[0], noise, scale_floor(err, u)) + slack * err.rms_ref / k
+    denom = max(_floor(err, floor, u)[0], noise, scale_floor(err, u)) + slack * err.rms_ref / k
     return err.rmse / max(denom, 1e-300)
 
 
@@ -170,7 +173,7 @@ def judge(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> 
     if err.amax is not None:
         out["ref_max"] = err.amax
         out["scale_floor"] = scale_floor(err, u)
-    f, capped = _floor(err, floor)
+    f, capped = _floor(err, floor, u)
     if out["passed"] and err.rmse > k * max(f, u * err.rms_ref) + slack * err.rms_ref:  # only the scale floor passes it
         vs = f", {err.rmse / f:.3g}x the trusted backend's {f:.3g}" if f > 0 else ""
         n = k * SCALE_UNITS
