@@ -5,10 +5,9 @@ Writes, under --out:
   provider-<name>.json     what one provider's cells depend on (its `uses:` components)
   stage-<name>.json        what a shared stage depends on (parity.backends.fingerprint.STAGE_USES)
   host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
-and under --code, <model>.json: the sha256 of an `import` model's source files (parity.core.codedeps) and
-of every file a model reads (an ONNX file and its external data, a checkpoint's shards and tokenizer
-files, a `weights:` file; hashed by streaming, remembered in .dvc/tmp: parity.core.modelfiles), a
-dependency of that model's stages, so editing the user's model code or files re-runs exactly those;
+and under --code, <model>.json: sha256 of an `import` model's source and of every file a model reads (ONNX
+external data, checkpoint shards and tokenizer, `weights:`; parity.core.modelfiles streams and remembers
+them), a dependency of that model's stages, so editing the user's model code or files re-runs exactly those;
 provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
 code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
 suite-<suite>.json: the same for the modules a suite names (parity.suites.code); stage-<stage>.json: the
