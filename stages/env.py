@@ -12,8 +12,7 @@ provider-<provider>.json: the same for the provider's runner module and what it 
 code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
 suite-<suite>.json: the same for the modules a suite names (parity.suites.code); stage-<stage>.json: the
 same for each dvc.yaml stage's import closure (stages/closures.json, `parity deps --write`).
-Identical machines give identical bytes, so downstream stages re-run only when something they use
-changed.
+Identical machines give identical bytes: downstream stages re-run only when something they use changed.
 """
 
 from __future__ import annotations
