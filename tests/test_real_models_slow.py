@@ -52,7 +52,7 @@ def cells(results, dtype: str) -> list[dict]:
 def test_every_cell_has_a_verdict(results):
     for m, r in results.items():
         assert not r.get("compose_error"), (m, r.get("compose_error"))
-        assert r["run"]["rc"] == 0, (m, r["run"])
+        assert r["run"]["rc"] == 0, (m, r["run"].get("said"), r["run"]["errors"])
         assert r["cells"] and all(c["verdict"] != "NO RESULT" for c in r["cells"]), (m, r["cells"])
 
 
