@@ -53,6 +53,9 @@ def main(argv=None) -> int:
         print(f"generate@{key}: {res['verdict']}, top-1 agreement {res['agreement']}/{res['steps']}, first "
               f"divergence {s['first_divergence']}, first failing step {s['first_fail']}, worst excess "
               f"{res['worst_excess']:.3g}, drift origin {s['drift_origin']}")
+    for side, why in (("prompt", ""), ("reference", " (torch fp64, greedy)"),  # a checkpoint's tokenizer: the text
+                      (a.provider, " (its top-1 at each step on the reference's prefix)")) if res.get("text") else ():
+        print(f"generate@{key}: {side:<9} {res['text'][side if side in ('prompt', 'reference') else 'provider']!r}{why}")
     exit_now(0)
     return 0
 

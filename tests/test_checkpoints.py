@@ -24,6 +24,9 @@ from parity.core import store
 
 WORDS = ("the a cat dog sat on mat ran fast slow big small red blue green tree house river sun moon "
          "over under and of to in it is was").split()
+# the tokenizers' vocabulary: every id of the checkpoints' 64 has a token (generated text decodes whole)
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<s>", "</s>", *WORDS]
+VOCAB += [f"w{i}" for i in range(len(VOCAB), 64)]
 
 
 def save_tokenizer(folder: Path, style: str = "bert", padding_side: str = "right", pad: bool = True) -> dict:
@@ -34,7 +37,7 @@ def save_tokenizer(folder: Path, style: str = "bert", padding_side: str = "right
 
     from parity.models.hf import load
 
-    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "<s>", "</s>", *WORDS])}
+    vocab = {t: i for i, t in enumerate(VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -415,7 +418,7 @@ def test_the_inputs_stage_tokenises_without_torch(tmp_path):
 def test_a_dvc_tracked_checkpoint_loads_and_runs(tmp_path, monkeypatch):
     """A checkpoint folder tracked by `dvc add` (the project's cache.type: links into DVC's cache, not
     copies) loads through from_pretrained and runs; an edit of one shard re-runs that model's stages
-    and no other model's; an edit of its tokenizer.json re-runs its inputs stage."""
+    and no other model's."""
     from safetensors.torch import load_file, save_file
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -448,7 +451,36 @@ def test_a_dvc_tracked_checkpoint_loads_and_runs(tmp_path, monkeypatch):
     print(f"one shard edited: {time.perf_counter() - t0:.1f}s, ran {ran}")
     assert any(s.startswith("export@ck_llama") for s in ran), ran
     assert not any("tiny_mlp" in s for s in ran), ran
-    tok = r.path / "models/ck_llama/tokenizer.json"
-    tok.write_text(tok.read_text().replace('"sat"', '"sits"'))
-    ran = r.repro()
-    assert "inputs@ck_llama" in ran and not any("tiny_mlp" in s for s in ran), ran
+
+
+def test_generation_takes_a_text_prompt_and_prints_both_sides_text(tmp_path, monkeypatch):
+    """generate.prompt on a checkpoint folder: tokenised by its tokenizer.json (special tokens as it adds
+    them), greedy decoding from the checkpoint's trained weights, and the decoded text of the reference
+    and of the provider printed by the stage and kept in steps.json; compose refuses a prompt for a
+    model without a tokenizer."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = make_repo(tmp_path / "repo", models=("ck_llama",), dtypes=("fp32",), providers=("ort_cpu",), compose=False)
+    save_checkpoint(r.path / "models/ck_llama", "llama", "float32")
+    save_tokenizer(r.path / "models/ck_llama", "llama")
+    (r.path / "conf/models/ck_llama.yaml").write_text(LLAMA)
+    (r.path / "data/inputs/prompts.txt").write_text(PROMPTS)
+    r.edit("conf/config.yaml", "  models: []               # dvc exp run -S 'generate.models=[gpt2_small]'",
+           "  models: [ck_llama]")
+    r.edit("conf/config.yaml", "  providers: [torch_cpu, ort_cpu]\n  steps: 32 ", "  providers: [ort_cpu]\n  steps: 4 ")
+    r.edit("conf/config.yaml", "  prompt: null ", "  prompt: 'the cat sat on the' ")
+    r.run([f"{BIN}/parity", "compose"])
+    r.commit("generate with a prompt")
+    out = r.run(["dvc", "repro", "generate@ck_llama-fp32-ort_cpu"]).stdout
+    steps = json.loads((r.path / "artifacts/generate/ck_llama-fp32-ort_cpu/steps.json").read_text())
+    words = VOCAB
+    assert steps["prompt"] == [4, *(words.index(w) for w in "the cat sat on the".split())], steps["prompt"]
+    assert steps["status"] == "OK" and steps["verdict"] == "PASS", steps
+    text = steps["text"]
+    assert text["prompt"] == "<s> the cat sat on the"
+    assert text["reference"] == " ".join(words[t] for t in steps["tokens_ref"])
+    for line in (f"generate@ck_llama-fp32-ort_cpu: prompt    {text['prompt']!r}",
+                 f"generate@ck_llama-fp32-ort_cpu: reference {text['reference']!r} (torch fp64, greedy)",
+                 f"generate@ck_llama-fp32-ort_cpu: ort_cpu   {text['provider']!r}"):
+        assert line in out, out
+    assert "generate.prompt: models.tiny_llama has no tokenizer" in config_error(
+        composed("models=[tiny_llama]", "generate.models=[tiny_llama]"), lambda p: p["generate"].update(prompt="hi"))

@@ -65,7 +65,7 @@ SECTION_KEYS = {
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
              "timeout_s", "workers"},
     "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
-    "generate": {"models", "dtypes", "providers", "steps", "prompt_len"},
+    "generate": {"models", "dtypes", "providers", "steps", "prompt_len", "prompt"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/config/inputspec.py
@@ -586,7 +586,7 @@ def _fuzz_train(p: dict) -> None:
 def _generate(p: dict) -> None:
     """generate (when generate.models names one): models among the selected ones and built from a
     Hugging Face config (arch.source: hf), dtypes and providers among the selected ones, steps and
-    prompt_len positive integers."""
+    prompt_len positive integers; a text `prompt` only for checkpoint folders with a tokenizer.json."""
     g = p.get("generate") or {}
     if not isinstance(g, dict):
         raise ConfigError(f"generate: expected a mapping, got {g!r}")
@@ -605,6 +605,16 @@ def _generate(p: dict) -> None:
                               f"{src}). Valid: models with arch.source: hf")
     _num("generate.steps", g.get("steps", S.Generate.steps), lo=1, hi=4096, integer=True)
     _num("generate.prompt_len", g.get("prompt_len", S.Generate.prompt_len), lo=1, hi=4096, integer=True)
+    text = g.get("prompt")
+    if text is not None:
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"generate.prompt: expected a non-empty string (or null: prompt_len seeded ids), got {text!r}")
+        for m in g.get("models") or []:
+            arch = p["models"][m]["arch"]
+            if not arch.get("path") or not (Path(str(arch["path"])) / "tokenizer.json").is_file():
+                raise ConfigError(f"generate.prompt: models.{m} has no tokenizer to read it with (a text prompt needs "
+                                  f"arch.path: a checkpoint folder holding tokenizer.json); drop generate.prompt "
+                                  f"for seeded prompt ids")
 
 
 # Precision modes a mixed-precision plan applies to (a `cast` dtype only below float32).

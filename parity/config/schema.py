@@ -253,6 +253,7 @@ class Generate:
     providers: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
     steps: int = 32
     prompt_len: int = 8
+    prompt: str | None = None  # text, tokenised by each model's checkpoint tokenizer (else prompt_len seeded ids)
 
 
 @dataclass(frozen=True)

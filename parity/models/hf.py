@@ -102,9 +102,9 @@ def checkpoint_config(path: str, head: str = "base", kwargs: dict | None = None)
     return getattr(tf, cls).from_config(cfg, **_extra(kwargs))
 
 
-def from_checkpoint(path: str, head: str = "base", kwargs: dict | None = None):
+def from_checkpoint(path: str, head: str = "base", kwargs: dict | None = None, use_cache: bool = False):
     """The checkpoint in `path` as a fp32 model with its trained weights (ValueError listing what
-    does not fit)."""
+    does not fit); `use_cache` on for generation (parity.pipeline.generate)."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.models is imported by ORT stages too
 
     tf = load()
@@ -115,7 +115,7 @@ def from_checkpoint(path: str, head: str = "base", kwargs: dict | None = None):
     tf.logging.set_verbosity_error()  # its load report and progress bar: the error below says what matters
     tf.logging.disable_progress_bar()
     try:
-        model, info = cls.from_pretrained(path, local_files_only=True, dtype=torch.float32, use_cache=False,
+        model, info = cls.from_pretrained(path, local_files_only=True, dtype=torch.float32, use_cache=use_cache,
                                           output_loading_info=True, **_extra(kwargs))
     except (OSError, ValueError, RuntimeError) as e:  # no weights file, an unknown model type, a bad shard
         msg = " ".join(str(e).split())

@@ -1,7 +1,9 @@
 """Generation drift (generate_export@model, generate@model-dtype-provider). Heavy: torch (imported
 inside the functions); onnxruntime through the provider's runner.
 
-Greedy decoding of `generate.steps` tokens from a seeded prompt of `generate.prompt_len` tokens, with a
+Greedy decoding of `generate.steps` tokens from a seeded prompt of `generate.prompt_len` tokens (or
+`generate.prompt`, text tokenised by a checkpoint folder's tokenizer.json: then each side's decoded
+text is recorded, `text` in steps.json, and printed), with a
 KV cache on every side (parity.pipeline.decoder.DecoderStep: the same step on torch and, exported, on ONNX
 Runtime). Step 0 is the prompt's prefill (past 0); step t > 0 feeds one token with the cache of the
 steps before it. Three runs, one model in memory at a time:
@@ -36,7 +38,8 @@ from parity.backends import CaptureJob, fault
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core.io import read_json, write_json
 from parity.models.onnx_cut import scopes
-from parity.pipeline import decoder
+from parity.models import hf
+from parity.pipeline import decoder, inputfiles
 from parity.pipeline.decoder import LOGITS, past_names, present_names
 from parity.config import schema
 
@@ -51,7 +54,26 @@ def build_lm(model_cfg: dict, seed: int):
     if arch.get("source") != "hf":
         raise ValueError(f"arch.source: {arch.get('source')}: generation needs a Hugging Face causal LM (hf)")
     torch.manual_seed(seed)
+    if arch.get("path"):  # a checkpoint folder: its trained weights (parity.models.hf)
+        return hf.from_checkpoint(str(arch["path"]), "causal_lm", arch.get("kwargs"), use_cache=True).eval()
     return decoder.build_causal_lm(arch["name"], dict(arch.get("kwargs") or {})).eval()
+
+
+def prompt_ids(p: dict, model: str, vocab: int) -> tuple[list[int], object]:
+    """(prompt ids, decode or None): `generate.prompt` tokenised by the model's checkpoint tokenizer
+    (ids as it gives them, special tokens included; prompt_len does not apply), else prompt_len
+    seeded ids (nothing to decode them with unless the model has a tokenizer.json)."""
+    c = schema.of(p)
+    arch = p["models"][model]["arch"]
+    folder = Path(str(arch["path"])) if arch.get("path") else None
+    codec = inputfiles.prompt_codec(folder) if folder and (folder / "tokenizer.json").is_file() else None
+    if c.generate.prompt is not None:
+        ids = codec[0](c.generate.prompt)
+        if not ids or max(ids) >= vocab:
+            raise ValueError(f"generate.prompt: tokenised by {folder}/tokenizer.json to {len(ids)} ids"
+                             f"{f', up to {max(ids)}, outside the vocabulary [0, {vocab})' if ids else ''}")
+        return ids, codec[1]
+    return prompt(int(c.seed), vocab, int(c.generate.prompt_len)), (codec[1] if codec else None)
 
 
 def export_model(p: dict, model: str, out: Path) -> dict:
@@ -267,7 +289,8 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
 
     info = read_json(export_dir / "decoder.json")
     lm = build_lm(p["models"][model], seed)
-    ids = prompt(seed, int(lm.config.vocab_size), plen)
+    ids, decode_text = prompt_ids(p, model, int(lm.config.vocab_size))
+    res["prompt_len"] = len(ids)
     with tempfile.TemporaryDirectory() as tmp:
         gold = np.lib.format.open_memmap(Path(tmp) / "gold.npy", mode="w+", dtype=np.float64,
                                          shape=(steps, int(lm.config.vocab_size)))
@@ -288,6 +311,9 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
     res.update(status="OK", reason="", verdict="PASS" if fail is None else "FAIL", provider_is_baseline=side == "torch",
                prompt=ids, tokens_ref=tokens, agreement=sum(r["agree"] for r in rows), first_divergence=div,
                first_fail=fail, worst_excess=max(r["excess"] for r in rows), steps_detail=rows, origin=None)
+    if decode_text is not None:  # the text of each side: the provider's top-1 at each step, on the reference's prefix
+        res["text"] = {"prompt": decode_text(ids), "reference": decode_text(tokens),
+                       "provider": decode_text([r["token"] for r in rows])}
     if fail is not None:
         res["origin"] = {"step": fail, **drift_origin(p, model, dtype, side, runner, export_dir, info,
                                                        ids + tokens[:fail])}

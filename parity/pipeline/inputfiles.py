@@ -255,3 +255,17 @@ def _fast_tokenizer(folder: Path):
         encs = tok.encode_batch(prompts)
         return {k: np.array([getattr(e, f) for e in encs], dtype=np.int64) for k, f in ENCODING_FIELDS.items()}
     return encode
+
+
+def prompt_codec(folder: Path):
+    """(encode(text) -> ids, decode(ids) -> text) by the checkpoint's tokenizer.json, no padding or
+    truncation, special tokens as the tokenizer adds them (generation's text prompt)."""
+    from tokenizers import Tokenizer  # lazy: +0.03 s, only a text prompt
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise InputError(f"generate.prompt: {folder}: no tokenizer.json ({NO_TOKENIZER})")
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.no_truncation()
+    return (lambda text: list(tok.encode(text).ids)), (lambda ids: tok.decode(list(ids), skip_special_tokens=False))
