@@ -223,3 +223,19 @@ def test_contrib_op_in_the_reference_and_the_golden_run(tmp_path):
     gold, why, fell = onnx_reference.golden_rows(p, "c", feeds, rows)
     assert why == "" and [t.name for t in gold] == ["z", "output"], why
     assert [(r["op"], r["ran"]) for r in fell] == [("FusedMatMul", "onnxruntime float64")], fell
+
+
+def test_a_negative_dim_value_is_a_dynamic_axis_not_a_size():
+    """Paddle2ONNX writes `dim_value: -1` for a dynamic batch (PP-OCR's text-direction classifier): it was
+    refused ("has shape [-1, 3, 48, 192], the spec [1, 3, 48, 192]"); any size is accepted there."""
+    from onnx import TensorProto, helper
+
+    from parity.pipeline.onnx_source import OnnxSourceError, check_inputs
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 48, 192])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g)
+    check_inputs(m, [{"name": "x", "shape": [2, 3, 48, 192], "dtype": "float32"}], Path("cls.onnx"), "arch.path")
+    with pytest.raises(OnnxSourceError, match="has shape"):
+        check_inputs(m, [{"name": "x", "shape": [2, 3, 48, 100], "dtype": "float32"}], Path("cls.onnx"), "arch.path")

@@ -198,7 +198,8 @@ def check_inputs(m, specs: list[dict], p: Path, where: str) -> None:
         if want and want != s.get("dtype", schema.InputSpec.dtype):
             raise OnnxSourceError(f"{where}: {p}: input '{s['name']}' is {want}, the spec says "
                                   f"{s.get('dtype', schema.InputSpec.dtype)}")
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        # a dim_value <= 0 is no size: Paddle2ONNX writes -1 for a dynamic batch (PP-OCR's classifier)
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
         if tt.HasField("shape") and (len(dims) != len(s["shape"]) or
                                      any(d is not None and d != v for d, v in zip(dims, s["shape"]))):
             shown = ["?" if d is None else d for d in dims]
