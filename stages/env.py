@@ -7,11 +7,11 @@ Writes, under --out:
   host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
 and under --code, <model>.json: sha256 of an `import` model's source and of every file a model reads (ONNX
 external data, checkpoint shards and tokenizer, `weights:`; parity.core.modelfiles streams and remembers
-them), a dependency of that model's stages, so editing the user's model code or files re-runs exactly those;
-provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
+them), a dependency of that model's stages, so editing the user's model code or files re-runs exactly those
+(<model>.inputs.json: the tokenizer files inputs@ reads); provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
 code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
-suite-<suite>.json: the same for the modules a suite names (parity.suites.code); stage-<stage>.json: the
-same for each dvc.yaml stage's import closure (stages/closures.json, `parity deps --write`).
+suite-<suite>.json: the same for a suite's modules (parity.suites.code); stage-<stage>.json: the same for
+each dvc.yaml stage's import closure (stages/closures.json, `parity deps --write`).
 Identical machines give identical bytes: downstream stages re-run only when something they use changed.
 """
 
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
     code = Path(a.code or out.parent / "code")
-    for name, c in [*codedeps.models_code(p["models"]).items(),  # import models' source: their stages
+    for name, c in [*codedeps.models_code(p["models"]).items(), *codedeps.inputs_code(p["models"]).items(),
                     *((f"provider-{k}", c) for k, c in codedeps.providers_code(p["providers"]).items()),  # runners
                     *((f"suite-{k}", c) for k, c in suite_code.suites_code(p).items()),  # a suite's modules
                     *((f"stage-{k}", c) for k, c in codedeps.stages_code(Path(codedeps.CLOSURES)).items())]:

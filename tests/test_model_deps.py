@@ -334,3 +334,29 @@ def test_dvc_tracked_onnx_model_runs_and_reruns_exactly_when_the_bytes_it_reads_
     assert r.repro() == ["env/dvc.yaml:env"]  # the same bytes through the symlinks
     ran = r.repro("-f", "-s", "export@tiny_onnx")
     assert ran == ["export@tiny_onnx"], ran
+
+
+def test_the_inputs_stage_depends_on_the_tokenizer_files_not_the_shards(tmp_path):
+    """inputs@<model> tokenises `init: text` prompts with the checkpoint's tokenizer.json and bounds token
+    ids by its config.json: those files (and only those) are in artifacts/code/<model>.inputs.json, which
+    dvc.yaml's inputs stage depends on."""
+    import yaml
+
+    from parity.core import codedeps, modelfiles
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for f, text in (("config.json", '{"model_type": "bert", "vocab_size": 10}'), ("tokenizer.json", "{}"),
+                    ("model.safetensors", "weights"), ("README.md", "docs")):
+        (ck / f).write_text(text)
+    models = {"m": {"arch": {"source": "hf", "path": str(ck)}}, "z": {"arch": {"source": "parity", "name": "mlp"}}}
+    code = lambda: codedeps.inputs_code(models, modelfiles.Digests(None))  # noqa: E731
+    first = code()
+    assert sorted(first["m.inputs"]["files"]) == ["config.json", "tokenizer.json"]
+    assert first["z.inputs"] == {"source": "parity", "files": {}}
+    (ck / "model.safetensors").write_text("other weights")
+    assert code() == first
+    (ck / "tokenizer.json").write_text('{"version": "1.0"}')
+    assert code()["m.inputs"]["files"]["tokenizer.json"] != first["m.inputs"]["files"]["tokenizer.json"]
+    st = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())["stages"]["inputs"]
+    assert "artifacts/code/${item.model}.inputs.json" in st["deps"]

@@ -214,6 +214,27 @@ def models_code(models: dict, roots=None, digests: modelfiles.Digests | None = N
     return out
 
 
+# what the inputs stage reads of a checkpoint folder (parity.pipeline.inputfiles: text inputs, token bounds)
+INPUT_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+
+
+def inputs_code(models: dict, digests: modelfiles.Digests | None = None) -> dict[str, dict]:
+    """{"<model>.inputs": what inputs@<model> reads of the model's own files}: for a checkpoint folder
+    (`source: hf, path:`) the sha256 of its INPUT_FILES that exist (its tokenizer tokenises `init: text`
+    inputs; config.json bounds token ids), else a constant. A changed tokenizer.json re-runs the inputs,
+    a changed shard does not (the model's stages depend on <model>.json for those)."""
+    digests = modelfiles.Digests.for_repo() if digests is None else digests
+    out = {}
+    for name, m in sorted(models.items()):
+        arch, files = m["arch"], {}
+        if arch["source"] == "hf" and arch.get("path"):
+            folder = Path(str(arch["path"]))
+            files = {f: digests.sha256(folder / f) for f in INPUT_FILES if (folder / f).is_file()}
+        out[f"{name}.inputs"] = {"source": arch["source"], "files": files}
+    digests.save()
+    return out
+
+
 def providers_code(providers: dict, roots=None) -> dict[str, dict]:
     """{provider: what its cells' stages depend on for runner code}: model_code of the module its
     `runner:` ('package.module:Class') names, i.e. the runner's import closure. The stages that run one
