@@ -152,3 +152,40 @@ def test_36_8_a_full_disk_is_one_line_and_publishes_nothing(tmp_path):
         assert list(full.iterdir()) == []
     finally:
         subprocess.run(["umount", str(full)])
+
+
+def _copy_tree(tmp_path):
+    from conftest import ROOT
+
+    for name in ("parity", "stages", "conf", "env"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def test_36_8_a_corrupt_closures_file_and_a_module_that_does_not_parse_are_one_line(tmp_path):
+    """A corrupt stages/closures.json gave the env stage a JSONDecodeError traceback not naming the file;
+    `parity deps --write` over a module with a syntax error, a traceback."""
+    import subprocess
+    import sys
+
+    from conftest import BIN, env
+
+    root = _copy_tree(tmp_path)
+    e = dict(env(), PYTHONPATH=str(root))
+    (root / "stages/closures.json").write_text('{"a": [')
+    p = subprocess.run([sys.executable, "-m", "stages.env", "--out", "artifacts/env", "--code", "artifacts/code"],
+                       cwd=root, env=e, capture_output=True, text=True)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip() == ("python -m stages.env: stages/closures.json: corrupt (Expecting value: line 1 column 8 "
+                                "(char 7)): run `parity deps --write` to make it again"), p.stderr
+    (root / "parity/core/broken.py").write_text("import os\ndef f(:\n")
+    env_py = root / "stages/env.py"
+    env_py.write_text(env_py.read_text().replace("from parity.core import codedeps\n",
+                                                 "from parity.core import broken, codedeps  # noqa\n"))
+    p = subprocess.run([f"{BIN}/parity", "deps", "--write"], cwd=root, env=e, capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().startswith("parity deps: ") and p.stderr.strip().endswith(
+        "parity/core/broken.py:2: syntax error (invalid syntax): its imports cannot be read; fix the module and run again")
+    assert (root / "stages/closures.json").read_text() == '{"a": ['  # nothing written

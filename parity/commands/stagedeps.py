@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import yaml
 
 from parity.core import codedeps
+from parity.core.codedeps import CodeDepsError
 
 CODE_DIRS = ("parity", "stages", "hydra_plugins")
 DVC_FILES = ("dvc.yaml", "env/dvc.yaml")
@@ -251,7 +253,15 @@ def problems(root: Path) -> list[str]:
 def main(args) -> int:
     """`parity deps --write | --check` from the repo root (args.root)."""
     root = Path(args.root).resolve()
-    if args.write:
+    try:
+        return _run(root, args.write)
+    except CodeDepsError as e:
+        print(f"parity deps: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(root: Path, write_: bool) -> int:
+    if write_:
         changed = write(root)
         print(f"parity deps: rewrote {', '.join(changed)}" if changed else "parity deps: dvc.yaml and "
               f"{CLOSURES} up to date")

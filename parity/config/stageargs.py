@@ -14,12 +14,15 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _one_line_full_disk(prog: str):
-    """sys.excepthook for a stage: a full disk (ENOSPC, EDQUOT) is one line naming the stage and where,
-    exit 1; anything else keeps Python's traceback. Outputs are written to a temp file renamed into place
+    """sys.excepthook for a stage: a full disk (ENOSPC, EDQUOT), or an error marked `one_line`, is one line
+    naming the stage, exit 1; anything else keeps Python's traceback. Outputs are written to a temp file renamed into place
     (parity.core.io.atomic_path), so nothing partial was published (issue 36 item 8)."""
     previous = sys.excepthook
 
     def hook(kind, exc, tb):
+        if getattr(exc, "one_line", False):  # an error that says all (parity.core.codedeps.CodeDepsError)
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return None
         if not (isinstance(exc, OSError) and exc.errno in FULL):
             return previous(kind, exc, tb)
         where = f" writing {exc.filename}" if exc.filename else ""

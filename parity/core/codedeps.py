@@ -34,6 +34,12 @@ from pathlib import Path
 from parity.core import modelfiles
 
 CLOSURES = "stages/closures.json"  # every dvc.yaml stage's import closure (parity deps --write)
+
+
+class CodeDepsError(LookupError):
+    """A one-line error about the project's own code deps (a corrupt closures file, a module that does not
+    parse): a stage prints it as it is (parity.config.stageargs' hook reads `one_line`), `parity deps` too."""
+    one_line = True
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?$|^[A-Za-z_]\w*:[A-Za-z_][\w.]*$")
 
 
@@ -109,7 +115,11 @@ _NAMES: dict[tuple[str, str, str], frozenset[str]] = {}  # (file, module, sha256
 
 
 def _imported_names(path: Path, modname: str, data: bytes) -> frozenset[str]:
-    tree = ast.parse(data, filename=str(path))
+    try:
+        tree = ast.parse(data, filename=str(path))
+    except SyntaxError as e:  # issue 36 item 8: `parity deps --write` over such a module gave a traceback
+        raise CodeDepsError(f"{path}:{e.lineno}: syntax error ({e.msg}): its imports cannot be read; fix the "
+                            "module and run again") from None
     package = modname if path.name == "__init__.py" else modname.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -248,12 +258,17 @@ def stages_code(closures: Path) -> dict[str, dict]:
     """{stage: {"files": {file: sha256}}} for every stage of `closures` (stages/closures.json: each
     stage's import closure, paths relative to the repo root, the cwd), each file read once. A file the
     closure names but the tree lacks stops the env stage: `parity deps --check` says what is stale."""
-    names, digest = json.loads(Path(closures).read_text()), {}
+    try:
+        names, digest = json.loads(Path(closures).read_text()), {}
+    except ValueError as e:  # issue 36 item 8: a JSONDecodeError traceback that did not name the file
+        raise CodeDepsError(f"{closures}: corrupt ({e}): run `parity deps --write` to make it again") from None
+    if not isinstance(names, dict):
+        raise CodeDepsError(f"{closures}: corrupt (not a JSON object): run `parity deps --write` to make it again")
     for f in sorted({f for files in names.values() for f in files}):
         try:
             digest[f] = hashlib.sha256(Path(f).read_bytes()).hexdigest()
         except FileNotFoundError:
-            raise LookupError(f"{closures} names {f}, which does not exist: run `parity deps --write`") from None
+            raise CodeDepsError(f"{closures} names {f}, which does not exist: run `parity deps --write`") from None
     return {stage: {"files": {f: digest[f] for f in files}} for stage, files in sorted(names.items())}
 
 
