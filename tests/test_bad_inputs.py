@@ -130,6 +130,10 @@ def test_import_opdiff_refuses_files_that_are_not_opdiff_suites(repo, src, says)
      "input 'input' (init: file, path: data/inputs/infs.npy): 128 non-finite values"),
     ("words", np.array([[["a"] * 16] * 4] * 2),
      "input 'input' (init: file, path: data/inputs/words.npy): array of dtype <U1 (strings)"),
+    # issue 36 item 2: finite float64 values beyond float32's range passed the check and were stored as inf
+    ("huge", np.where(np.arange(128) % 32 == 0, 1e300, 1.0).reshape(2, 4, 16),
+     "input 'input' (init: file, path: data/inputs/huge.npy): 4 values beyond float32's range (largest |x| "
+     "1e+300 in the file's float64; float32 holds up to 3.403e+38) become inf in the float32 input"),
 ])
 def test_inputs_stage_refuses_a_file_of_nonfinite_or_nonnumeric_values(repo, name, array, says):
     (repo.path / "data/inputs").mkdir(parents=True, exist_ok=True)

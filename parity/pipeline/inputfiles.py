@@ -96,7 +96,15 @@ def load_file(spec: dict, arch: dict, n: int):
         if ids and (lo < 0 or (bound is not None and hi >= bound)):
             raise InputError(f"{where}: values span [{lo}, {hi}], outside [0, {bound}) "
                              f"({'the vocabulary: arch.kwargs.vocab_size' if spec.get('high') is None else 'high'})")
-    return np.ascontiguousarray(a.astype(dt))
+    with np.errstate(over="ignore"):  # an overflow is refused below, in one line
+        out = np.ascontiguousarray(a.astype(dt))
+    if dt.kind == "f" and a.dtype != dt and not np.isfinite(out).all():  # issue 36 item 2: 1e300 -> inf in float32
+        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+        big = float(np.max(np.abs(a[np.isfinite(a) & ~np.isfinite(out)]))) if a.dtype.kind == "f" else float("nan")
+        raise InputError(f"{where}: {bad} values beyond {dt}'s range (largest |x| {big:.3g} in the file's "
+                         f"{a.dtype}; {dt} holds up to {np.finfo(dt).max:.4g}) become inf in the {dt} input: "
+                         "scale or clip them in the file")
+    return out
 
 
 _KINDS = {"U": "strings", "S": "bytes", "O": "Python objects", "c": "complex numbers", "M": "dates",
