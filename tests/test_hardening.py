@@ -189,3 +189,20 @@ def test_36_8_a_corrupt_closures_file_and_a_module_that_does_not_parse_are_one_l
     assert p.stderr.strip().startswith("parity deps: ") and p.stderr.strip().endswith(
         "parity/core/broken.py:2: syntax error (invalid syntax): its imports cannot be read; fix the module and run again")
     assert (root / "stages/closures.json").read_text() == '{"a": ['  # nothing written
+
+
+@pytest.mark.parametrize("override, says", [
+    ("models.tiny_llama.input.0.shape=[1,100000]",
+     "models.tiny_llama.input input_ids: 100000 tokens, more than the model's 256 positions "
+     "(models.tiny_llama.arch.kwargs max_position_embeddings): use at most 256"),
+    ("+models.tiny_llama.shapes={long: {input_ids: [1, 300]}}",
+     "models.tiny_llama.shapes.long.input_ids: 300 tokens, more than the model's 256 positions"),
+])
+def test_36_7_a_sequence_longer_than_the_models_positions_is_refused_at_compose(override, says):
+    """tiny_llama at [1, 100000] (256 positions) was accepted and its export ran > 6 min with no word."""
+    from conftest import composed
+
+    with pytest.raises(Exception) as e:
+        composed("models=[tiny_llama]", override)
+    assert str(e.value).startswith(f"parity: config error: {says}"), str(e.value)
+    assert composed("models=[tiny_llama]", "models.tiny_llama.input.0.shape=[1,256]")["models"]["tiny_llama"]

@@ -202,7 +202,33 @@ def validate(where: str, m: dict) -> None:
             _input_file(w, spec.get("path"), FILE_SUFFIXES)
             if shapes is not None:
                 raise ValueError(f"{w}: file inputs have the file's shape; {where}.shapes cannot change it")
+    _positions(where, m)
     _text(where, m)
+
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")  # what transformers' configs call it
+
+
+def _positions(where: str, m: dict) -> None:
+    """A Hugging Face model's token inputs no longer than its position table (`arch.kwargs` or the
+    checkpoint's config.json; unknown when neither says): issue 36 item 7, tiny_llama at [1, 100000] with
+    256 positions was accepted and its export ran for minutes."""
+    arch = m.get("arch") or {}
+    if arch.get("source") != "hf":
+        return
+    cfg = {**checkpoint_config(arch), **(arch.get("kwargs") or {})}
+    key = next((k for k in POSITION_KEYS if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool)), None)
+    if key is None:
+        return
+    limit = int(cfg[key])
+    for lab in labels(m):
+        for s in specs_for(m, lab):
+            if s.get("dtype", schema.InputSpec.dtype) in ("int64", "int32") and len(s["shape"]) >= 2 \
+                    and s["shape"][-1] > limit:
+                at = f"{where}.shapes.{lab}.{s['name']}" if lab is not None else f"{where}.input {s['name']}"
+                src = f"{arch['path']}/config.json" if key not in (arch.get("kwargs") or {}) else f"{where}.arch.kwargs"
+                raise ValueError(f"{at}: {s['shape'][-1]} tokens, more than the model's {limit} positions "
+                                 f"({src} {key}): use at most {limit}")
 
 
 def _input_file(w: str, path, suffixes: tuple) -> None:
