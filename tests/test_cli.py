@@ -87,7 +87,7 @@ def test_sweep_over_two_model_lists_runs_two_experiments(tmp_path):
     # progress on stderr: each experiment as it is queued, its result as it finishes, then the totals
     for e in exps:
         assert f"queued {e['name']} ({e['overrides'][0]})" in p.stderr, p.stderr
-        assert f"{e['name']} ({e['overrides'][0]}) done: 1 passed, 0 failed, 0 not run" in p.stderr, p.stderr
+        assert f"{e['name']} ({e['overrides'][0]}) done: 1 passed, 0 failed, 0 baseline, 0 not exercised, 0 not run" in p.stderr, p.stderr
     assert "2/2 done: 2 cells passed" in p.stderr
     assert "\x1b[" not in p.stderr
     # the queue holds both, finished

@@ -238,11 +238,18 @@ def experiment_row(metrics: dict[str, dict]) -> dict:
     return {"cells": verdicts, "passed": sum(v == "PASS" for v in verdicts.values()),
             "failed": sum(v == "FAIL" for v in verdicts.values()),
             "not_run": sum(v not in status.VERDICTS for v in verdicts.values()),
+            # issue 36 item 10: BASELINE (and NOT_EXERCISED) cells were in no count of the final table
+            "baseline": sum(v == status.S.BASELINE for v in verdicts.values()),
+            "not_exercised": sum(v == status.S.NOT_EXERCISED for v in verdicts.values()),
             "worst": worst, "drift_origins": dict(sorted(origins.items()))}
 
 
+COUNTS = ("passed", "failed", "baseline", "not_exercised", "not_run")  # a cell's verdict, counted
+
+
 def _counts(row: dict) -> str:
-    return f"{row['passed']} passed, {row['failed']} failed, {row['not_run']} not run"
+    return (f"{row['passed']} passed, {row['failed']} failed, {row['baseline']} baseline, "
+            f"{row['not_exercised']} not exercised, {row['not_run']} not run")
 
 
 def _run_first(combo: list[str], cwd: str, prog: Progress) -> str:
@@ -277,7 +284,7 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
     """Poll the queue until every experiment is done; print cell verdicts and experiment results as
     they come. Returns {name: final status}."""
     t0, seen, ended, warned = time.monotonic(), {}, dict.fromkeys(first, "Success"), False
-    checked = t0
+    checked, silent, last = t0, 0, None
     for n, row in first.items():
         prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {_counts(row)}", advance=1)
     while True:
@@ -309,8 +316,12 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
         if len(ended) == len(names):
             return ended
         if not warned and time.monotonic() - checked > STARTUP_S:
-            checked = time.monotonic()
-            if q.workers() == 0:  # e.g. `queue start` met the last sweep's worker as it shut down
+            checked, progress = time.monotonic(), (len(seen), len(ended), len(running))
+            # a worker busy on a loaded machine can miss celery's ~1 s broadcast (issue 36 item 10: the
+            # warning, then a normal finish): only two silent checks in a row with no progress between count
+            silent = silent + 1 if q.workers() == 0 and progress == last else 0
+            last = progress
+            if silent >= 2:  # e.g. `queue start` met the last sweep's worker as it shut down
                 warned = True
                 waiting = [n for n in names if n not in ended]
                 prog.line(f"parity sweep: no DVC queue worker is alive while {', '.join(waiting)} wait(s): "
@@ -373,21 +384,22 @@ def _finish(names, by_name, keys, ended, rows, as_json, out, err) -> int:
     for n in names:
         row = experiment_row(rows[n]) if n in rows else None
         exps.append({"name": n, "overrides": by_name[n], "status": ended[n] if row else "Failed",
-                     **(row or {"cells": {}, "passed": None, "failed": None, "not_run": None,
+                     **(row or {"cells": {}, **dict.fromkeys(COUNTS),
                                 "worst": None, "drift_origins": {}})})
     failed = [e["name"] for e in exps if e["status"] != "Success"]
     if as_json:
         dump_json({"overrides": keys, "experiments": exps}, out)
     else:
-        head = ["experiment", *keys, "passed", "failed", "not run", "worst", "drift origins"]
+        head = ["experiment", *keys, *(k.replace("_", " ") for k in COUNTS), "worst", "drift origins"]
         table(head, [[e["name"], *(_value(e["overrides"], k) for k in keys),
-                      *(str(e[k]) if e[k] is not None else "-" for k in ("passed", "failed", "not_run")),
+                      *(str(e[k]) if e[k] is not None else "-" for k in COUNTS),
                       num(e["worst"]),
                       ", ".join(f"{o} ({c})" if c > 1 else o for o, c in e["drift_origins"].items()) or "-"]
                      for e in exps], out)
-    tot = {k: sum(e[k] or 0 for e in exps) for k in ("passed", "failed", "not_run")}
+    tot = {k: sum(e[k] or 0 for e in exps) for k in COUNTS}
     print(f"parity sweep: {len(exps) - len(failed)}/{len(exps)} done: {tot['passed']} cells passed, "
-          f"{tot['failed']} failed, {tot['not_run']} not run", file=err)
+          f"{tot['failed']} failed, {tot['baseline']} baseline, {tot['not_exercised']} not exercised, "
+          f"{tot['not_run']} not run", file=err)
     if failed:
         print(f"parity sweep: experiments that did not finish: {', '.join(failed)} "
               f"(`dvc queue logs NAME` shows why)", file=err)
