@@ -92,16 +92,20 @@ def test_onnx_dependency_is_the_file_and_every_location_its_tensors_name(tmp_pat
     assert {k for k in code["files"] if code["files"][k] != new["files"][k]} == {"data/sub/then.bin"}
 
 
+HWM = ("\nimport sys\nsys.stdout.flush()\nprint('VmHWM', next(ln.split()[1] for ln in open('/proc/self/status') "
+       "if ln.startswith('VmHWM')), file=sys.stderr)")
+
+
 def _max_rss_mb(code: str, cwd: Path) -> tuple[float, float, str]:
-    """(peak RSS in MiB, seconds, stdout) of `python -c code` in `cwd`, from the kernel (wait4)."""
+    """(peak RSS in MiB, seconds, stdout) of `python -c code` in `cwd`: the process's own high-water mark
+    (VmHWM, per address space). Not wait4's ru_maxrss: on Linux it keeps the RSS the forked child had
+    before exec, the pytest worker's (419 MiB under xdist, for a 16 MiB hash)."""
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env={**env(), "PYTHONPATH": str(ROOT)},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = p.stdout.read()
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    assert p.returncode == 0, out
-    return ru.ru_maxrss / 1024, time.monotonic() - t0, out
+    p = subprocess.run([sys.executable, "-c", code + HWM], cwd=cwd, env={**env(), "PYTHONPATH": str(ROOT)},
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    kb = int(next(ln.split()[1] for ln in p.stderr.splitlines() if ln.startswith("VmHWM")))
+    return kb / 1024, time.monotonic() - t0, p.stdout
 
 
 def test_files_are_hashed_by_streaming_and_a_sparse_tib_beside_a_model_is_never_opened(tmp_path):
