@@ -244,6 +244,15 @@ def _int8_weights(runner, path) -> int:
                if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2)
 
 
+def _host_has_vnni() -> bool:
+    """This machine's CPU (not the recorded cpuinfo the test feeds the fingerprint) has VNNI."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 @pytest.mark.parametrize("cpuinfo, reduce_range, max_weight", [(CPUINFO_AVX2, True, 64), (CPUINFO_VNNI, False, 127)])
 def test_int8_reduce_range_auto_follows_the_cpu_and_meets_the_contract_bound(
         cpuinfo, reduce_range, max_weight, exported, reference, monkeypatch):
@@ -264,6 +273,10 @@ def test_int8_reduce_range_auto_follows_the_cpu_and_meets_the_contract_bound(
     r = cls(j)
     r._prepare()
     assert _int8_weights(r, exported / "layers.onnx") == max_weight
+    if not reduce_range and not _host_has_vnni():
+        pytest.skip("not applicable: full 8-bit weights meet the contract bound only on a CPU with VNNI; this "
+                    "machine has none (its AVX2 u8 x s8 kernels saturate: fc1 rel_l2 > 0.2), which is why "
+                    "`reduce_range: auto` picks 7 bits here")
     res = run_capture(cls, j, FEEDS, 0, 1)
     assert res.status == "OK", res.reason
     for k, named in enumerate(res.samples):
