@@ -152,7 +152,7 @@ def limit_rel(rec: dict, u: float, k: float, slack: float) -> float | None:
     if not rms:
         return None
     f = rec.get("floor_rmse") or 0.0
-    f = min(f, FLOOR_MAX_REL * rms)
+    f = min(f, max(FLOOR_MAX_REL, FLOOR_MAX_UNITS * u) * rms)
     return k * max(f, u * rms, SCALE_UNITS * u * (rec.get("ref_max") or 0.0)) / rms + slack
 
 
@@ -182,7 +182,8 @@ def judge(err: Sq, floor: Sq | None, u: float, k: float, slack: float = 0.0) -> 
                        "an approximated kernel on saturated values")
     elif capped:
         out["note"] = (f"the trusted backend's own error here, rel_l2 {floor.rmse / err.rms_ref:.3g}, is no "
-                       f"rounding: its values are broken too (floor counted up to rel_l2 {FLOOR_MAX_REL:g})")
+                       f"rounding: its values are broken too (floor counted up to rel_l2 "
+                       f"{max(FLOOR_MAX_REL, FLOOR_MAX_UNITS * u):g})")
     return out
 
 
