@@ -142,9 +142,10 @@ def test_sweep_over_three_dtypes_runs_three_experiments_sharing_export(tmp_path)
     assert [row[1] for row in rows] == ["fp32", "fp16", "bf16"], p.stdout
     assert p.stdout.splitlines()[0].split()[:4] == ["experiment", "dtypes", "passed", "failed"]
     assert "3/3 done" in p.stderr
-    # fp32 passes; bf16 is not declared by ort_cpu: reported as not run, not crashed
+    # fp32 passes; bf16 is not declared by ort_cpu: reported as not run, not crashed (columns: passed,
+    # failed, baseline, not exercised, not run)
     by_dtype = {row[1]: row for row in rows}
-    assert by_dtype["fp32"][2:5] == ["1", "0", "0"] and by_dtype["bf16"][2:5] == ["0", "0", "1"]
+    assert by_dtype["fp32"][2:7] == ["1", "0", "0", "0", "0"] and by_dtype["bf16"][2:7] == ["0", "0", "0", "0", "1"]
     logs = [r.run(["dvc", "queue", "logs", row[0]]).stdout for row in rows]
     for shared in ("export@tiny_mlp", "reference@tiny_mlp", "inputs@tiny_mlp"):
         assert sum(f"Running stage '{shared}'" in log for log in logs) == 1, shared
