@@ -121,6 +121,16 @@ def _stage_writing(path: str) -> str | None:
     return None
 
 
+def json_object(path: str | Path) -> dict:
+    """A JSON object file's content, {} when it is missing or not one (a model folder's optional
+    config.json / tokenizer_config.json: the loader that needs it says what is wrong)."""
+    try:
+        got = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def read_json(path: str | Path):
     try:
         with open(path) as f:

@@ -30,6 +30,8 @@ import re
 import time
 from pathlib import Path
 
+from parity.core.io import json_object
+
 EXTERNAL = 1  # TensorProto.DataLocation.EXTERNAL
 # protobuf field numbers of the messages that can hold tensors (onnx-ml.proto): message -> {field: message}
 _HOLDS = {
@@ -179,10 +181,10 @@ def hf_files(folder: Path) -> list[str]:
     are not read, so they are not dependencies."""
     names = {f.name for f in folder.iterdir() if not f.name.startswith(".") and f.is_file()}
     out = {n for n in names if n.endswith(HF_SIDE) and not n.endswith(".index.json")}
-    explicit = _json(folder / "config.json").get("transformers_weights") if "config.json" in names else None
+    explicit = json_object(folder / "config.json").get("transformers_weights") if "config.json" in names else None
     for n in ([explicit] if _inside(explicit) else []) + HF_WEIGHTS:
         if (folder / n).is_file():
-            shards = _json(folder / n).get("weight_map", {}).values() if n.endswith(".index.json") else []
+            shards = json_object(folder / n).get("weight_map", {}).values() if n.endswith(".index.json") else []
             return sorted(out | {n, *(s for s in shards if _inside(s))})
     return sorted(out)
 
@@ -190,15 +192,6 @@ def hf_files(folder: Path) -> list[str]:
 def _inside(name) -> bool:
     """A relative path that stays in its folder (what a checkpoint's config or index may name)."""
     return isinstance(name, str) and bool(name) and not Path(name).is_absolute() and ".." not in Path(name).parts
-
-
-def _json(f: Path) -> dict:
-    """A JSON object file's content ({} when it is not one: the loader says so)."""
-    try:
-        got = json.loads(f.read_text())
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
 
 
 # -- digests --------------------------------------------------------------------------------------

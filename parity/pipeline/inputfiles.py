@@ -24,7 +24,6 @@ prompts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from parity.config import schema
 from parity.config.inputspec import export_label, model_vocab, sample_sets, specs_for, text_source, vocab_bound
 from parity.config.inputspec import NO_TOKENIZER, vocab_where
 from parity.core import store
+from parity.core.io import json_object
 
 
 class InputError(ValueError):
@@ -211,14 +211,6 @@ def tokenizer(folder: Path):
     return _fast_tokenizer(folder)
 
 
-def _json(path: Path) -> dict:
-    try:
-        got = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return got if isinstance(got, dict) else {}
-
-
 def _special(name: str, *configs: dict) -> str | None:
     """A special token's text as tokenizer_config.json / special_tokens_map.json give it."""
     for cfg in configs:
@@ -232,7 +224,7 @@ def _special(name: str, *configs: dict) -> str | None:
 def pad_token(folder: Path, token_to_id, id_to_token) -> tuple[int, str]:
     """(id, text) the tokenizer pads with: its pad token, else config.json's pad_token_id, else its
     EOS token (or config.json's eos_token_id), else id 0."""
-    tc, sm, cfg = (_json(folder / f) for f in ("tokenizer_config.json", "special_tokens_map.json", "config.json"))
+    tc, sm, cfg = (json_object(folder / f) for f in ("tokenizer_config.json", "special_tokens_map.json", "config.json"))
     for name, key in (("pad_token", "pad_token_id"), ("eos_token", "eos_token_id")):
         tok = _special(name, tc, sm)
         if tok is not None and token_to_id(tok) is not None:
@@ -252,7 +244,7 @@ def _fast_tokenizer(folder: Path):
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - the library says what is wrong with the file
         raise InputError(f"input (init: text): {path}: cannot be read by the tokenizers library: {e}") from None
-    tc = _json(folder / "tokenizer_config.json")
+    tc = json_object(folder / "tokenizer_config.json")
     pid, ptok = pad_token(folder, tok.token_to_id, tok.id_to_token)
     pad_side = "right"  # not tc["padding_side"]: see the module docstring
     trunc_side = tc.get("truncation_side") if tc.get("truncation_side") in ("left", "right") else "right"
