@@ -206,3 +206,69 @@ def test_36_7_a_sequence_longer_than_the_models_positions_is_refused_at_compose(
         composed("models=[tiny_llama]", override)
     assert str(e.value).startswith(f"parity: config error: {says}"), str(e.value)
     assert composed("models=[tiny_llama]", "models.tiny_llama.input.0.shape=[1,256]")["models"]["tiny_llama"]
+
+
+def _other_machines_commit(path: Path) -> Path:
+    """A repository whose HEAD records a summary.json (the DVC metric) made by a run elsewhere, and a fresh
+    clone of it: the clone's DVC cache is empty and it has no remote, as a new user's clone of this project."""
+    from conftest import run
+
+    path.mkdir()
+    run(["git", "init", "-q"], path)
+    run(["dvc", "init", "-q"], path)
+    (path / "dvc.yaml").write_text("stages:\n  report:\n    cmd: >-\n      mkdir -p artifacts/report && echo "
+                                   "'{\"cells\": 1}' > artifacts/report/summary.json\n"
+                                   "    metrics:\n    - artifacts/report/summary.json:\n        cache: true\n")
+    run(["dvc", "repro", "-q"], path)
+    run(["git", "add", "dvc.yaml", "dvc.lock", "artifacts/report/.gitignore"], path)
+    run(["git", "commit", "-qm", "a run on another machine"], path)
+    clone = path.parent / "clone"
+    run(["git", "clone", "-q", str(path), str(clone)], path)
+    return clone
+
+
+def test_36_9_compare_on_a_fresh_clone_says_to_commit_your_own_run_never_to_fetch_all_commits(tmp_path):
+    """`parity compare HEAD` on a fresh clone said to run `dvc fetch -r local --all-commits` (527 commits,
+    > 10 min, and no remote holds HEAD's outputs). It says what is true: no remote, commit your own run;
+    and why `dvc metrics diff HEAD` shows a column of '-'."""
+    from conftest import run
+
+    clone = _other_machines_commit(tmp_path / "origin")
+    p = run(["parity", "compare", "HEAD"], clone, check=False)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    line = p.stderr.strip()
+    assert line == ("parity compare: metrics of HEAD are not in the local cache (artifacts/report/summary.json) and no "
+                    "DVC remote is configured to fetch them from: its dvc.lock records outputs made on another machine. "
+                    "To compare, run the pipeline here and commit its results (`make run`, then `git commit dvc.lock "
+                    "env/dvc.lock`), then compare against that commit (`dvc metrics diff HEAD` shows '-' for every "
+                    "value of HEAD for the same reason)"), line
+    # a cloud remote this clone cannot look into: fetch that one commit's outputs, never every commit's
+    run(["dvc", "remote", "add", "--local", "-d", "team", "s3://bucket/parity"], clone)
+    line = run(["parity", "compare", "HEAD"], clone, check=False).stderr.strip()
+    assert "`git checkout HEAD` then `dvc fetch -r team`" in line and "--all-commits" not in line, line
+    assert "otherwise run the pipeline here and commit its results" in line
+
+
+def test_36_10_an_experiment_is_done_only_when_dvcs_queue_status_is_final():
+    """A sweep printed "<exp> done: FAILED" 9 s in while `dvc queue status` showed it Running, and it ended
+    Success: DVC's queue status is read from celery's lists, and a task between them (or whose result is
+    not written yet) is in none of them or reads Failed for a moment. The sweep reports an experiment
+    done only when DVC's status is final: committed, or Failed (or gone) on consecutive polls."""
+    from parity.commands.sweep import Settle
+
+    s = Settle()
+    # a transient read while it runs: gone from every list for a poll, then Failed for a poll, then Running
+    assert s.update({"exp-a": None, "exp-b": "Queued"}, set()) == {}
+    assert s.update({"exp-a": "Failed", "exp-b": "Queued"}, set()) == {}
+    assert s.update({"exp-a": "Running", "exp-b": "Running"}, set()) == {}
+    assert s.update({"exp-a": "Failed", "exp-b": "Running"}, set()) == {}  # the count started again
+    # it ended Success: committed, whether the queue still lists it or DVC already collected it
+    assert s.update({"exp-a": "Success", "exp-b": "Running"}, {"exp-a"}) == {"exp-a": "Success"}
+    assert s.update({"exp-b": None}, {"exp-b"}) == {"exp-b": "Success"}
+    # a real failure: Failed on two polls in a row, nothing committed
+    s = Settle()
+    assert s.update({"exp-c": "Failed"}, set()) == {}
+    assert s.update({"exp-c": "Failed"}, set()) == {"exp-c": "Failed"}
+    # gone from the queue with nothing committed (removed with `dvc queue remove`): failed, after a while
+    s = Settle()
+    assert [s.update({"exp-d": None}, set()) for _ in range(Settle.GONE)][-2:] == [{}, {"exp-d": "Failed"}]

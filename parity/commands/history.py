@@ -121,17 +121,21 @@ def _in_local_remote(url: str | None, md5s: list) -> bool | None:
 
 def _not_cached(rev: str, some: str, missing: list, locked: dict, remote: str | None, url: str | None) -> str:
     """What is true of a revision whose metrics this clone lacks (issue 36 item 9: the hint to fetch every
-    commit walked 527 commits for > 10 min where no remote held them)."""
+    commit walked 527 commits for > 10 min where no remote held them, and `dvc metrics diff REV` shows
+    '-' for every value of REV for the same reason). Never suggests --all-commits."""
     held = _in_local_remote(url, [locked.get(path) for path, _ in missing if path in locked])
     own_run = ("run the pipeline here and commit its results (`make run`, then `git commit dvc.lock env/dvc.lock`), "
                "then compare against that commit")
+    dash = f"`dvc metrics diff {rev}` shows '-' for every value of {rev} for the same reason"
+    head = f"metrics of {rev} are not in the local cache ({some})"
+    if remote is None:
+        return (f"{head} and no DVC remote is configured to fetch them from: its dvc.lock records outputs made "
+                f"on another machine. To compare, {own_run} ({dash})")
     if held is False:
-        return (f"metrics of {rev} are not in the local cache ({some}) nor in the remote '{remote}' ({url}): "
-                f"they were made on another machine and never pushed where this clone can reach. To compare, "
-                f"{own_run}")
-    return (f"metrics of {rev} are not in the local cache ({some}): if they were pushed to "
-            f"{f'the remote {remote!r}' if remote else 'a remote'}, `dvc pull -r {remote or '<remote>'} --all-commits` "
-            f"fetches them (it walks every commit: slow on a long history); otherwise {own_run}")
+        return (f"{head} nor in the remote '{remote}' ({url}): they were made on another machine and never "
+                f"pushed where this clone can reach. To compare, {own_run} ({dash})")
+    return (f"{head}: if they were pushed to the remote '{remote}', `git checkout {rev}` then `dvc fetch -r "
+            f"{remote}` fetches that commit's outputs; otherwise {own_run} ({dash})")
 
 
 def _cells_of(rev: str, res: dict) -> tuple[dict, list[str] | None]:
@@ -163,12 +167,11 @@ def _rev_metrics(rev: str, files: dict, root: str, remote: str | None, url: str 
         if "error" in d and _corrupt(d["error"]):
             raise MetricsUnavailable(_corrupt_message(rev, path, d["error"]))
         if "error" in d:
-            missing.append((path, cell.rsplit("/", 2)[-2] if "/" in cell else cell))
+            missing.append((path, path if "/" in cell else cell))  # a summary.json: its path, not "report"
         else:
             cells[cell] = _flatten(d.get("data") or {})
     if missing:
-        some = f"{len(missing)} of {len(missing) + len(cells)} cells: {', '.join(c for _, c in missing[:3])}" + (
-            ", ..." if len(missing) > 3 else "")
+        some = ", ".join(c for _, c in missing[:3]) + (f", ... ({len(missing)} files)" if len(missing) > 3 else "")
         if rev == WORKSPACE:
             raise MetricsUnavailable(f"metrics of the workspace are missing ({some}): run the pipeline "
                                      f"(`dvc repro` or `parity repro`), or give a second revision")
@@ -191,8 +194,8 @@ def _corrupt(err) -> bool:
 def _corrupt_message(rev: str, path: str, err) -> str:
     if rev != WORKSPACE:
         return (f"corrupt: {path} at {rev}: {_first_line(err.__cause__ or err)}; the cached copy does not "
-                f"parse: remove it from the cache and re-fetch it (`dvc fetch -r <remote> --all-commits`), "
-                f"or re-run that revision's pipeline")
+                f"parse: remove it from the cache and re-fetch it (`git checkout {rev}`, then "
+                f"`dvc fetch -r <remote>`), or re-run that revision's pipeline")
     try:  # the parser's own words (DVC's error says only "structure is corrupted")
         json.loads(Path(path).read_text())
     except (ValueError, OSError) as e:

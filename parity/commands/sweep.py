@@ -211,6 +211,14 @@ class Queue:
                 out[cell] = None
         return out
 
+    def committed(self, names: list[str]) -> set[str]:
+        """The experiments among `names` DVC has committed (an experiment ref exists: it succeeded)."""
+        if not names:
+            return set()
+        with warnings.catch_warnings(), self._repo() as repo:
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return {n for n, r in resolve_name(repo.scm, names).items() if r is not None}
+
     def metrics(self, names: list[str]) -> dict[str, dict]:
         """{experiment: {metrics path: data}} of finished experiments (DVC's metrics of their commits)."""
         with warnings.catch_warnings(), self._repo() as repo:
@@ -279,17 +287,48 @@ def log_tail(name: str, cwd: str, lines: int = 15) -> list[str]:
     return [ln.rstrip() for ln in out.splitlines() if ln.strip()][-lines:]
 
 
+class Settle:
+    """Which experiments are done, from DVC's queue status read once per poll (issue 36 item 10: an
+    experiment printed "done: FAILED" 9 s in, while `dvc queue status` showed it Running, then ended
+    Success). DVC's status is not atomic: a task between celery's queues is in none of them for a
+    moment, and a task whose result file is not written yet reads as Failed. So an experiment is done
+    only when the status is final: Success (or gone from the queue: DVC collected it) with its
+    experiment committed (or Success read on CONFIRM polls in a row); Failed read on CONFIRM polls in
+    a row with nothing committed; or gone from the queue with nothing committed for GONE polls in a row."""
+
+    CONFIRM, GONE = 2, 15
+
+    def __init__(self):
+        self.reads: dict[str, tuple] = {}  # name -> (status read, on how many polls in a row)
+
+    def update(self, st: dict[str, str | None], committed: set[str]) -> dict[str, str]:
+        """{name: Success|Failed} of the experiments that are done now, from {name: queue status or None
+        (not in the queue)} of those not yet done and the names DVC has committed."""
+        done = {}
+        for n, s in st.items():
+            if s in ("Success", None) and n in committed:
+                done[n] = "Success"
+            elif s in DONE or s is None:  # final only when read the same on consecutive polls
+                last, k = self.reads.get(n, (s, 0))
+                self.reads[n] = (s, k + 1 if last == s else 1)
+                if self.reads[n][1] >= (self.GONE if s is None else self.CONFIRM):
+                    done[n] = s or "Failed"  # Success without a commit: its metrics are missing, said so
+            else:
+                self.reads.pop(n, None)  # Queued or Running: not done
+        return done
+
+
 def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progress, poll: float,
            first: dict[str, dict]) -> dict[str, str]:
     """Poll the queue until every experiment is done; print cell verdicts and experiment results as
     they come. Returns {name: final status}."""
     t0, seen, ended, warned = time.monotonic(), {}, dict.fromkeys(first, "Success"), False
-    checked, silent, last = t0, 0, None
+    checked, silent, last, settle = t0, 0, None, Settle()
     for n, row in first.items():
         prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {_counts(row)}", advance=1)
     while True:
         st, where = q.status()
-        mine = {n: st.get(n, "Success") for n in names}  # gone from the queue: collected (DVC cleans up)
+        mine = {n: st.get(n) for n in names}  # None: not in the queue (collected, or between its lists)
         for n, ws in where.items():
             if n not in mine:
                 continue
@@ -297,11 +336,13 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
                 if v and seen.get((n, cell)) != v:
                     seen[n, cell] = v
                     prog.line(f"parity sweep: {n}: {cell}: {v}")
-        new = [n for n in names if mine[n] in DONE and n not in ended]
+        pending = {n: mine[n] for n in names if n not in ended}
+        final = settle.update(pending, q.committed([n for n, s in pending.items() if s in (*DONE, None)]))
+        new = [n for n in names if n in final]
         if new:
-            rows = q.metrics([n for n in new if mine[n] == "Success"])
+            rows = q.metrics([n for n in new if final[n] == "Success"])
             for n in new:
-                ended[n] = mine[n]
+                ended[n] = final[n]
                 what = _counts(experiment_row(rows[n])) if n in rows else "FAILED (`dvc queue logs " + n + "`)"
                 prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {what}", advance=1)
                 if n not in rows:
