@@ -17,7 +17,7 @@ TORCH_INDEX ?=
 T0 := $(shell date +%s)
 TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)".*/\1/p' pyproject.toml)
 
-.PHONY: setup remote plots push run lock-note test test-all bench real-models clean
+.PHONY: setup remote plots push run lock-note test test-all bench real-models clean gpu-kit gpu-rehearsal
 
 setup: $(VENV)/.installed remote plots
 
@@ -111,3 +111,13 @@ real-models: setup
 
 clean:
 	rm -rf artifacts .dvc/tmp
+
+# The GPU check (docs/gpu-verification.md): `make gpu-kit` downloads, here, the wheels a lent GPU
+# machine's image lacks (DVC, Hydra; CPython 3.12) into .gpu-kit/ (git-ignored, ~30 MB);
+# scripts/gpu-check.sh runs there; `make gpu-rehearsal` runs it here, on the CPU, in a stand-in of
+# that image (CUDA cells UNAVAILABLE), on a fresh clone of HEAD.
+gpu-kit: .gpu-kit/MANIFEST.txt
+.gpu-kit/MANIFEST.txt: scripts/gpu-kit.sh scripts/gpu-image.txt pyproject.toml
+	PYTHON=$(PYTHON) bash scripts/gpu-kit.sh .gpu-kit
+gpu-rehearsal: gpu-kit
+	bash scripts/gpu-rehearsal.sh

@@ -29,6 +29,9 @@ STAGE_USES = {
 # Where `cpu` reads the CPU from; a test points PARITY_CPUINFO at a recorded copy.
 CPUINFO = "/proc/cpuinfo"
 CPUINFO_ENV = "PARITY_CPUINFO"
+# Where `cuda` reads the NVIDIA driver from (its `version` file and `gpus/*/information`); the GPU check
+# (scripts/gpu-check.sh) points PARITY_NVIDIA_PROC at an edited copy to rehearse a driver bump.
+NVIDIA_ENV = "PARITY_NVIDIA_PROC"
 # Feature flags (as /proc/cpuinfo names them) that select CPU kernels: oneDNN and MKL (torch),
 # ATen's own dispatch (default/avx2/avx512), ONNX Runtime's MLAS (fp32 GEMM/conv, fp16, and the u8s8
 # int8 GEMMs, which saturate without VNNI). x86 first, then aarch64 (`Features:` line).
@@ -75,12 +78,13 @@ def _torch_build_cuda() -> str | None:
 
 
 def _cuda() -> dict:
-    drv = Path("/proc/driver/nvidia/version")
+    root = Path(os.environ.get(NVIDIA_ENV) or "/proc/driver/nvidia")
+    drv = root / "version"
     if not drv.exists():
-        return {"available": False, "reason": "no NVIDIA driver (/proc/driver/nvidia/version is missing)"}
+        return {"available": False, "reason": f"no NVIDIA driver ({drv} is missing)"}
     m = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", drv.read_text())
     gpus = []
-    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+    for info in sorted((root / "gpus").glob("*/information")):
         mm = re.search(r"^Model:\s*(.+)$", info.read_text(), re.M)
         if mm:
             gpus.append(mm.group(1).strip())
