@@ -41,7 +41,9 @@ step() {
   [ "$lim" -gt "$l" ] && lim=$l
   [ "$lim" -lt 10 ] && lim=10
   s=$(date +%s)
-  timeout -k 10 "$lim" "$@" >"$LOGS/$name.log" 2>&1
+  # a shell function runs in a child bash that is given every function and the variables it reads
+  timeout -k 10 "$lim" bash -c "$(declare -f); $(declare -p V PY KIT ROOT JOBS GRID 2>/dev/null); \"\$@\"" \
+    step "$@" >"$LOGS/$name.log" 2>&1
   rc=$?
   say "$name: rc=$rc in $(($(date +%s) - s)) s$([ $rc = 124 ] && echo " (TIMED OUT at $lim s)")"
   pack
@@ -53,7 +55,7 @@ ran() { sed -n "s/^Running stage '\([^']*\)'.*/\1/p" "$LOGS/$1.log"; }
 # 1. what the image lacks, from the kit, into a venv that sees the image's own packages (a .pth file)
 V=$W/venv
 pin() { sed -n "s/^ *\"\($1==[^\"]*\)\".*/\1/p" pyproject.toml; }
-install() {
+install_kit() {
   set -e
   "$PY" -m venv --without-pip "$V"
   local vsite
@@ -67,7 +69,7 @@ install() {
   chmod +x "$V/bin/parity"
 }
 say "parity GPU check in $ROOT, budget ${BUDGET} s, -j ${JOBS}, kit $KIT ($(du -sh "$KIT" 2>/dev/null | cut -f1))"
-step install 90 install || { say "FAILED: the kit does not install on this image (logs/install.log)"; exit 1; }
+step install 90 install_kit || { say "FAILED: the kit does not install on this image (logs/install.log)"; exit 1; }
 export PATH="$V/bin:$PATH"
 
 # 2. the environment
