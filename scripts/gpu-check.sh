@@ -10,14 +10,16 @@
 # budget; each step's log, the report and the metrics go into $OUT/gpu-check.tgz, refreshed after every
 # step, so a run cut short still brings back what it did; $OUT/steps.log is the transcript.
 # Environment: OUT (default ./gpu-out), PARITY_GPU_KIT (.gpu-kit), PARITY_GPU_PYTHON (python3: the
-# image's interpreter), PARITY_GPU_BUDGET_S (330), PARITY_GPU_JOBS (cells at once, 8).
+# image's interpreter), PARITY_GPU_BUDGET_S (450), PARITY_GPU_JOBS (cells at once, 8),
+# PARITY_GPU_SCALE (every step's own limit times this: the rehearsal on 2 CPU cores uses 5).
 # Without a GPU (`make gpu-rehearsal`) every step runs the same, and the CUDA cells say UNAVAILABLE.
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/gpu-out}
 KIT=${PARITY_GPU_KIT:-$ROOT/.gpu-kit}
 PY=${PARITY_GPU_PYTHON:-python3}
-BUDGET=${PARITY_GPU_BUDGET_S:-330}
+BUDGET=${PARITY_GPU_BUDGET_S:-450}
+SCALE=${PARITY_GPU_SCALE:-1}
 JOBS=${PARITY_GPU_JOBS:-8}
 T0=$(date +%s)
 W=$(mktemp -d /tmp/parity-gpu.XXXXXX)
@@ -35,7 +37,7 @@ pack() {
 trap pack EXIT
 # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in logs/NAME.log, within LIMIT_S and the budget
 step() {
-  local name=$1 lim=$2 l s rc; shift 2
+  local name=$1 lim=$(($2 * SCALE)) l s rc; shift 2
   l=$(left)
   if [ "$l" -le 10 ]; then say "$name: SKIPPED (budget of ${BUDGET} s spent)"; return 99; fi
   [ "$lim" -gt "$l" ] && lim=$l
@@ -103,15 +105,15 @@ GRID=(-S 'dtypes=[fp32,tf32,fp16,bf16,amp_fp16,amp_bf16]'
       -S 'providers=[torch_cpu,torch_cuda,torch_compile_cuda]' -S reference.fp64=true)
 grid() { parity compose -S "models=[$1]" "${GRID[@]}" && parity repro -j "$JOBS" && dvc metrics show --json; }
 step grid_mlp 120 grid mlp
-step grid_full $(($(left) - 90)) grid mlp,resnet18
+step grid_full $((($(left) - 150) / SCALE)) grid mlp,resnet18
 for g in grid_mlp grid_full; do say "$g: $(ran $g | wc -l) stages ran; $(grep -cE 'PASS|FAIL' "$LOGS/$g.log") verdict lines"; done
 dvc metrics show --json >"$LOGS/metrics.json" 2>/dev/null
 
-# 5. the driver-bump flow: a second `dvc repro` runs only the env probe; an edited driver version
-#    (PARITY_NVIDIA_PROC: a copy of /proc/driver/nvidia, or a made-up one where there is none)
-#    re-runs only the cells of providers that use cuda
-step noop 40 dvc repro
-say "noop: ran [$(ran noop | tr '\n' ' ')]"
+# 5. the driver-bump flow: a second `dvc repro` runs only the env probe; then, on mlp's cells, an edited
+#    driver version (PARITY_NVIDIA_PROC: a copy of /proc/driver/nvidia, or a made-up one where there is
+#    none) re-runs only the cells of the providers that use cuda
+step noop 30 dvc repro
+say "noop: DVC ran [$(ran noop | tr '\n' ' ')]"
 fake=$W/nvidia
 mkdir -p "$fake/gpus/0"
 if [ -r /proc/driver/nvidia/version ]; then
@@ -120,16 +122,17 @@ if [ -r /proc/driver/nvidia/version ]; then
 else
   echo "NVRM version: NVIDIA UNIX x86_64 Kernel Module  999.99.99  (rehearsal)" >"$fake/version"
 fi
-step driver_bump 60 env PARITY_NVIDIA_PROC="$fake" dvc repro
-others=$(ran driver_bump | grep -vE 'cuda|^env/dvc.yaml:env$|^report$' | tr '\n' ' ')
-say "driver_bump: ran $(ran driver_bump | wc -l) stages; outside the CUDA cells, env and report: [${others}]"
+step mlp_only 30 sh -c "parity compose -S 'models=[mlp]' $(printf '%q ' "${GRID[@]}") && dvc repro"
+step driver_bump 60 env PARITY_NVIDIA_PROC="$fake" parity repro -j "$JOBS"
+say "driver_bump: $(grep -E '^parity: (upstream|done)' "$LOGS/driver_bump.log" | tr '\n' ' ')"
+say "driver_bump: cells that ran: [$(sed -n 's/^parity: .*\(mlp-[a-z0-9_]*-[a-z_]*\).*/\1/p' "$LOGS/driver_bump.log" | sort -u | tr '\n' ' ')]"
 
 # 6. strict: every torch_cuda / torch_compile_cuda cell of mlp must run (UNAVAILABLE fails the pipeline)
-step strict 60 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16]' \
+step strict 40 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16]' \
   -S 'providers=[torch_cuda,torch_compile_cuda]' -S strict=true && dvc repro"
 
 # 7. CUDA graphs: torch.compile's reduce-overhead mode (Inductor with CUDA graph trees)
-step cudagraphs 90 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16,bf16]' \
+step cudagraphs 45 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16,bf16]' \
   -S 'providers=[torch_compile_cuda]' -S providers.torch_compile_cuda.options.mode=reduce-overhead \
   -S reference.fp64=true && parity repro -j $JOBS"
 say "done in $(($(date +%s) - T0)) s; the logs are in $OUT/gpu-check.tgz"

@@ -5,7 +5,7 @@
 # ~/.cache/parity/gpu-image-venv, plus the kit (`make gpu-kit`), on a fresh clone of HEAD (commit first:
 # uncommitted work is not in it). Every step must run; the CUDA cells say UNAVAILABLE with the reason,
 # so the first GPU run fails on nothing but the GPU. PARITY_GPU_BUDGET_S (default 2400: two loaded cores
-# are slower than the GPU machine's 16) and PARITY_GPU_JOBS (2) are passed on.
+# are slower than the GPU machine's 16), PARITY_GPU_JOBS (2) and PARITY_GPU_SCALE (5) are passed on.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KIT=${PARITY_GPU_KIT:-$ROOT/.gpu-kit}
@@ -27,5 +27,5 @@ out=${GPU_REHEARSAL_OUT:-$ROOT/gpu-out/rehearsal}
 rm -rf "$out" && mkdir -p "$out"
 t0=$(date +%s)
 (cd "$tmp/repo" && OUT=$out PARITY_GPU_PYTHON="$IMG/bin/python" PARITY_GPU_BUDGET_S=${PARITY_GPU_BUDGET_S:-2400} \
-  PARITY_GPU_JOBS=${PARITY_GPU_JOBS:-2} bash scripts/gpu-check.sh)
+  PARITY_GPU_JOBS=${PARITY_GPU_JOBS:-2} PARITY_GPU_SCALE=${PARITY_GPU_SCALE:-5} bash scripts/gpu-check.sh)
 echo "gpu-rehearsal: $(( $(date +%s) - t0 )) s wall; transcript $out/steps.log, logs $out/gpu-check.tgz"
