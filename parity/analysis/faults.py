@@ -413,9 +413,8 @@ def _used(g) -> set[str]:
     names = {o.name for o in g.output}
     for n in g.node:
         names.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                names |= _used(sub)
+        for sub in onnx_weights.subgraphs(n):
+            names |= _used(sub)
     return names
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from parity.models import onnx_weights
 from parity.pipeline.onnx_source import topo_sorted
 
 
@@ -52,11 +53,10 @@ class Reduction:
 def node_inputs(n) -> list[str]:
     """Tensors a node reads, including outer-scope names its subgraphs (If/Loop bodies) read."""
     ins = [i for i in n.input if i]
-    for a in n.attribute:
-        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-            inner = {o for sn in sub.node for o in sn.output} | {i.name for i in sub.input} | \
-                    {t.name for t in sub.initializer}
-            ins += [i for sn in sub.node for i in node_inputs(sn) if i not in inner]
+    for sub in onnx_weights.subgraphs(n):
+        inner = {o for sn in sub.node for o in sn.output} | {i.name for i in sub.input} | \
+                {t.name for t in sub.initializer}
+        ins += [i for sn in sub.node for i in node_inputs(sn) if i not in inner]
     return ins
 
 

@@ -22,18 +22,10 @@ import onnx
 
 from parity.core.io import atomic_path, write_text
 
-REPRO = '''#!/usr/bin/env python3
-"""Standalone repro written by parity's reduce stage for cell {cell}: numpy + onnxruntime only.
-
-Runs a model (default: reduced.onnx beside this file, {nodes} node(s): {ops}) on onnxruntime's
-{ep} (graph optimisation {opt_level}) with inputs.npz, and compares each output with expected.npz
-(the reference: onnxruntime CPU, float32, graph optimisation disabled): it fails when
-||actual - expected|| / ||expected|| > {limit:g}. Prints every output's error; exits 1 while one
-fails, 0 when none does.
-
-    python repro.py                       # the graph as the provider runs it
-    python repro.py reduced.source.onnx   # the same nodes as in the original model
-"""
+# repro.py of both bundles (this module's and parity.analysis.torch_reduce's): one template, its holes
+# filled by `script` with Python text (a variant's docstring, how it opens the session, what it prints)
+SCRIPT = '''#!/usr/bin/env python3
+"""{doc}"""
 import sys
 from pathlib import Path
 
@@ -41,17 +33,14 @@ import numpy as np
 import onnxruntime as ort
 
 HERE = Path(__file__).resolve().parent
-EP = {ep!r}
-PROVIDER_OPTIONS = {provider_options!r}
-OPT_LEVEL = {opt_level!r}
-LIMIT = {limit!r}
+{constants}LIMIT = {limit!r}
 
 
 def main(argv):
     model = Path(argv[1]) if len(argv) > 1 else HERE / "reduced.onnx"
     so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVEL)
-    sess = ort.InferenceSession(str(model), so, providers=[(EP, PROVIDER_OPTIONS)])
+    so.graph_optimization_level = {opt_level}
+    sess = ort.InferenceSession(str(model), so, providers={providers})
     with np.load(HERE / "inputs.npz") as f:
         feeds = {{k: f[k] for k in f.files}}
     with np.load(HERE / "expected.npz") as f:
@@ -62,20 +51,46 @@ def main(argv):
         a, w = got[name].astype(np.float64), want.astype(np.float64)
         err = np.linalg.norm(a - w)
         rel = err / np.linalg.norm(w) if np.linalg.norm(w) > 0 else (0.0 if err == 0 else np.inf)
-        if not np.isfinite(a).all() and np.isfinite(w).all():
+        if {infinite}:
             rel = np.inf
         bad = not rel <= LIMIT
         failed += [name] if bad else []
-        print(f"{{'MISMATCH' if bad else 'ok':8}} {{name}}: rel_l2 {{rel:.3e}} (limit {{LIMIT:g}}), "
+        print(f"{{'MISMATCH' if bad else 'ok':8}} {{name}}: rel_l2 {{rel:.3e}}{against} (limit {{LIMIT:{limit_format}}}), "
               f"max |diff| {{np.abs(a - w).max():.3e}}, shape {{list(a.shape)}}")
-    print(f"{{model.name}} on {{EP}}: " + (f"{{len(failed)}} of {{len(expected)}} outputs mismatch" if failed
-                                         else f"all {{len(expected)}} outputs match"))
+{summary}
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
 '''
+NOT_FINITE = "not np.isfinite(a).all() and np.isfinite(w).all()"  # an output the expectation has finite
+
+
+def script(doc: str, limit: float, summary: str, *, constants: str = "", opt_level: str, providers: str,
+           infinite: str = NOT_FINITE, against: str = "", limit_format: str = "g") -> str:
+    """repro.py's text: `doc` its docstring, `limit` the rel_l2 it fails above; the rest is Python text
+    put in as given: `constants` before LIMIT, the session's `opt_level` and `providers`, the condition
+    that makes an output's error infinite, what each output's line says after its rel_l2 (`against`) and
+    the LIMIT's format there, and `summary`, the closing print."""
+    return SCRIPT.format(doc=doc, limit=limit, summary=summary, constants=constants, opt_level=opt_level,
+                         providers=providers, infinite=infinite, against=against, limit_format=limit_format)
+
+
+DOC = """Standalone repro written by parity's reduce stage for cell {cell}: numpy + onnxruntime only.
+
+Runs a model (default: reduced.onnx beside this file, {nodes} node(s): {ops}) on onnxruntime's
+{ep} (graph optimisation {opt_level}) with inputs.npz, and compares each output with expected.npz
+(the reference: onnxruntime CPU, float32, graph optimisation disabled): it fails when
+||actual - expected|| / ||expected|| > {limit:g}. Prints every output's error; exits 1 while one
+fails, 0 when none does.
+
+    python repro.py                       # the graph as the provider runs it
+    python repro.py reduced.source.onnx   # the same nodes as in the original model
+"""
+SUMMARY = """\
+    print(f"{model.name} on {EP}: " + (f"{len(failed)} of {len(expected)} outputs mismatch" if failed
+                                         else f"all {len(expected)} outputs match"))"""
 
 
 def write_npz(path: Path, arrays: dict) -> None:
@@ -98,8 +113,10 @@ def write_repro(out: Path, cell: str, red, provider_bytes: bytes, settings: dict
         Path(tmp).write_bytes(provider_bytes)
     write_npz(out / "inputs.npz", red.feeds)
     write_npz(out / "expected.npz", red.expected)
-    write_text(out / "repro.py", REPRO.format(cell=cell, nodes=len(red.nodes), ops=", ".join(red.op_types),
-                                              limit=limit, **settings))
+    doc = DOC.format(cell=cell, nodes=len(red.nodes), ops=", ".join(red.op_types), limit=limit, **settings)
+    consts = "".join(f"{k.upper()} = {settings[k]!r}\n" for k in ("ep", "provider_options", "opt_level"))
+    write_text(out / "repro.py", script(doc, limit, SUMMARY, constants=consts, providers="[(EP, PROVIDER_OPTIONS)]",
+                                        opt_level="getattr(ort.GraphOptimizationLevel, OPT_LEVEL)"))
 
 
 def summary(cell: str, red, limit: float) -> dict:

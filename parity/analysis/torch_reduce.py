@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from parity.analysis import oracle
+from parity.analysis import oracle, repro
 from parity.analysis.oracle import Sq
 from parity.analysis.reduce import Graph, rel_l2
 from parity.analysis.repro import write_npz
@@ -274,8 +274,7 @@ def _reduce(res: TorchReduction, m, lv, samples: list, make_runner, model_dir: P
     return res
 
 
-REPRO = '''#!/usr/bin/env python3
-"""Standalone repro written by parity's reduce stage for {cell}: numpy + onnxruntime only.
+DOC = """Standalone repro written by parity's reduce stage for {cell}: numpy + onnxruntime only.
 
 The exported ONNX graph disagrees with torch ({graph}, {origin}): reduced.onnx holds the nodes that
 compute it ({nodes} node(s): {ops}). It runs on onnxruntime's CPUExecutionProvider with graph
@@ -288,45 +287,9 @@ exits 1 while one fails, 0 when none does.
     python repro.py                 # reduced.onnx
     python repro.py other.onnx      # the same nodes from another export (same input and output names)
 """
-import sys
-from pathlib import Path
-
-import numpy as np
-import onnxruntime as ort
-
-HERE = Path(__file__).resolve().parent
-LIMIT = {limit!r}
-
-
-def main(argv):
-    model = Path(argv[1]) if len(argv) > 1 else HERE / "reduced.onnx"
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
-    with np.load(HERE / "inputs.npz") as f:
-        feeds = {{k: f[k] for k in f.files}}
-    with np.load(HERE / "expected.npz") as f:
-        expected = {{k: f[k] for k in f.files}}
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    failed = []
-    for name, want in expected.items():
-        a, w = got[name].astype(np.float64), want.astype(np.float64)
-        err = np.linalg.norm(a - w)
-        rel = err / np.linalg.norm(w) if np.linalg.norm(w) > 0 else (0.0 if err == 0 else np.inf)
-        if a.shape != w.shape or (not np.isfinite(a).all() and np.isfinite(w).all()):
-            rel = np.inf
-        bad = not rel <= LIMIT
-        failed += [name] if bad else []
-        print(f"{{'MISMATCH' if bad else 'ok':8}} {{name}}: rel_l2 {{rel:.3e}} vs torch (limit {{LIMIT:.3e}}), "
-              f"max |diff| {{np.abs(a - w).max():.3e}}, shape {{list(a.shape)}}")
-    print(f"{{model.name}}: " + (f"{{len(failed)}} of {{len(expected)}} outputs mismatch torch" if failed
-                                 else f"all {{len(expected)}} outputs match torch"))
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))
-'''
+SUMMARY = """\
+    print(f"{model.name}: " + (f"{len(failed)} of {len(expected)} outputs mismatch torch" if failed
+                                 else f"all {len(expected)} outputs match torch"))"""
 
 
 def summary(cell: str, res: TorchReduction) -> dict:
@@ -347,8 +310,12 @@ def write_bundle(out: Path, cell: str, res: TorchReduction, k: float) -> None:
         onnx.save(res.model, str(tmp))
     write_npz(out / "inputs.npz", res.feeds)
     write_npz(out / "expected.npz", res.expected)
-    write_text(out / "repro.py", REPRO.format(cell=cell, graph=res.graph, origin=res.origin, nodes=len(res.nodes),
-                                              ops=", ".join(res.op_types), limit=res.limit, k=k))
+    doc = DOC.format(cell=cell, graph=res.graph, origin=res.origin, nodes=len(res.nodes),
+                     ops=", ".join(res.op_types), limit=res.limit, k=k)
+    write_text(out / "repro.py", repro.script(
+        doc, res.limit, SUMMARY, opt_level="ort.GraphOptimizationLevel.ORT_DISABLE_ALL",
+        providers='["CPUExecutionProvider"]', infinite=f"a.shape != w.shape or ({repro.NOT_FINITE})",
+        against=" vs torch", limit_format=".3e"))
 
 
 def noopt_runner(model_dir: Path, threads: int = 0):

@@ -59,9 +59,22 @@ def external_info(t: TensorProto) -> dict:
     return {e.key: e.value for e in t.external_data}
 
 
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds as attributes (If branches, Loop and Scan bodies)."""
+    return [sub for a in node.attribute for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
+
+
+def graphs(g: onnx.GraphProto):
+    """`g` and every graph nested in its nodes' attributes, recursively: `g` first, then depth first."""
+    yield g
+    for n in g.node:
+        for sub in subgraphs(n):
+            yield from graphs(sub)
+
+
 def initializers(m: onnx.ModelProto):
     """Every initializer of the main graph and of subgraphs (If/Loop bodies), in graph order."""
-    for g in _graphs_with_inits(m):
+    for g in graphs(m.graph):
         yield from g.initializer
 
 
@@ -266,15 +279,11 @@ def tensor_view(t: TensorProto, base_dir, maps: dict) -> np.ndarray:
 
 def read_by_nodes(m: onnx.ModelProto) -> set[str]:
     """Names the nodes of `m` read (subgraphs included) or its graph outputs name."""
-    def names(g):
-        for n in g.node:
-            yield from n.input
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    yield from names(sub)
-        yield from (o.name for o in g.output)
-
-    return set(names(m.graph))
+    names = set()
+    for g in graphs(m.graph):
+        names.update(i for n in g.node for i in n.input)
+        names.update(o.name for o in g.output)
+    return names
 
 
 def has_external(m: onnx.ModelProto) -> bool:
@@ -354,7 +363,7 @@ def to_float16(m: onnx.ModelProto, base_dir, store: Converted | None, **kwargs) 
     from onnxruntime.transformers.float16 import convert_float_to_float16, convert_np_to_float16
 
     read = read_by_nodes(m)
-    for g in _graphs_with_inits(m):
+    for g in graphs(m.graph):
         keep = [t for t in g.initializer if t.name in read]
         if len(keep) != len(g.initializer):
             del g.initializer[:]
@@ -380,13 +389,3 @@ def to_float16(m: onnx.ModelProto, base_dir, store: Converted | None, **kwargs) 
     maps.clear()  # unmap the source file
     return m
 
-
-def _graphs_with_inits(m: onnx.ModelProto):
-    def graphs(g):
-        yield g
-        for n in g.node:
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    yield from graphs(sub)
-
-    yield from graphs(m.graph)

@@ -73,14 +73,7 @@ def strip_paths(m: onnx.ModelProto) -> onnx.ModelProto:
     """Drop node metadata that embeds absolute source paths (the dynamo exporter's stack traces), so
     the same model exported from two checkouts gives the same bytes (and DVC cache hits across
     clones). The path-free metadata (namespace, name_scopes: which torch module made each node) stays."""
-    def graphs(g):
-        yield g
-        for n in g.node:
-            for a in n.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    yield from graphs(sub)
-
-    nodes = [n for g in graphs(m.graph) for n in g.node] + [n for f in m.functions for n in f.node]
+    nodes = [n for g in onnx_weights.graphs(m.graph) for n in g.node] + [n for f in m.functions for n in f.node]
     for n in nodes:
         keep = [p for p in n.metadata_props if p.key not in PATH_METADATA]
         if len(keep) != len(n.metadata_props):
@@ -125,9 +118,8 @@ def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
         if any(o in needed for o in node.output):
             live.append(node)
             needed.update(i for i in node.input if i)
-            for attr in node.attribute:  # subgraph inputs (If/Loop bodies) reference outer values
-                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
-                    needed.update(i for n in sub.node for i in n.input if i)
+            for sub in onnx_weights.subgraphs(node):  # subgraph inputs (If/Loop bodies) reference outer values
+                needed.update(i for n in sub.node for i in n.input if i)
     live.reverse()
     del g.node[:]
     g.node.extend(live)

@@ -248,22 +248,11 @@ def _produced(nodes) -> set:
     return {o for n in nodes for o in n.output}
 
 
-def subgraphs(node) -> list:
-    """The graphs a node holds as attributes (If branches, Loop and Scan bodies)."""
-    out = []
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            out.append(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            out.extend(a.graphs)
-    return out
-
-
 def implicit_inputs(node) -> list[str]:
     """The values a node's subgraphs (recursively) read from the enclosing scopes: inputs it takes
     without naming them in node.input (an If branch reading a tensor of the main graph)."""
     reads: list[str] = []
-    for g in subgraphs(node):
+    for g in onnx_weights.subgraphs(node):
         local = {i.name for i in g.input} | {t.name for t in g.initializer} | \
             {t.values.name for t in g.sparse_initializer} | {""}
         for n in g.node:

@@ -44,6 +44,7 @@ from onnx import defs, helper, numpy_helper as nh
 
 from parity.backends.base import OpSkip
 from parity.core import dtypes
+from parity.models import onnx_weights
 from parity.pipeline import onnx_source
 from parity.pipeline.onnx_source import ORT_PREFIX
 
@@ -134,9 +135,8 @@ def ort_max_opset(domain: str = "") -> int:
 def _nodes(g):
     for n in g.node:
         yield n
-        for a in n.attribute:
-            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from _nodes(sub)
+        for sub in onnx_weights.subgraphs(n):
+            yield from _nodes(sub)
 
 
 def lower_opset(m) -> str | None:
