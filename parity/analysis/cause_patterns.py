@@ -156,7 +156,7 @@ def _describe(cycles: list[list[int]]) -> str:
     return f"channels moved (actual channel <- reference channel): {shown}{', ...' if len(moves) > LIST_MAX else ''}"
 
 
-def channel_permutation(a, b, rel: float, limit: float, axes) -> tuple | None:
+def channel_permutation(a, b, rel: float, limit: float, axes, names: tuple | None = None) -> tuple | None:
     tol = max(1e-3, limit)
     for ax in axes:
         n = b.shape[ax]
@@ -185,9 +185,9 @@ def channel_permutation(a, b, rel: float, limit: float, axes) -> tuple | None:
         cycles = _cycles(perm)
         moved = [[int(i), int(perm[i])] for c in cycles for i in c]
         return ("channel_permutation",
-                f"channel_permutation: {_describe(cycles)} along axis {ax} of {n} (rel_l2 {rel:.3g} -> {after:.3g} "
-                f"after undoing it)",
-                {"axis": int(ax), "of": int(n), "cycles": cycles, "moved": moved, "rel_l2": rel,
+                f"channel_permutation: {_describe(cycles)} along {axis_word(ax, names)} of {n} (rel_l2 {rel:.3g} -> "
+                f"{after:.3g} after undoing it)",
+                {"axis": int(ax), "axis_name": names[ax] if names else None, "of": int(n), "cycles": cycles, "moved": moved, "rel_l2": rel,
                  "rel_l2_after": after})
     return None
 
@@ -331,3 +331,154 @@ def cancellation(a, b, x, rel: float, u: float, limit: float) -> tuple | None:
             f"measured {rel:.3g}",
             {"rms_input": rin, "rms_output": rout, "ratio": rin / rout, "u": u, "explained_rel_l2": explained,
              "rel_l2": rel})
+
+
+# ---- axes by what they are ------------------------------------------------------------------------
+
+ATTENTION_WORDS = ("attn", "attention", "sdpa", "softmax")
+SEQUENCE_WORDS = ("layers.", ".h.", "encoder.layer", "decoder.layer", "blocks.", "attn", "attention", "mlp",
+                  "embed", "wte", "wpe", "lm_head", "norm", "ln_", "proj", "encoder_layer", "transformer.")
+
+
+def axis_names(name: str | None, shape: tuple) -> tuple | None:
+    """What each axis of a layer's value is, from the layer's name and rank (the model's structure as its
+    module names show it): (B, C, H, W) for rank 4 outside attention, (batch, head, token, key) inside it;
+    (batch, token, hidden) for rank 3 in a transformer's modules (decoder/encoder layers, attention, MLP,
+    embeddings, norms, heads); (batch, feature) for rank 2. None where the layout is not known (a rank-3
+    value outside a transformer may be (B, C, T)): axes are then named by number only."""
+    n = (name or "").lower()
+    rank = len(shape)
+    if rank == 4:
+        return ("batch", "head", "token", "key") if any(w in n for w in ATTENTION_WORDS) else \
+            ("batch", "channel", "height", "width")
+    if rank == 3 and any(w in n for w in SEQUENCE_WORDS):
+        return ("batch", "token", "vocab" if ("lm_head" in n or "logits" in n) else "hidden")
+    if rank == 2:
+        return ("batch", "feature")
+    return None
+
+
+WEIGHT_WORDS = ("proj", "fc", "linear", "conv", "dense", "lm_head", "c_attn", "query", "key", "value",
+                "classifier", "head", "embed", "wte", "wpe", "downsample")
+
+
+def is_attention(name: str | None) -> bool:
+    return any(w in (name or "").lower() for w in ATTENTION_WORDS)
+
+
+def has_weights(name: str | None) -> bool:
+    """Whether a layer's module name says it holds weights (a projection, a conv, an embedding, a head)."""
+    return any(w in (name or "").lower().rpartition(".")[2] for w in WEIGHT_WORDS)
+
+
+def axis_word(ax: int, names: tuple | None) -> str:
+    """`axis 1 (token)`, or `axis 1` where the axis is not known."""
+    return f"axis {ax} ({names[ax]})" if names and ax < len(names) else f"axis {ax}"
+
+
+# ---- positions: the error starts at a token (attention mask / causality leak) ---------------------
+
+def positions(a, b, rel: float, limit: float, names: tuple | None, attention: bool) -> tuple | None:
+    """The error sits at token positions only, every token before the first one within the precision
+    limit (per-token rel_l2 <= limit): in an attention layer a mask/causality leak (`mask_leak`: the
+    positions that see what they should not), elsewhere a fault at those positions (`position`: an
+    embedding row, a position id)."""
+    if not names or "token" not in names:
+        return None
+    ax = names.index("token")
+    n = b.shape[ax]
+    if n < 2:
+        return None
+    others = tuple(i for i in range(b.ndim) if i != ax)
+    d = a - b
+    e, eb = (d * d).sum(axis=others), (b * b).sum(axis=others)
+    total = float(e.sum())
+    if total <= 0:
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel_t = np.sqrt(np.where(eb > 0, e / eb, np.where(e > 0, np.inf, 0.0)))
+    bad = np.flatnonzero(rel_t > limit)
+    if not bad.size:
+        return None
+    t0 = int(bad[0])
+    clean_share = float(e[:t0].sum()) / total
+    if t0 < 1:
+        return None  # no clean token before it: no positional pattern
+    listed = [int(i) for i in bad[:LIST_MAX]]
+    more = ", ..." if len(bad) > LIST_MAX else ""
+    tokens = f"token {listed[0]}" if len(bad) == 1 else f"tokens {', '.join(map(str, listed))}{more}"
+    ev = {"axis": int(ax), "axis_name": "token", "first": t0, "tokens": listed, "n_tokens": int(len(bad)),
+          "of": int(n), "rel_l2_tokens": [float(rel_t[i]) for i in listed],
+          "rel_l2_before_max": float(rel_t[:t0].max()), "error_share_before": clean_share, "rel_l2": rel}
+    where = (f"the error starts at token {t0} of {n} ({axis_word(ax, names)}): tokens 0-{t0 - 1} within precision "
+             f"(per-token rel_l2 <= {float(rel_t[:t0].max()):.3g}), {len(bad)} token(s) wrong: {tokens}")
+    if attention:
+        return ("mask_leak", f"mask_leak: attention mask/causality leak: {where} (rel_l2 {rel:.3g})", ev)
+    return ("position", f"position: a fault at token positions: {where} (rel_l2 {rel:.3g})", ev)
+
+
+# ---- per-row scale: a normalisation's epsilon -----------------------------------------------------
+
+ROW_SCALE_SPREAD = 0.25    # at least this share of the rows has a scale off 1 by more than the noise
+
+
+def row_scale(a, b, x, rel: float, limit: float, names: tuple | None, global_residual: float) -> tuple | None:
+    """actual ~= s_r x expected with one least-squares scale per row (per token: every axis but the last,
+    hidden one), the rows' scales differing (a global scale is tried before): a normalisation's epsilon
+    (RMSNorm / LayerNorm divide each row by sqrt(mean + eps)). With the layer's input `x` (same shape):
+    the epsilon change each row's scale implies, (1/s^2 - 1)(mean(x^2) + eps) ~ (1/s^2 - 1) mean(x^2).
+    Tried before the global scale, claimed only where the per-row scales leave 10x less than one scale
+    does (`global_residual`): rows of similar size make an epsilon change look like one scale."""
+    if b.ndim < 2 or (names and names[-1] not in ("hidden", "feature")) or b.shape[-1] < 4:
+        return None
+    A, B = a.reshape(-1, b.shape[-1]), b.reshape(-1, b.shape[-1])
+    if A.shape[0] < 2:
+        return None
+    bb = np.einsum("ij,ij->i", B, B)
+    ok = bb > 0
+    s = np.where(ok, np.einsum("ij,ij->i", A, B) / np.where(ok, bb, 1.0), 1.0)
+    r = A - s[:, None] * B
+    after = math.sqrt(_dot(r.ravel(), r.ravel()) / max(_dot(B.ravel(), B.ravel()), 1e-300))
+    if not (after * GAIN <= rel or (after <= limit and after * 2 <= rel)) or after * GAIN > global_residual:
+        return None
+    moved = np.abs(s - 1.0) > max(limit, after)
+    if moved.mean() < ROW_SCALE_SPREAD:
+        return None
+    ev = {"rows": int(len(s)), "rows_scaled": int(moved.sum()), "scale_min": float(s.min()),
+          "scale_max": float(s.max()), "scale_median": float(np.median(s)), "rel_l2": rel, "rel_l2_after": after}
+    eps = ""
+    if x is not None and np.shape(x) == b.shape:
+        X = np.asarray(x, dtype=np.float64).reshape(B.shape)
+        m = np.einsum("ij,ij->i", X, X) / X.shape[1]
+        delta = (1.0 / np.where(s != 0, s * s, np.nan) - 1.0) * m
+        med = float(np.nanmedian(delta))
+        spread = float(np.nanpercentile(np.abs(delta - med), 90)) / abs(med) if med else math.inf
+        ev.update(epsilon_change=med, epsilon_change_spread=spread)
+        if spread <= 0.5:
+            eps = f"; the scales fit an epsilon change of {med:+.3g} (sqrt((mean(x^2) + eps) / (mean(x^2) + eps {med:+.3g})))"
+    row = "token" if names and "token" in names else "row"
+    return ("row_scale",
+            f"row_scale: each {row} scaled by its own factor ({ev['rows_scaled']} of {len(s)} {row}s, x{s.min():.5g} to "
+            f"x{s.max():.5g}): a per-{row} normalisation, its epsilon{eps} (rel_l2 {rel:.3g} -> {after:.3g} after "
+            f"the per-{row} scales)", ev)
+
+
+# ---- weights stored in a narrower format ----------------------------------------------------------
+
+NARROW_WEIGHT_U = (0.2, 1.2)  # one rounding of a layer's weights: rel_l2 ~ u / sqrt(3) of that format
+
+
+def narrow_weights(a, b, rel: float, u_cell: float, weighted: bool) -> tuple | None:
+    """An fp32 layer whose error is the size of one fp16 rounding of its weights (rel_l2 within
+    0.2-1.2 u_fp16; about u / sqrt(3) for a product with weights rounded to nearest) while its values are
+    no fp16 numbers (narrow_format did not claim them): weights stored in fp16 inside an fp32 graph (or
+    its input rounded to fp16 on the way). `weighted`: the layer holds weights (a projection, a conv);
+    what the numbers suggest, not a proof: re-run the layer with its weights rounded to confirm."""
+    u = NARROW["fp16"]
+    if not weighted or u_cell >= u or not (NARROW_WEIGHT_U[0] * u <= rel <= NARROW_WEIGHT_U[1] * u):
+        return None
+    return ("narrow_weights",
+            f"narrow_weights: rel_l2 {rel:.3g} = {rel / u:.2f} u_fp16, the error one rounding of the layer's weights "
+            f"to fp16 leaves (~0.58 u), in an fp32 layer whose values are no fp16 numbers: weights stored in fp16 "
+            f"(or its input rounded to fp16); re-run the layer with its weights rounded to confirm",
+            {"format": "fp16", "u": u, "rel_l2": rel, "rel_l2_u": rel / u, "range_u": list(NARROW_WEIGHT_U)})

@@ -40,12 +40,28 @@ wins:
   channel_permutation
              the reference's channels (axis 1 or the last axis) in another order, named: "channels 3 and 7
              swapped" (parity.analysis.cause_patterns).
+  mask_leak, position, row_scale
+             (cause_patterns, with their rules) the error starts at a token, every token before it within
+             the limit: in an attention layer an attention mask/causality leak, elsewhere a fault at those
+             positions; each row (token) scaled by its own factor: a normalisation's epsilon (with the
+             layer's input, the epsilon change the scales imply; tried before the global scale, and
+             claimed where the per-row scales leave 10x less than one scale).
   channel    the error sits in a few channels of axis 1 (NCHW, (B,C,T), (B,F)) or of the last axis
              (NHWC, (B,T,C)): >= 90% of the squared error in at most max(1, 10%) of the channels, and
              those channels' own rel_l2 >= 10x the median rel_l2 of the others (so a channel that merely
              holds most of the signal is not blamed). Evidence names the axis, up to 8 channels, their
              share of the squared error, and each named channel's least-squares scale.
+  narrow_weights
+             an fp32 layer holding weights whose error is the size of one fp16 rounding of its weights
+             (0.2-1.2 u_fp16) though its values are no fp16 numbers (cause_patterns).
   unknown    none of the above: rel_l2, cosine, max_abs, and the best scale/offset fits tried.
+
+Axes are named by what they are (cause_patterns.axis_names, from the layer's name and rank: (batch,
+token, hidden) in a transformer's modules, (B, C, H, W) for rank 4): an error along the token axis is a
+`position` ("3 of 32 tokens along axis 1 (token)"), along the hidden axis a `channel`. A scale or offset
+fit also explains the error when what it leaves is within the precision limit and at most half the
+error (a 1.002 scale under fp16 noise). A cause never contradicts its verdict: a layer the verdict
+failed (`failed`, origin_cause) is never `precision`; within the limit and no pattern, `unknown` says so.
 
 Two causes come from the cell's settings, not from the numbers. `param_range(settings, layer, ...)`
 (label `range`): the capture scanned the graph's parameters, from the graph alone (status.json
@@ -80,7 +96,8 @@ from parity.analysis import cause_patterns as patterns, oracle
 from parity.core.compare import dot as _dot
 
 LABELS = ("overflow", "underflow", "cancellation", "range", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",
-          "offset", "channel_permutation", "channel", "unknown", "int8_saturation")
+          "offset", "channel_permutation", "mask_leak", "position", "row_scale", "channel", "narrow_weights", "unknown",
+          "int8_saturation")
 SATURATION = "int8 saturation (CPU without VNNI, reduce_range off)"
 
 LAYOUT_MAX_REL = 1e-3      # rel_l2 after the permutation (or the caller's limit, if larger)
@@ -118,20 +135,28 @@ def dtype_format(dtype: str) -> tuple[str, float, float]:
 
 
 def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: float | None = None,
-             channel_axes=None, inputs=None) -> Cause:
+             channel_axes=None, inputs=None, name: str | None = None, failed: bool = False,
+             axis_names=None, weighted: bool | None = None) -> Cause:
     """The cause label for `actual` vs `expected` (see the module docstring for the rules).
 
     dtype: a conf/dtypes or torch name of the format the values were computed in (parity.core.dtypes).
     layout_hint: a permutation, or a list of them, to try first (e.g. a Transpose perm seen in the
     graph). limit: the rel_l2 the dtype explains (default 8 u). channel_axes: axes to look for a
     channel pattern on (default axis 1 and the last axis). inputs: the layer's input (the reference's),
-    for op_substitution; None: not tried."""
-    return _classify(actual, expected, dtypes.facts(dtype), layout_hint, limit, channel_axes, inputs)
+    for op_substitution; None: not tried. name: the layer's name (its axes' meaning and whether it is
+    attention or holds weights are read from it: cause_patterns.axis_names). failed: the verdict failed
+    this layer, so `precision` is never the answer (a cause never contradicts its verdict). axis_names:
+    what each axis is, overriding the name's (e.g. ("batch", "token", "hidden")). weighted: the layer
+    holds weights (default: from the name)."""
+    return _classify(actual, expected, dtypes.facts(dtype), layout_hint, limit, channel_axes, inputs,
+                     name=name, failed=failed, axis_names=axis_names, weighted=weighted)
 
 
 def _classify(actual, expected, fmt: dtypes.Format, layout_hint=None, limit: float | None = None,
-              channel_axes=None, inputs=None) -> Cause:
-    """classify() in the format `fmt` (its facts, already resolved)."""
+              channel_axes=None, inputs=None, name: str | None = None, failed: bool = False,
+              axis_names=None, weighted: bool | None = None) -> Cause:
+    """classify() in the format `fmt` (its facts, already resolved); `name`: the layer's."""
+    layer = _layer_of(name or "")
     name, u, big = fmt.name, fmt.u, fmt.max
     limit = PRECISION_K * u if limit is None else float(limit)
     a = np.asarray(actual, dtype=np.float64)
@@ -156,7 +181,7 @@ def _classify(actual, expected, fmt: dtypes.Format, layout_hint=None, limit: flo
         cause = _underflow(a, b, a - b, fmt) or _found(patterns.cancellation(a, b, inputs, rel, u, limit))
         if cause:
             return cause
-    if rel <= limit:
+    if rel <= limit and not failed:
         bits = math.log2(rel / u) if rel > 0 else -math.inf
         return Cause("precision", f"precision: rel_l2 {rel:.3g} <= limit {limit:.3g} ({name}, u={u:.3g}"
                      f"{f', bits_lost {bits:.1f}' if rel > 0 else ', bit-identical'})",
@@ -168,13 +193,20 @@ def _classify(actual, expected, fmt: dtypes.Format, layout_hint=None, limit: flo
                      {"rel_l2": None, "max_abs": float(np.abs(d).max()), "problem": "reference all zero"})
     fits = _fits(a, b, d, rel)
     axes = _axes(b, channel_axes)
+    names = tuple(axis_names) if axis_names is not None else patterns.axis_names(layer, b.shape)
+    names = names if names and len(names) == b.ndim else None
+    weighted = patterns.has_weights(layer) if weighted is None else weighted
+    inputs = inputs if inputs is None or np.shape(inputs) == b.shape else None
     return (_found(patterns.narrow_format(a, b, rel, u))
             or _found(patterns.op_substitution(a, b, inputs, rel, limit))
             or _found(patterns.softmax_temperature(a, b, rel))
-            or (_scale_or_offset(fits, rel) if a.size >= FIT_MIN_SIZE else None)
-            or _found(patterns.channel_permutation(a, b, rel, limit, axes))
-            or _channel(a, b, d, rel, axes)
-            or _unknown(a, b, d, rel, fits))
+            or _found(patterns.row_scale(a, b, inputs, rel, limit, names, fits["scale_residual"]))
+            or (_scale_or_offset(fits, rel, limit) if a.size >= FIT_MIN_SIZE else None)
+            or _found(patterns.channel_permutation(a, b, rel, limit, axes, names))
+            or _found(patterns.positions(a, b, rel, limit, names, patterns.is_attention(layer)))
+            or _channel(a, b, d, rel, axes, names)
+            or _found(patterns.narrow_weights(a, b, rel, u, weighted))
+            or _unknown(a, b, d, rel, fits, limit if failed and rel <= limit else None))
 
 
 def _found(found: tuple | None) -> Cause | None:
@@ -336,9 +368,15 @@ def _fits(a, b, d, rel: float) -> dict:
             "rms_expected": norm / math.sqrt(max(bf.size, 1))}
 
 
-def _scale_or_offset(f: dict, rel: float) -> Cause | None:
-    ok_s = f["scale_residual"] * FIT_GAIN <= rel
-    ok_c = f["offset_residual"] * FIT_GAIN <= rel
+def _explains(residual: float, rel: float, limit: float) -> bool:
+    """A fit explains the error: what it leaves is 10x smaller, or within the precision limit and at most
+    half the error (a 1.002 scale under fp16 rounding noise: the noise stays, the scale is the fault)."""
+    return residual * FIT_GAIN <= rel or (residual <= limit and 2 * residual <= rel)
+
+
+def _scale_or_offset(f: dict, rel: float, limit: float = 0.0) -> Cause | None:
+    ok_s = _explains(f["scale_residual"], rel, limit)
+    ok_c = _explains(f["offset_residual"], rel, limit)
     if ok_s and (not ok_c or f["scale_residual"] <= f["offset_residual"]):
         return Cause("scale", f"scale: actual ~= {f['scale']:.6g} x reference (rel_l2 {rel:.3g} -> "
                      f"{f['scale_residual']:.3g} after scaling)",
@@ -351,7 +389,7 @@ def _scale_or_offset(f: dict, rel: float) -> Cause | None:
     return None
 
 
-def _channel(a, b, d, rel: float, axes: list[int]) -> Cause | None:
+def _channel(a, b, d, rel: float, axes: list[int], names: tuple | None = None) -> Cause | None:
     d2, b2 = d * d, b * b
     best = None
     for ax in axes:
@@ -383,24 +421,30 @@ def _channel(a, b, d, rel: float, axes: list[int]) -> Cause | None:
     sab, sbb = (ta * tb).sum(axis=others), (tb * tb).sum(axis=others)
     scales = [float(x) / float(y) if y > 0 else None for x, y in zip(sab, sbb)]
     shown = ", ".join(f"{c} (x{s:.4g})" if s is not None else str(c) for c, s in zip(listed, scales))
-    return Cause("channel", f"channel: {100 * share:.1f}% of the squared error in {k} of {n} channels "
-                 f"along axis {ax}: {shown}{', ...' if k > LIST_MAX else ''} (rel_l2 {rel:.3g})",
-                 {"axis": int(ax), "channels": listed, "n_channels": k, "of": int(n),
+    what = names[ax] if names else None
+    label, unit = ("position", "tokens") if what == "token" else ("channel", "channels")
+    return Cause(label, f"{label}: {100 * share:.1f}% of the squared error in {k} of {n} {unit} "
+                 f"along {patterns.axis_word(ax, names)}: {shown}{', ...' if k > LIST_MAX else ''} (rel_l2 {rel:.3g})",
+                 {"axis": int(ax), "axis_name": what, "channels": listed, "n_channels": k, "of": int(n),
                   "error_share": share, "scales": scales,
                   "rel_l2_channels": [float(rel_c[c]) for c in listed], "rel_l2_others_median": rest_rel,
                   "rel_l2": rel})
 
 
-def _unknown(a, b, d, rel: float, f: dict) -> Cause:
+def _unknown(a, b, d, rel: float, f: dict, within: float | None = None) -> Cause:
+    """`within`: the limit, when the verdict failed a layer whose rel_l2 is within it (the cause says so
+    rather than `precision`, which would contradict the verdict)."""
     af, bf = a.ravel(), b.ravel()
     na, nb = math.sqrt(_dot(af, af)), math.sqrt(_dot(bf, bf))
     cos = _dot(af, bf) / (na * nb) if na > 0 and nb > 0 else (1.0 if na == nb else 0.0)
     ad = np.abs(d)
     worst = int(ad.argmax()) if ad.size else 0
     max_abs = float(ad.ravel()[worst]) if ad.size else 0.0
-    return Cause("unknown", f"unknown: rel_l2 {rel:.3g}, cosine {cos:.6g}, max_abs {max_abs:.3g}; "
-                 f"no layout, scale, offset or channel pattern",
-                 {"rel_l2": rel, "cosine": cos, "max_abs": max_abs,
+    why = ("no layout, scale, offset or channel pattern" if within is None else
+           f"the verdict fails it though its rel_l2 is within the dtype's limit {within:.3g}: the failure is in "
+           f"a few elements (largest error {max_abs:.3g}) or a tighter limit than rel_l2's")
+    return Cause("unknown", f"unknown: rel_l2 {rel:.3g}, cosine {cos:.6g}, max_abs {max_abs:.3g}; {why}",
+                 {"rel_l2": rel, "cosine": cos, "max_abs": max_abs, "within_limit": within,
                   "worst_index": [int(i) for i in np.unravel_index(worst, b.shape)] if b.size else [],
                   "scale_fit": f["scale"], "scale_residual": f["scale_residual"],
                   "offset_fit": f["offset"], "offset_residual": f["offset_residual"]})
@@ -494,7 +538,10 @@ def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, 
     if not pairs:
         return None
     limit = oracle.limit_rel(rec, *limits) if rec else None  # the verdict's own limit, as a rel_l2
-    return classify_samples(pairs, fmt, limit=limit, inputs=_inputs(gold, name, samples)).as_dict()
+    failed = not rec["passed"] if rec and "passed" in rec else \
+        any(not d.passed for d in cd.layers if d.name == name)  # the verdict failed it: never `precision`
+    return classify_samples(pairs, fmt, limit=limit, inputs=_inputs(gold, name, samples), name=name,
+                            failed=failed).as_dict()
 
 
 def _inputs(gold: dict | None, name: str, samples: list[int]) -> list | None:

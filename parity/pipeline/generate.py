@@ -36,7 +36,10 @@ import torch
 from parity.analysis import oracle
 from parity.backends import CaptureJob, fault
 from parity.backends.ort_cpu import OrtCpuRunner
+from parity.core import store
 from parity.core.io import read_json, write_json
+from parity.models import onnx_weights
+from parity.models.layers import LayerRecorder
 from parity.models.onnx_cut import scopes
 from parity.models import hf
 from parity.pipeline import decoder, inputfiles
@@ -269,6 +272,82 @@ def drift_origin(p: dict, model: str, dtype: str, side: str, runner, export_dir:
     return {"prefix_len": len(prefix), "origin": origin, "layers": rows}
 
 
+def reference_io(lm, prefix: list[int]) -> tuple[dict, dict]:
+    """({leaf: output}, {leaf: first floating input}) of every leaf call on `prefix`, no cache (float64
+    numpy, execution order; the first holds the logits and present values too): the fp64 reference's
+    values and the inputs the own-error test feeds."""
+    rec = LayerRecorder(decoder.DecoderStep(lm), inputs=True)
+    with torch.no_grad():
+        out = rec(*decoder.feeds(prefix, 0), *decoder.empty_past(lm))
+    n, pre = 1 + 2 * int(lm.config.num_hidden_layers), {}
+    gold = {name: t.double().numpy() for name, t in zip([LOGITS, *present_names(n // 2)], out[:n])}
+    for name, t in zip(rec.names[n:], out[n:]):
+        if name.startswith(store.PRE):
+            pre[name[len(store.PRE):].removeprefix(decoder.LM + ".")] = t.double().numpy()
+        else:
+            gold[name.removeprefix(decoder.LM + ".")] = t.double().numpy()
+    rec.remove_hooks()
+    return gold, pre
+
+
+def own_torch(lm, prefix: list[int], pre: dict) -> dict:
+    """Every leaf of `lm` (at its dtype) run on the reference's input to it (`pre`, float64, cast to the
+    dtype): {leaf: output float64}, as the torch runners' own-error pass computes it."""
+    rec = LayerRecorder(decoder.DecoderStep(lm))
+    rec.enable_pre_hooks()
+    dt = next(lm.parameters()).dtype
+    rec.feed_inputs = {f"{decoder.LM}.{k}": torch.from_numpy(v).to(dt) for k, v in pre.items()}
+    with torch.no_grad():
+        out = rec(*decoder.feeds(prefix, 0), *decoder.empty_past(lm))
+    n = 1 + 2 * int(lm.config.num_hidden_layers)
+    vals = {name.removeprefix(decoder.LM + "."): t.double().numpy() for name, t in zip(rec.names[n:], out[n:])}
+    rec.remove_hooks()
+    return vals
+
+
+def own_ort(runner, export_dir: Path, info: dict, prefix: list[int], gold: dict, pre: dict) -> dict:
+    """The provider's own values on `prefix`: decoder_layers.onnx cut at every leaf (parity.models.onnx_cut,
+    as the capture's own-error pass: OrtCpuRunner.infer_own), each leaf fed the reference's input."""
+    runner.own_source = onnx_weights.load_graph(export_dir / "decoder_layers.onnx")
+    runner.own = None
+    ref = {**gold, **{store.PRE + k: v for k, v in pre.items()}}
+    got = runner.infer_own(ort_feeds(prefix, None, 0, info), ref)
+    runner.own = runner.own_source = None
+    return {n: np.asarray(v, np.float64) for n, v in got if n in gold}
+
+
+def own_check(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict,
+              prefix: list[int]) -> dict:
+    """The per-layer cells' own-error test at one step's prefix (no cache): every leaf re-run on the fp64
+    reference's input to it, on the provider and on the trusted baseline at the cell's dtype, judged by
+    the oracle against the leaf's fp64 output (a leaf whose own error is beyond k times the baseline's
+    fails, however small its effect on the logits). {prefix_len, origin: the first failing leaf, layers}."""
+    dc = p["dtypes"][dtype]
+    lm = build_lm(p["models"][model], int(schema.of(p).seed)).double()
+    gold, pre = reference_io(lm, prefix)
+    lm = lm.to(getattr(torch, dc["torch"]))
+    floors = own_torch(lm, prefix, pre)
+    del lm
+    values = floors if side == "torch" else own_ort(runner, export_dir, info, prefix, gold, pre)
+    u, k, slack = oracle.limits(dc)
+    rows = []
+    for n in [n for n in info["layers"] if n in values and n in floors and n in gold]:
+        sq, fl = oracle.Sq().add(values[n], gold[n]), oracle.Sq().add(floors[n], gold[n])
+        j = oracle.judge(sq, fl, u, k, slack)
+        rows.append({"name": n, "err_rmse": j["err_rmse"], "floor_rmse": j["floor_rmse"], "excess": j["excess"],
+                     "rel_l2": math.sqrt(sq.err / sq.ref) if sq.ref else 0.0, "passed": j["passed"]})
+    origin = next((r["name"] for r in rows if not r["passed"]), None)
+    return {"prefix_len": len(prefix), "kind": "own", "origin": origin, "layers": rows,
+            "worst_excess": max((r["excess"] for r in rows), default=None)}
+
+
+def judge_own(rows: list[dict], step: int, own: dict) -> None:
+    """Step `step`'s record takes the own-error test's result: it fails when a leaf's own error fails."""
+    r = rows[step]
+    r["own_worst_excess"], r["own_failed"] = own["worst_excess"], [x["name"] for x in own["layers"] if not x["passed"]]
+    r["passed"] = bool(r["passed"] and not r["own_failed"])
+
+
 def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -> dict:
     """One generate@ cell: status, per-step records, first divergence / failure, drift origin."""
     c = schema.of(p)
@@ -306,6 +385,12 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
         finally:
             del gold
     rows = step_rows(prov, base, tokens, margins, p["dtypes"][dtype])
+    first = next((r["step"] for r in rows if not r["passed"]), None)
+    own = {0: own_check(p, model, dtype, side, runner, export_dir, info, ids)}  # the prompt's own error
+    if first:  # and at the first step whose logits fail
+        own[first] = own_check(p, model, dtype, side, runner, export_dir, info, ids + tokens[:first])
+    for t, o in own.items():
+        judge_own(rows, t, o)
     fail = next((r["step"] for r in rows if not r["passed"]), None)
     div = next((r["step"] for r in rows if not r["agree"]), None)
     res.update(status="OK", reason="", verdict="PASS" if fail is None else "FAIL", provider_is_baseline=side == "torch",
@@ -314,7 +399,9 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
     if decode_text is not None:  # the text of each side: the provider's top-1 at each step, on the reference's prefix
         res["text"] = {"prompt": decode_text(ids), "reference": decode_text(tokens),
                        "provider": decode_text([r["token"] for r in rows])}
-    if fail is not None:
-        res["origin"] = {"step": fail, **drift_origin(p, model, dtype, side, runner, export_dir, info,
-                                                       ids + tokens[:fail])}
+    res["own"] = {str(t): {k: o[k] for k in ("prefix_len", "origin", "worst_excess")} for t, o in own.items()}
+    if fail is not None:  # the first leaf whose own error fails, else the first over the limit (as diffcell)
+        o = own.get(fail)
+        res["origin"] = {"step": fail, **(o if o and o["origin"] else {"kind": "accumulated", **drift_origin(
+            p, model, dtype, side, runner, export_dir, info, ids + tokens[:fail])})}
     return res
