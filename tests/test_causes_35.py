@@ -147,3 +147,54 @@ def test_origin_cause_passes_the_verdict_to_the_cause():
     cause = causes.origin_cause(cd, act, ref, None, None, (U16, 4.0, 0.0), dtypes.facts("fp16"))
     assert cause["label"] != "precision", cause["summary"]
     assert "<= limit" not in cause["summary"]
+
+
+def _graph(w, path, outputs=("y", "h")):
+    """x -> MatMul(w) -> h (leaf `fc`) -> Relu -> y, with the exporter's name_scopes on the MatMul."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    mm = helper.make_node("MatMul", ["x", "w"], ["h"], name="node_MatMul_0")
+    mm.metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'model', 'model.fc', 'linear']")
+    relu = helper.make_node("Relu", ["h"], ["y"], name="node_Relu_1")
+    g = helper.make_graph([mm, relu], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 3]) for o in outputs],
+                          [numpy_helper.from_array(w.astype(np.float32), "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+
+
+def _plain_failed_cell():
+    b = np.ones((1, 3), np.float32)
+    layers = [compare.compare_layer(n, i, [(0, a, b)], 1e-5, 1e-5, "test") for i, (n, a) in
+              enumerate([("fc", b), ("output", b), ("plain:output", 1.05 * b)])]
+    return CellDiff({"status": "OK"}, layers=layers, summary={"drift_origin": "plain:output"})
+
+
+def test_fault_only_in_the_plain_graph_names_its_node_and_module(tmp_path):
+    """model.onnx with one weight x1.05, layers.onnx as exported: the diff names the MatMul and its module."""
+    from parity.analysis import plaindiff
+
+    w = np.random.default_rng(10).normal(size=(4, 3))
+    _graph(w, tmp_path / "layers.onnx")
+    _graph(w * 1.05, tmp_path / "model.onnx", outputs=("y",))
+    changes = plaindiff.graph_changes(tmp_path)
+    assert [(c["node"], c["module"]) for c in changes] == [("node_MatMul_0", "fc")]
+    assert "x1.05" in changes[0]["changes"][0]
+    cd = _plain_failed_cell()
+    assert plaindiff.plain_only(cd)
+    plaindiff.locate(cd, tmp_path)
+    assert cd.summary["drift_origin"] == "fc"
+    cause = cd.summary["drift_origin_cause"]
+    assert cause["label"] == "plain_graph" and "node_MatMul_0" in cause["summary"]
+
+
+def test_plain_graph_equal_to_layers_sends_to_reduce(tmp_path):
+    from parity.analysis import plaindiff
+
+    w = np.random.default_rng(11).normal(size=(4, 3))
+    _graph(w, tmp_path / "layers.onnx")
+    _graph(w, tmp_path / "model.onnx", outputs=("y",))
+    assert plaindiff.graph_changes(tmp_path) == []
+    cd = _plain_failed_cell()
+    plaindiff.locate(cd, tmp_path)
+    assert cd.summary["drift_origin"] == "plain:output" and "reduce@" in cd.summary["drift_origin_cause"]["summary"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from parity.analysis import cellfiles, diffcell
+from parity.analysis import cellfiles, diffcell, plaindiff
 from parity.config import params as config
 from parity.core import tolerance
 from parity.core.io import read_json
@@ -24,5 +24,7 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
     cell = diffcell.load(capture, reference, baseline)  # the values: nothing of the config
     rule = tolerance.rule(p, model, dtype, cell.names)  # the config: resolved once
     shapes = diffcell.judge(rule, cell)  # (label, CellDiff) per input shape
+    for _, cd in shapes:  # only the shipped graph fails: the nodes where it differs from layers.onnx
+        plaindiff.locate(cd, model_dir)
     line = cellfiles.write(shapes, layers_json, key, out)  # as judged: nothing of the config
     return f"diff@{key}: {line}"

@@ -15,10 +15,16 @@ Baseline and provider are teacher-forced on the reference's tokens, so every ste
 the same prefix even after a token diverged. Per step: the last position's logits against fp64
 (max_abs, rel_l2, RMSE), the oracle's excess (error / (k x baseline error)), pass, top-1 of each side,
 and the reference's top-1 margin (top-1 minus top-2 logit: a divergence at a small margin is a near tie).
-The first step whose logits fail the oracle is the first failing step; there the per-layer drift origin
-is found on the full prefix without cache (prompt + reference tokens up to that step): every leaf
-module's output on the provider (decoder_layers.onnx, or torch hooks) against fp64, judged by the same
-oracle; the first leaf in execution order over the limit is the origin.
+The own-error test of the per-layer cells runs too (own_check), at step 0 (the prompt) and at the first
+step whose logits fail: on that step's full prefix without cache, every leaf re-run on the fp64
+reference's input to it, on the provider (decoder_layers.onnx cut at every leaf, parity.models.onnx_cut,
+as the capture's own-error pass) and on the baseline (torch hooks feeding the inputs), judged by the
+oracle; a leaf whose own error fails fails that step (`own_failed`, `own_worst_excess`). A small weight
+error late in the model hides in the logits' excess, whose yardstick is the whole model's accumulated
+rounding (tiny_llama's last down_proj x1.01 at fp16: logits excess 3.31 < k = 4, own excess 20.5).
+The first failing step is the first whose logits or own error fail; its drift origin is the first leaf
+whose own error fails there, else (kind `accumulated`) the first leaf in execution order whose output on
+the provider (decoder_layers.onnx, or torch hooks) is over the oracle's limit against fp64 on the prefix.
 What is held: one step's logits per side plus per-step summary numbers; the golden logits go to a
 temporary file (steps x vocab float64) that the later runs read one row at a time.
 """
