@@ -68,6 +68,14 @@ def config_error(params: dict, mutate) -> str:
     return str(e.value)
 
 
+def is_temp(path) -> bool:
+    """A temp file parity.core.io.atomic_path writes before it publishes (`.<name>.*.tmp`), never an artifact."""
+    from parity.core.io import TMP_SUFFIX
+
+    name = Path(path).name
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+
+
 def env() -> dict:
     e = dict(os.environ)
     e["PATH"] = BIN + os.pathsep + e.get("PATH", "")

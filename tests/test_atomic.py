@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import env, make_repo
-from parity.core.io import atomic_path, is_temp
+from conftest import env, is_temp, make_repo
+from parity.core.io import atomic_path
 
 NO_EXPORT_MODEL = '''\
 """Runs eagerly, cannot be exported: a custom op with no ONNX translation."""

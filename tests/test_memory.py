@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import env, make_repo, tree_digest
+from conftest import env, is_temp, make_repo, tree_digest
 
 from parity.core import memory
 
@@ -165,10 +165,10 @@ def test_the_report_works_without_timing_files(repo, tmp_path):
 
 def test_a_stage_killed_before_its_output_is_published_leaves_no_output_file(repo):
     """SIGKILL while reference's fp32.parquet is written but not yet renamed into place: no fp32.parquet,
-    only the hidden temp file parity.core.io.is_temp recognises; the next run publishes complete files, and
-    `dvc repro` of the stage clears a temp file left in its output folder."""
+    only the hidden temp file of parity.core.io.atomic_path (conftest.is_temp); the next run publishes complete
+    files, and `dvc repro` of the stage clears a temp file left in its output folder."""
     from parity.core import store
-    from parity.core.io import PAUSE_ENV, is_temp
+    from parity.core.io import PAUSE_ENV
 
     out = repo.path / "artifacts/killed"
     shutil.rmtree(out, ignore_errors=True)

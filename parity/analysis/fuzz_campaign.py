@@ -16,7 +16,6 @@ import contextlib
 import copy
 import fnmatch
 import hashlib
-import json
 import sys
 import time
 from collections import Counter
@@ -252,10 +251,3 @@ def minimise_case(p, suite, section, dtype, provider, m, timeout: float = 30, lo
 
         small, runs = fuzz.minimise(m, fails, tpls.get(m["fuzz"]["base"]), log)
     return small, want, runs
-
-
-def load_failures(path: Path) -> list[dict]:
-    t = pq.read_table(path).to_pylist()
-    for r in t:
-        r["template"], r["case"] = json.loads(r["template"]), json.loads(r["case"])
-    return t

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from parity.config import params as config
 from parity.config import schema
-from parity.core import status, store
+from parity.core import modelfiles, status, store
 from parity.core.store import PLAIN
 
 STATUSES = status.RUNNER  # the one vocabulary: parity.core.status
@@ -258,7 +258,7 @@ def run_capture(cls: type[Runner], job: CaptureJob, feeds: list[dict[str, np.nda
                 warmup: int, repeats: int, sink: "CaptureSink | None" = None) -> CaptureResult:
     """Run one cell. The values go to `sink` sample by sample (parity.pipeline.sink streams them to
     Parquet); without one they are kept in the result (CaptureResult.samples / .own)."""
-    if (job.model_cfg.get("arch") or {}).get("source") == "onnx" and not (cls.onnx_based or cls.engine_build):
+    if modelfiles.is_onnx_file(job.model_cfg) and not (cls.onnx_based or cls.engine_build):
         return CaptureResult("UNSUPPORTED", onnx_file_unsupported(job))
     why = config.unsupported_dtype(job.provider, job.provider_cfg, job.dtype)
     mode = schema.mode(job.dtype_cfg)
@@ -405,11 +405,6 @@ def interleave(own: list, between: dict) -> list:
             res.append((store.BETWEEN + n, between.pop(n)))
         res.append((n, v))
     return res + [(store.BETWEEN + n, v) for n, v in between.items()]
-
-
-def reference_values(path: Path) -> list[dict[str, np.ndarray]]:
-    """fp64.parquet -> per sample {name: array} (leaf outputs and `pre:` inputs)."""
-    return [g for _, g in gold_samples(path)]
 
 
 def gold_samples(path: Path):

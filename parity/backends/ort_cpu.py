@@ -32,7 +32,7 @@ import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
 from parity.backends import fault
-from parity.core import dtypes, store
+from parity.core import dtypes, modelfiles, store
 from parity.backends.base import OpSkip, Runner, SessionError, Unavailable, interleave
 from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_weights import Converted
@@ -280,7 +280,7 @@ class OrtRunner(Runner):
 
     @property
     def own_unsupported(self) -> str | None:
-        if (self.job.model_cfg.get("arch") or {}).get("source") == "onnx":
+        if modelfiles.is_onnx_file(self.job.model_cfg):
             return "ONNX-file model: own error not measured (every node output is a layer; see reduce)"
         if str(self.job.dtype_cfg.get("mode", "")).startswith("int8"):
             return "int8: own error not measured (the quantized graph is not fed from the reference)"

@@ -84,11 +84,6 @@ def baseline(m: dict) -> str | None:
 # ---- the report's summary.json ------------------------------------------------------------------
 
 
-def summary_counts(s: dict) -> dict:
-    """{passed, failed, not_run} cell counts of a report summary (None where absent)."""
-    return {k: s.get(k) for k in ("passed", "failed", "not_run")}
-
-
 # ---- a cell's layers.json -----------------------------------------------------------------------
 
 

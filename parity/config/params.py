@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from parity.core import codedeps, tolerance
+from parity.core import codedeps, modelfiles, tolerance
 from parity.config import imports, inputspec
 from parity.config import inputspec
 from parity.config import schema as S
@@ -327,7 +327,7 @@ def _derived(p: dict) -> None:
 def _model(where: str, m: dict) -> None:
     _check_keys(where, m, MODEL_KEYS, required=("arch", "input"))
     arch = m["arch"]
-    if isinstance(arch, dict) and arch.get("source") == "onnx":
+    if modelfiles.is_onnx_file(m):
         _onnx_arch(f"{where}.arch", arch)
         arch = {**arch, "name": ""}
     else:
@@ -651,18 +651,13 @@ def capture_providers(p: dict) -> list[str]:
 def onnx_models(p: dict) -> list[str]:
     """Selected models given as ONNX files (`arch.source: onnx`): dvc.yaml's reference_onnx matrix
     iterates these (reference by onnxruntime CPU, stages/reference_onnx.py)."""
-    return [n for n, m in p["models"].items() if _source(m) == "onnx"]
+    return [n for n, m in p["models"].items() if modelfiles.is_onnx_file(m)]
 
 
 def torch_models(p: dict) -> list[str]:
     """The other selected models (built in torch): dvc.yaml's reference matrix iterates these, so
     their reference stage depends on no onnxruntime code."""
-    return [n for n, m in p["models"].items() if _source(m) != "onnx"]
-
-
-def _source(m) -> str | None:
-    arch = m.get("arch") if isinstance(m, dict) else None
-    return arch.get("source") if isinstance(arch, dict) else None
+    return [n for n, m in p["models"].items() if not modelfiles.is_onnx_file(m)]
 
 
 def load(path: str | Path = PARAMS_FILE) -> dict:
@@ -709,12 +704,6 @@ def die(err: Exception, code: int = 2):
     """Print a config error the way every entry point does, and exit non-zero."""
     print(f"parity: config error: {err}", file=sys.stderr)
     raise SystemExit(code)
-
-
-def tolerance_for(p: dict, model: str, dtype: str, layer: str) -> tuple[float, float, str]:
-    """(atol, rtol, source-key) for a layer: dtype default, then model rules in order (last wins)."""
-    return tolerance.resolve(p["dtypes"][dtype]["tol"], f"dtypes.{dtype}.tol", p["models"][model].get("tolerances"),
-                             f"models.{model}.tolerances", dtype, layer=layer)
 
 
 def unsupported_dtype(provider: str, prov: dict, dtype: str) -> str | None:

@@ -212,7 +212,7 @@ def models_code(models: dict, roots=None, digests: modelfiles.Digests | None = N
         arch = m["arch"]
         if arch["source"] == "import":
             out[name] = model_code(str(arch["name"]).partition(":")[0], roots)
-        elif arch["source"] == "onnx":
+        elif modelfiles.is_onnx_file(m):
             out[name] = onnx_file_code(Path(str(arch["path"])), digests)
         elif arch["source"] == "hf" and arch.get("path"):
             out[name] = hf_checkpoint_code(Path(str(arch["path"])), digests)

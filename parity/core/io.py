@@ -46,12 +46,6 @@ def atomic_path(path: str | Path, allow_empty: bool = False):
             os.unlink(tmp)
 
 
-def is_temp(path: str | Path) -> bool:
-    """A temp file of atomic_path (never a published artifact)."""
-    name = Path(path).name
-    return name.startswith(".") and name.endswith(TMP_SUFFIX)
-
-
 def write_bytes(path: str | Path, data: bytes) -> None:
     with atomic_path(path, allow_empty=True) as tmp:  # the caller's bytes, even b"", are the content
         tmp.write_bytes(data)

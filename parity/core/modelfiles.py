@@ -14,6 +14,9 @@ model's folder, a regular file) except that a symbolic link into the DVC cache o
 holding the model, or one that stays inside the model's folder, is followed, and a hard-linked file is
 read (DVC's `cache.type hardlink,symlink` links every tracked file so; onnx's loader refuses both).
 
+`is_onnx_file` is the one test of whether a model's config gives it as an ONNX file (`arch.source:
+onnx`): every stage, runner and check that treats such a model apart asks it.
+
 `Digests` computes sha256 by streaming (hashlib.file_digest: fixed-size reads, never the whole file in
 memory) and remembers it by the file's identity and stat (device, inode, size, mtime_ns, ctime_ns) in
 .dvc/tmp/parity-digests.json, so a no-op `dvc repro` does not hash a checkpoint's gigabytes again.
@@ -28,6 +31,7 @@ import mmap
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from parity.core.io import json_object
@@ -48,6 +52,13 @@ RACY_S = 2.0  # a file changed this recently is hashed again next time (its mtim
 
 class ExternalDataError(ValueError):
     """An external-data location that parity will not read: the message says why."""
+
+
+def is_onnx_file(model_cfg) -> bool:
+    """Whether a model's config (params `models.<m>`) gives it as an ONNX file (`arch.source: onnx`)
+    rather than a model built in torch. Safe on a config not validated yet (any value: False)."""
+    arch = model_cfg.get("arch") if isinstance(model_cfg, Mapping) else None
+    return isinstance(arch, Mapping) and arch.get("source") == "onnx"
 
 
 # -- ONNX external data -----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 from parity.analysis import sums
 from parity.analysis.oracle import has_baseline
 from parity.backends.base import write_own
-from parity.core import store
+from parity.core import modelfiles, store
 from parity.pipeline.baseline_torch import BASELINE_PROVIDER, done, torch_baseline
 from parity.pipeline.inputs import load
 
@@ -27,7 +27,7 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
     if not has_baseline(dc):
         res_status, reason, rows = "UNSUPPORTED", (f"dtypes.{dtype}.mode is {dc.get('mode')!r}: torch CPU eager "
                                                   "has no such mode; cells of this dtype are judged by tolerance"), []
-    elif p["models"][model]["arch"]["source"] == "onnx":  # an ONNX file: ORT CPU, no optimisation
+    elif modelfiles.is_onnx_file(p["models"][model]):  # an ONNX file: ORT CPU, no optimisation
         # lazy: ONNX-source models only; loads onnxruntime (+0.14 s, BENCHMARKS 22) that a torch baseline never uses
         from parity.pipeline import onnx_reference
 
@@ -43,5 +43,5 @@ def capture_baseline(p: dict, model: str, dtype: str, model_dir: Path, inputs: P
         sums.write_for(out, res, reference, dc)
     else:
         (out / sums.FILE).unlink(missing_ok=True)
-    provider = "ort_cpu_noopt" if p["models"][model]["arch"]["source"] == "onnx" else BASELINE_PROVIDER
+    provider = "ort_cpu_noopt" if modelfiles.is_onnx_file(p["models"][model]) else BASELINE_PROVIDER
     return done(out, key, provider, res_status, reason, own, len(rows), t0)

@@ -10,7 +10,7 @@ from parity.analysis.oracle import has_baseline
 from parity.backends import CaptureJob, fingerprint, load_runner
 from parity.backends.base import CaptureResult, latency_stats, onnx_file_unsupported, write_own
 from parity.config import imports, inputspec, params as config
-from parity.core import store
+from parity.core import modelfiles, store
 from parity.core.io import read_json, write_json
 from parity.pipeline.inputs import load
 from parity.pipeline.shapes import capture_by_shape
@@ -93,7 +93,7 @@ def _torch_runner_on_onnx_file(job, pc: dict) -> bool:
     class attributes onnx_based and engine_build, as Python would find them; never imported): the
     cell is UNSUPPORTED without loading torch (run_capture says the same after an import). False
     when the source cannot tell."""
-    if (job.model_cfg.get("arch") or {}).get("source") != "onnx":
+    if not modelfiles.is_onnx_file(job.model_cfg):
         return False
     mod, _, name = str(pc.get("runner", "")).partition(":")
     found = [imports.class_value(mod, name, a) for a in ("onnx_based", "engine_build")] if name else [None]

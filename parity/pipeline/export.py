@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from parity.config import inputspec
+from parity.core import modelfiles
 from parity.core.io import write_json
 from parity.core.store import is_output
 from parity.models import build, example_inputs
@@ -30,7 +31,7 @@ def export_model(p: dict, model: str, out: Path, built: dict | None = None) -> s
     `out`; the summary line. `built`: gets the model the export built ("net"; torch models), as built
     (seeded, fp32, eval), for the reference's run in the same process (parity.pipeline.fold)."""
     m = p["models"][model]
-    if m["arch"]["source"] == "onnx":  # an ONNX file: checked and instrumented, no torch
+    if modelfiles.is_onnx_file(m):  # an ONNX file: checked and instrumented, no torch
         try:
             return export_file(model, m, out)
         except OnnxSourceError as e:

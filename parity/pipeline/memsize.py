@@ -9,7 +9,7 @@ from pathlib import Path
 
 from parity.config import inputspec
 from parity.config import schema
-from parity.core import memory
+from parity.core import memory, modelfiles
 from parity.models import construct
 
 
@@ -26,7 +26,7 @@ def sizes(p: dict, model: str, samples: int, activations: bool = True) -> tuple[
     recorder per input shape, x `samples`; (None, None) when the model cannot be sized that way. An
     ONNX-file model: W is the file's size, SA unknown."""
     m = p["models"][model]
-    if m["arch"]["source"] == "onnx":
+    if modelfiles.is_onnx_file(m):
         path = Path(str(m["arch"]["path"]))
         return (path.stat().st_size if path.is_file() else None), None
     # lazy: torch +1.84 s (BENCHMARKS 22) for torch models only; reference@ of an ONNX model imports this module

@@ -48,10 +48,6 @@ class OnnxSourceError(ValueError):
     """A bad ONNX model file: the message names the file and the problem."""
 
 
-def is_onnx_source(model_cfg: dict) -> bool:
-    return (model_cfg.get("arch") or {}).get("source") == "onnx"
-
-
 def arch_path(model_cfg: dict) -> Path:
     return Path(str(model_cfg["arch"]["path"]))
 

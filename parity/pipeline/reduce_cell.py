@@ -15,7 +15,7 @@ from parity.backends import load_runner
 from parity.backends.base import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.config import params as config
-from parity.core import store
+from parity.core import modelfiles, store
 from parity.core.io import read_json, write_json
 from parity.models.onnx_weights import load_with_data
 import onnx
@@ -36,7 +36,7 @@ def against_torch(p: dict, model: str, key: str, dtype: str, model_dir: Path, in
     written under `out`) | AGREES | NOT_REPRODUCED | NOT_CHECKED, reason, ...}."""
     dcfg = p["dtypes"][dtype]
     why = None
-    if (p["models"][model].get("arch") or {}).get("source") == "onnx":
+    if modelfiles.is_onnx_file(p["models"][model]):
         why = "an ONNX-file model: there is no torch to check the graph against"
     elif not oracle.has_baseline(dcfg):
         why = f"dtypes.{dtype}.mode {dcfg.get('mode')!r} has no torch baseline"
