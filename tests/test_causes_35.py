@@ -198,3 +198,9 @@ def test_plain_graph_equal_to_layers_sends_to_reduce(tmp_path):
     cd = _plain_failed_cell()
     plaindiff.locate(cd, tmp_path)
     assert cd.summary["drift_origin"] == "plain:output" and "reduce@" in cd.summary["drift_origin_cause"]["summary"]
+
+
+def test_a_failed_bit_identical_layer_is_unknown_not_a_fit():
+    b = np.random.default_rng(12).normal(size=(1, 8, 16))
+    c = classify(b.copy(), b, "fp32", failed=True)
+    assert c.label == "unknown" and c.evidence["within_limit"] is not None

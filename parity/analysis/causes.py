@@ -371,7 +371,7 @@ def _fits(a, b, d, rel: float) -> dict:
 def _explains(residual: float, rel: float, limit: float) -> bool:
     """A fit explains the error: what it leaves is 10x smaller, or within the precision limit and at most
     half the error (a 1.002 scale under fp16 rounding noise: the noise stays, the scale is the fault)."""
-    return residual * FIT_GAIN <= rel or (residual <= limit and 2 * residual <= rel)
+    return rel > 0 and (residual * FIT_GAIN <= rel or (residual <= limit and 2 * residual <= rel))
 
 
 def _scale_or_offset(f: dict, rel: float, limit: float = 0.0) -> Cause | None:
@@ -399,6 +399,8 @@ def _channel(a, b, d, rel: float, axes: list[int], names: tuple | None = None) -
         others = tuple(i for i in range(b.ndim) if i != ax)
         e, eb = d2.sum(axis=others), b2.sum(axis=others)
         total = float(e.sum())
+        if total <= 0:  # no error to place (a failed layer within the limit may have none)
+            continue
         order = np.argsort(-e, kind="stable")
         k = int(np.searchsorted(np.cumsum(e[order]) / total, CHANNEL_ENERGY) + 1)
         if k > max(1, int(CHANNEL_SHARE * n)) or k >= n:
