@@ -11,8 +11,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, composed, config_error, options
-from parity.config import params as config
-from parity.core import tolerance
+from parity.config import params as config, schema
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_tolerance_resolution_order(default):
         {"dtype": "fp16", "layer": "layer4.*", "atol": 5e-3, "rtol": 2e-3},
     ]
     config.validate(p)
-    fp32, fp16 = (tolerance.rule(p, "resnet18", d, ["conv1", "layer4.0.conv1"]).tolerances for d in ("fp32", "fp16"))
+    fp32, fp16 = (schema.rule(p, "resnet18", d, ["conv1", "layer4.0.conv1"]).tolerances for d in ("fp32", "fp16"))
     assert fp32["layer4.0.conv1"] == (1e-4, 1.3e-6, "dtypes.fp32.tol")
     assert fp16["conv1"] == (1e-3, 1e-3, "models.resnet18.tolerances[0]")
     assert fp16["layer4.0.conv1"] == (5e-3, 2e-3, "models.resnet18.tolerances[1]")

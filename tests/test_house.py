@@ -327,3 +327,30 @@ def test_every_import_inside_a_function_says_why():
     bad = [x for f in files for x in _unexplained_lazy_imports(f)]
     assert not bad, ("imports inside functions without a reason (move them to the module's top, or say why "
                      "with `# lazy: ...` / `# optional: ...`):\n" + "\n".join(bad))
+
+
+def test_conf_and_schema_defaults_agree():
+    """A setting conf/config.yaml gives has the same default in the typed config (parity.config.schema
+    takes it from there): a params dict made by hand for a test or a command gets what a composed
+    params.yaml holds (inputs.samples was 2 in conf and 1 in the schema). Compose-time values (`${...}`)
+    are not defaults."""
+    import yaml
+
+    from parity.config import schema
+
+    def literal(v):
+        return not (isinstance(v, str) and "${" in v)
+
+    conf = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())
+    bare, bad = schema.of({}), []
+    for sec, v in conf.items():
+        if sec == "defaults" or not literal(v):
+            continue
+        for key, val in (v.items() if isinstance(v, dict) and v else [(None, v)]):
+            if not literal(val):
+                continue
+            given = schema.of({sec: {key: val} if key else val})
+            want, got = ((getattr(getattr(x, sec), key) if key else getattr(x, sec)) for x in (given, bare))
+            if got != want:
+                bad.append(f"{sec}.{key}" if key else sec)
+    assert not bad, f"conf/config.yaml and parity.config.schema give different defaults for: {bad}"

@@ -221,14 +221,14 @@ def test_all_zero_output_is_refused_as_the_torch_path_refuses_it(tmp_path, capsy
 
 
 def _rule_and_dirs(tmp_path: Path, dtype: str):
-    from parity.core import tolerance
+    from parity.config import schema
 
     p = composed()
     model = next(iter(p["models"]))
     base = tmp_path / f"base-{dtype}"
     base.mkdir(exist_ok=True)
     (base / "status.json").write_text(json.dumps({"status": "OK", "provider": "ort_cpu_noopt"}))
-    return tolerance.rule(p, model, dtype, []), base
+    return schema.rule(p, model, dtype, []), base
 
 
 def test_no_golden_run_at_all_makes_the_fp32_run_the_yardstick(tmp_path):

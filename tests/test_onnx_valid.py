@@ -152,7 +152,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
     from parity.analysis import diffcell
-    from parity.core import tolerance
+    from parity.config import schema
     from parity.pipeline import onnx_reference
 
     w = nh.from_array(np.eye(4, dtype=np.float32), "w")
@@ -172,7 +172,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     base = tmp_path / "base"
     base.mkdir()
     (base / "status.json").write_text('{"status": "OK"}')
-    mode, why = diffcell.verdict_mode(tolerance.rule(p, "c", "fp32", []), out, base)
+    mode, why = diffcell.verdict_mode(schema.rule(p, "c", "fp32", []), out, base)
     assert mode == "oracle" and "reference.fp64: false" not in why and "(FusedMatMul) ran on onnxruntime" in why, why
 
 

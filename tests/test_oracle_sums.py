@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from conftest import make_repo
-from parity.core import store, tolerance
+from parity.config import schema
+from parity.core import store
 from parity.analysis import diffcell, sums
 
 
@@ -33,7 +34,7 @@ def _diff(p, cell, root, without_sums, tmp):
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(sums.FILE))
         cap, base = tmp / cap.relative_to(root), tmp / base.relative_to(root)
     cell = diffcell.load(cap, root / "artifacts/reference" / model, base)
-    cd = diffcell.diff_cell(tolerance.rule(p, model, dtype, cell.names), cell)
+    cd = diffcell.diff_cell(schema.rule(p, model, dtype, cell.names), cell)
     return json.dumps({"layers": [d.as_dict() for d in cd.layers], "own": cd.own, "summary": cd.summary,
                        "mode": cd.mode}, sort_keys=True)
 
@@ -89,7 +90,7 @@ def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
                                     dirs_exist_ok=True)
                 cap, base = d / cap.relative_to(r.path), d / base.relative_to(r.path)
             values = diffcell.load(cap, r.path / "artifacts/reference/transformer_seq", base)
-            rule = tolerance.rule(p, "transformer_seq", "fp32", values.names)
+            rule = schema.rule(p, "transformer_seq", "fp32", values.names)
             assert [idx for _, idx in rule.sample_sets] == [idx for _, idx in sets]  # as the inputs stage numbers them
             cd = diffcell.diff_cell(rule, values, samples=rng, status=status)
             assert cd.mode == "oracle" and cd.own

@@ -44,17 +44,15 @@ def test_every_option_of_every_group_builds_with_its_values(every):
     assert list(c.capture_providers) == every["capture_providers"] and list(c.torch_models) == every["torch_models"]
 
 
-def test_a_section_left_out_takes_the_dataclass_default():
-    p = {k: v for k, v in composed().items() if k in GROUPS}
-    c = schema.of(config.validate(p))
-    assert c.seed == 0 and c.strict is False
-    assert (c.export.exporter, c.export.opset) == ("dynamo", 18)
-    assert (c.inputs.samples, c.inputs.calibration) == (1, 0)
-    assert (c.capture.latency, c.capture.warmup, c.capture.repeats, c.capture.threads) == (False, 0, 1, 0)
-    assert (c.diff.verdict, c.diff.max_mismatch) == ("oracle", 0.0)
-    assert (c.analysis.plan, c.analysis.max_keep, c.analysis.reduce_rel_l2) == (False, 16, 1e-3)
-    assert (c.suites_run.workers, c.suites_run.timeout_s, c.suites_run.onnx_opset) == (2, 60, 17)
-    assert (c.generate.steps, c.generate.prompt_len, c.train_step.device) == (32, 8, "auto")
+def test_a_section_left_out_takes_the_default_conf_gives():
+    """The defaults are conf/config.yaml's: params without a section type as a composed params.yaml."""
+    full = composed()
+    c, every = schema.of(config.validate({k: v for k, v in full.items() if k in GROUPS})), schema.of(full)
+    assert (c.seed, c.strict) == (every.seed, every.strict) == (0, False)
+    for sec in ("export", "inputs", "reference", "capture", "diff", "analysis", "suites_run", "fuzz", "train_step",
+                "generate"):
+        assert getattr(c, sec) == getattr(every, sec), sec
+    assert (c.inputs.samples, c.capture.warmup, c.diff.verdict) == (2, 3, "oracle")
     assert c.dtypes["fp16"].oracle.slack == 1e-6 and schema.Oracle(k=4.0).slack == 0.0
 
 
@@ -81,12 +79,13 @@ def test_fuzz_settings_keep_their_order_and_values():
     f = fuzz_campaign.settings(composed())
     assert list(f) == ["seed", "cases", "ops", "nonfinite", "empty", "max_numel", "timeout_s", "workers"]
     assert fuzz_campaign.settings({"fuzz": {"cases": 5}})["cases"] == 5
-    assert fuzz_campaign.settings({})["cases"] == 200  # `parity fuzz` without params: the schema default
+    # `parity fuzz` without params: the schema's default, conf/config.yaml's
+    assert fuzz_campaign.settings({})["cases"] == composed()["fuzz"]["cases"]
 
 
 # the oracle k, diff.max_mismatch and diff.verdict: read through the typed config (or the one resolver),
-# never with a literal fallback. PENDING: the diff path's resolver, converted after its restructuring.
-PENDING = {"parity/core/tolerance.py"}
+# never with a literal fallback.
+PENDING: set[str] = set()
 RESTATED = re.compile(r"""\.get\(["'](k|max_mismatch)["'],\s*[-0-9.]"""
                       r"""|\.get\(["']verdict["'],\s*["'](oracle|tolerance)""")
 
@@ -98,15 +97,13 @@ def test_no_literal_fallback_for_the_oracle_and_verdict_keys():
     assert not bad, bad
 
 
-def test_the_core_resolver_falls_back_to_the_schemas_defaults():
-    """parity.core.tolerance sits below config, so it reads the plain dict: where a key is absent its
-    fallback must be the schema's default (declared once, in parity.config.schema)."""
-    from parity.core import tolerance
-
+def test_the_rule_of_a_cell_takes_the_schemas_defaults():
+    """schema.rule reads the settings through of(p): where a key is absent the Rule has the schema's default
+    (declared once: conf/config.yaml's, or the schema's for what conf does not give)."""
     p = {"models": {"m": {"arch": {"source": "parity", "name": "mlp"}, "input": []}},
          "dtypes": {"d": {"torch": "float16", "tol": {"atol": 1e-3, "rtol": 1e-3}, "oracle": {"k": 4.0}}},
          "providers": {}}
-    r, c = tolerance.rule(p, "m", "d", ["fc1"]), schema.of(p)
+    r, c = schema.rule(p, "m", "d", ["fc1"]), schema.of(p)
     assert r.precision == c.dtypes["d"].mode == schema.Dtype.mode
     assert (r.verdict, r.max_mismatch) == (c.diff.verdict, c.diff.max_mismatch)
     assert r.limits.slack == c.dtypes["d"].oracle.slack and r.limits.k == c.dtypes["d"].oracle.k

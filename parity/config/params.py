@@ -260,9 +260,9 @@ def _sections(p: dict) -> None:
     _num("capture.warmup", cap.get("warmup", S.Capture.warmup), lo=0, integer=True)
     _num("capture.repeats", cap.get("repeats", S.Capture.repeats), lo=1, integer=True)
     _num("capture.threads", cap.get("threads", S.Capture.threads), lo=0, integer=True)
-    if "max_mismatch" in (p.get("diff") or {}):  # 0 unless given (parity.core.tolerance.max_mismatch)
-        _num("diff.max_mismatch", p["diff"]["max_mismatch"], lo=0, hi=1)
-    verdict = tolerance.verdict(p)
+    diff = S.section(S.Diff, p.get("diff"))
+    _num("diff.max_mismatch", diff.max_mismatch, lo=0, hi=1)
+    verdict = diff.verdict
     if verdict not in tolerance.VERDICT_MODES:
         raise ConfigError(f"diff.verdict: unknown verdict mode {verdict!r}. "
                           f"Valid: {_choices(tolerance.VERDICT_MODES)}")

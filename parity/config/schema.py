@@ -11,14 +11,41 @@ Values are kept as params.yaml gives them (an int stays an int: artifacts that e
 byte-identical); lists become tuples. Opaque sub-configs (a model's `arch.kwargs`, a provider's
 `options`, a suite's spec, `suite_tolerances`, `models.<m>.shapes`) stay plain mappings: their formats
 are their owners' (the runner's options schema, parity/suites/spec.py, parity/config/inputspec.py).
-Light: stdlib only (config layer: core and stdlib).
+Defaults are declared once. A setting conf/config.yaml gives (`inputs.samples`, `capture.warmup`, ...)
+takes its default from there (`_conf`): a params dict made by hand for a test or a command gets what a
+composed params.yaml holds. What conf/config.yaml does not give is declared here; a dtype's precision
+mode and oracle slack are parity.core.tolerance's (the resolver reads a dtype's mapping with them).
+tests/test_house.py fails when a conf default and a schema default disagree. `rule(p, ...)`: the Rule of
+a cell (parity.core.tolerance.Rule), read through `of(p)`.
+Light: stdlib, PyYAML and parity.core.tolerance (config layer: core and the config's libraries).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
+
+import yaml
+
+from parity.core import tolerance
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"  # the defaults parity ships
+
+
+@functools.cache
+def _conf_file() -> dict:
+    return yaml.safe_load(CONF.read_text(encoding="utf-8"))
+
+
+def _conf(*keys: str):
+    """conf/config.yaml's value at `keys` (`"inputs", "samples"`; a list as a tuple): a setting's default."""
+    v = _conf_file()
+    for k in keys:
+        v = v[k]
+    return tuple(v) if isinstance(v, list) else v
 
 
 def _tuple(v) -> tuple:
@@ -80,7 +107,7 @@ class Tol:
 @dataclass(frozen=True)
 class Oracle:
     k: float                   # required (validation): error vs fp64 within k x the trusted backend's
-    slack: float = 0.0
+    slack: float = tolerance.DEFAULT_SLACK
 
 
 @dataclass(frozen=True)
@@ -88,7 +115,7 @@ class Dtype:
     torch: str
     tol: Tol = field(metadata=_conv(lambda v: _make(Tol, v)))
     oracle: Oracle = field(metadata=_conv(lambda v: _make(Oracle, v)))
-    mode: str = "cast"         # precision mode (parity.config.params.DTYPE_MODES)
+    mode: str = tolerance.DEFAULT_MODE  # precision mode (parity.config.params.DTYPE_MODES)
 
 
 # --- providers.<p> (conf/providers/<p>.yaml) ---------------------------------------------------------
@@ -166,69 +193,70 @@ class Model:
 
 @dataclass(frozen=True)
 class Export:
-    exporter: str = "dynamo"   # dynamo | legacy (parity.config.params.EXPORTERS)
-    opset: int = 18
+    exporter: str = _conf("export", "exporter")  # dynamo | legacy (parity.config.params.EXPORTERS)
+    opset: int = _conf("export", "opset")
 
 
 @dataclass(frozen=True)
 class Inputs:
-    samples: int = 1
-    calibration: int = 0
+    samples: int = _conf("inputs", "samples")
+    calibration: int = _conf("inputs", "calibration")
 
 
 @dataclass(frozen=True)
 class Reference:
-    fp64: bool = False         # conf/config.yaml: true (the oracle verdict's yardstick)
+    fp64: bool = _conf("reference", "fp64")
 
 
 @dataclass(frozen=True)
 class Capture:
-    latency: bool = False
-    warmup: int = 0
-    repeats: int = 1
-    threads: int = 0           # 0: the library's default
+    latency: bool = _conf("capture", "latency")
+    warmup: int = _conf("capture", "warmup")
+    repeats: int = _conf("capture", "repeats")
+    threads: int = _conf("capture", "threads")  # 0: the library's default
 
 
 @dataclass(frozen=True)
 class Diff:
-    verdict: str = "oracle"    # oracle | tolerance (parity.core.tolerance.VERDICT_MODES)
-    max_mismatch: float = 0.0
+    verdict: str = _conf("diff", "verdict")  # oracle | tolerance (parity.core.tolerance.VERDICT_MODES)
+    max_mismatch: float = _conf("diff", "max_mismatch")
 
 
 @dataclass(frozen=True)
 class Analysis:
-    plan: bool = False
-    plan_target: Tol | None = field(default=None, metadata=_conv(lambda v: None if v is None else _make(Tol, v)))
-    max_keep: int = 16
-    plan_group: str = "auto"   # auto | leaf | block (main's parity.analysis.plan.GROUPS)
-    reduce: bool = False
-    reduce_rel_l2: float = 1e-3
+    plan: bool = _conf("analysis", "plan")
+    plan_target: Tol | None = field(default=_conf("analysis", "plan_target"),
+                                    metadata=_conv(lambda v: None if v is None else _make(Tol, v)))
+    max_keep: int = _conf("analysis", "max_keep")
+    plan_group: str = _conf("analysis", "plan_group")  # auto | leaf | block (main's parity.analysis.plan.GROUPS)
+    reduce: bool = _conf("analysis", "reduce")
+    reduce_rel_l2: float = _conf("analysis", "reduce_rel_l2")
 
 
 @dataclass(frozen=True)
 class SuitesRun:
-    workers: int = 2
-    threads: int = 1
-    timeout_s: float = 60
-    repeats: int = 3
-    onnx_opset: int = 17
-    grad: bool = True
-    grad_tol_scale: float = 1.0
+    workers: int = _conf("suites_run", "workers")
+    threads: int = _conf("suites_run", "threads")
+    timeout_s: float = _conf("suites_run", "timeout_s")
+    repeats: int = _conf("suites_run", "repeats")
+    onnx_opset: int = _conf("suites_run", "onnx_opset")
+    grad: bool = _conf("suites_run", "grad")
+    grad_tol_scale: float = _conf("suites_run", "grad_tol_scale")
 
 
 @dataclass(frozen=True)
 class Fuzz:
-    suites: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    providers: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    seed: int = 0
-    cases: int = 200           # `parity fuzz` by hand; conf/config.yaml gives the stages 2000
-    ops: str | list | None = None   # fnmatch patterns of case ids (None: all)
-    nonfinite: bool = False
-    empty: bool = True
-    max_numel: int = 1 << 16
-    timeout_s: float = 30
-    workers: int = 2
+    suites: tuple[str, ...] = field(default=_conf("fuzz", "suites"), metadata=_conv(_tuple))
+    dtypes: tuple[str, ...] = field(default=_conf("fuzz", "dtypes"), metadata=_conv(_tuple))
+    providers: tuple[str, ...] = field(default=_conf("fuzz", "providers"), metadata=_conv(_tuple))
+    seed: int = _conf("fuzz", "seed")
+    cases: int = _conf("fuzz", "cases")
+    ops: str | list | None = _conf("fuzz", "ops")  # fnmatch patterns of case ids (None: all)
+    nonfinite: bool = _conf("fuzz", "nonfinite")
+    empty: bool = _conf("fuzz", "empty")
+    max_numel: int = _conf("fuzz", "max_numel")
+    timeout_s: float = _conf("fuzz", "timeout_s")
+    workers: int = _conf("fuzz", "workers")
 
     def settings(self) -> dict:
         """The campaign's settings (everything but what selects the campaigns)."""
@@ -238,22 +266,22 @@ class Fuzz:
 
 @dataclass(frozen=True)
 class TrainStep:
-    models: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    lr: float = 0.01
-    fp64: bool = True
-    limit: float | None = None  # None: the AMP dtype's own (parity.analysis.train_step)
-    device: str = "auto"
+    models: tuple[str, ...] = field(default=_conf("train_step", "models"), metadata=_conv(_tuple))
+    dtypes: tuple[str, ...] = field(default=_conf("train_step", "dtypes"), metadata=_conv(_tuple))
+    lr: float = _conf("train_step", "lr")
+    fp64: bool = _conf("train_step", "fp64")
+    limit: float | None = _conf("train_step", "limit")  # None: the AMP dtype's own (parity.analysis.train_step)
+    device: str = _conf("train_step", "device")
 
 
 @dataclass(frozen=True)
 class Generate:
-    models: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    dtypes: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    providers: tuple[str, ...] = field(default=(), metadata=_conv(_tuple))
-    steps: int = 32
-    prompt_len: int = 8
-    prompt: str | None = None  # text, tokenised by each model's checkpoint tokenizer (else prompt_len seeded ids)
+    models: tuple[str, ...] = field(default=_conf("generate", "models"), metadata=_conv(_tuple))
+    dtypes: tuple[str, ...] = field(default=_conf("generate", "dtypes"), metadata=_conv(_tuple))
+    providers: tuple[str, ...] = field(default=_conf("generate", "providers"), metadata=_conv(_tuple))
+    steps: int = _conf("generate", "steps")
+    prompt_len: int = _conf("generate", "prompt_len")
+    prompt: str | None = _conf("generate", "prompt")
 
 
 @dataclass(frozen=True)
@@ -286,8 +314,8 @@ class Params:
     models: Mapping[str, Model] = _group(Model)
     dtypes: Mapping[str, Dtype] = _group(Dtype)
     providers: Mapping[str, Provider] = _group(Provider)
-    seed: int = 0
-    strict: bool = False
+    seed: int = _conf("seed")
+    strict: bool = _conf("strict")
     export: Export = _section(Export)
     inputs: Inputs = _section(Inputs)
     reference: Reference = _section(Reference)
@@ -320,6 +348,25 @@ def section(cls, d: Mapping | None):
     """One section (or a dtype, provider, model) from its mapping alone: for code handed the mapping
     rather than the whole params (a runner's `dtype_cfg`, a cell's provider)."""
     return _make(cls, d)
+
+
+def rule(p: Mapping, model: str, dtype: str, layers) -> tolerance.Rule:
+    """The Rule of a cell of `model` at `dtype` (parity.core.tolerance.Rule), with the tolerance of every
+    layer in `layers`: the settings read through of(p), so every default it applies is this module's."""
+    # lazy: numpy (ml_dtypes) for the dtype table, only where a cell is judged (light stages' --help)
+    from parity.core import dtypes
+
+    c, dc, m = of(p), p["dtypes"][dtype], p["models"][model]
+    d, n = c.dtypes[dtype], int(c.inputs.samples)
+    fmt = dtypes.TABLE[tolerance.number_format(dc)]  # the config checked the names (parity.config.params)
+    labels = list(m.get("shapes") or {})  # as parity.config.inputspec.sample_sets: n samples a label, in order
+    sets = tuple((lab, range(i * n, (i + 1) * n)) for i, lab in enumerate(labels))
+    tols = {name: tolerance.resolve(dc["tol"], f"dtypes.{dtype}.tol", m.get("tolerances"),
+                                    f"models.{model}.tolerances", dtype, layer=name) for name in layers}
+    lim = tolerance.Limits(tolerance.unit_roundoff(dc), float(d.oracle.k), float(d.oracle.slack))
+    return tolerance.Rule(dtype, d.mode, c.diff.verdict, float(c.diff.max_mismatch), lim,
+                          d.mode in tolerance.BASELINE_MODES, bool(c.reference.fp64), fmt,
+                          fmt if fmt.u > dtypes.FP32.u else None, tols, sets)
 
 
 def mode(dtype_cfg: Mapping) -> str:

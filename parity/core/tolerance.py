@@ -4,18 +4,19 @@ case, read here and nowhere else.
 - The tolerance resolver (`resolve`): a dtype's default (atol, rtol), then an ordered list of rules,
   the last matching one winning (torch.testing's dtype table, overridable per model layer or per suite
   case). Every result names the key it came from (`tol_source`), so a user can find it.
-- The verdict settings: `diff.verdict` (oracle | tolerance) and `diff.max_mismatch`, which every model
-  cell (parity.analysis.diffcell) and suite case (parity.suites.diff) is judged by.
+- The verdict modes `diff.verdict` chooses from (oracle | tolerance); the setting and `diff.max_mismatch`
+  are read through the typed config (parity.config.schema, their defaults declared once there).
 - The oracle's limits (`dtypes.<d>.oracle`: k and slack, with the unit roundoff u of the precision the
-  cell computes in) and whether the trusted backend reproduces that precision.
-- The Rule of a cell (`rule`): all of the above resolved once into a frozen `Rule`, with the tolerance
-  of each of its layers, the number format it computes in (parity.core.dtypes) and the sample sets of
-  its input shapes. The diff of a cell (parity.pipeline.diff, parity.analysis.diffcell) reads the config
-  through its Rule only.
+  cell computes in) and whether the trusted backend reproduces that precision; a dtype's mode and slack
+  when its mapping gives none (DEFAULT_MODE, DEFAULT_SLACK: the typed config's Dtype and Oracle take them).
+- The `Rule` of a cell: all of the above resolved once, frozen, with the tolerance of each of its
+  layers, the number format it computes in (parity.core.dtypes) and the sample sets of its input
+  shapes; built from the typed config by parity.config.schema.rule. The diff of a cell
+  (parity.pipeline.diff, parity.analysis.diffcell) reads the config through its Rule only.
 
 The config loader (parity.config.params) imports this module to validate diff.verdict, and must load
 no numpy (a light stage's --help: tests/test_light_stages.py): the dtype table (parity.core.dtypes, from
-numpy.finfo/ml_dtypes) is imported by the two functions that read it, when a cell is judged."""
+numpy.finfo/ml_dtypes) is imported by the function that reads it, when a cell is judged."""
 
 from __future__ import annotations
 
@@ -30,20 +31,10 @@ VERDICT_MODES = ("oracle", "tolerance")  # diff.verdict
 # precision modes whose numerics the trusted backend (torch CPU eager) reproduces at the cell's dtype
 BASELINE_MODES = ("cast", "autocast")
 # the number format a precision mode computes in, where it is not the mode's torch dtype
+# a dtype's `mode` and `oracle.slack` when its mapping gives none (parity.config.schema.Dtype, Oracle: these)
+DEFAULT_MODE, DEFAULT_SLACK = "cast", 0.0
 MODE_FORMATS = {"int8_dynamic": "int8", "int8_static": "int8", "int4_weight": "int4", "fp8": "fp8_e4m3",
                 "tf32": "tf32"}
-
-
-def verdict(p: dict) -> str:
-    """diff.verdict: the verdict mode asked for, oracle unless given (a cell whose oracle cannot run is
-    judged by tolerance: parity.analysis.diffcell.verdict_mode says why)."""
-    return (p.get("diff") or {}).get("verdict", "oracle")
-
-
-def max_mismatch(p: dict) -> float:
-    """diff.max_mismatch: the fraction of a layer's (or tensor's) elements allowed outside (atol, rtol),
-    0 unless given (as torch.testing.assert_close)."""
-    return float((p.get("diff") or {}).get("max_mismatch", 0.0))
 
 
 def resolve(default: dict, default_key: str, rules: list | None, rules_key: str, dtype: str, kind: str = "out",
@@ -79,7 +70,7 @@ def unit_roundoff(dtype_cfg: dict) -> float:
     # lazy: the config loader imports this module; light stages' --help loads no numpy (+0.10 s, BENCHMARKS 22)
     from parity.core import dtypes
 
-    mode = dtype_cfg.get("mode", "cast")
+    mode = dtype_cfg.get("mode", DEFAULT_MODE)
     return dtypes.TABLE["tf32" if mode == "tf32" else dtype_cfg.get("torch", "float32")].u
 
 
@@ -88,16 +79,16 @@ def limits(dtype_cfg: dict) -> Limits:
     layer (parity.analysis.diffcell), a suite case (parity.suites.diff), a generation step, a
     reduction or the report's limit line, is judged by. The one place these keys are read."""
     o = dtype_cfg["oracle"]
-    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", 0.0)))
+    return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", DEFAULT_SLACK)))
 
 
 def has_baseline(dtype_cfg: dict) -> bool:
-    return dtype_cfg.get("mode", "cast") in BASELINE_MODES
+    return dtype_cfg.get("mode", DEFAULT_MODE) in BASELINE_MODES
 
 
 def number_format(dtype_cfg: dict) -> str:
     """The number format a conf dtype computes in, as parity.analysis.causes and parity.core.dtypes name it."""
-    return MODE_FORMATS.get(dtype_cfg.get("mode", "cast"), dtype_cfg.get("torch", "float32"))
+    return MODE_FORMATS.get(dtype_cfg.get("mode", DEFAULT_MODE), dtype_cfg.get("torch", "float32"))
 
 
 @dataclass(frozen=True)
@@ -114,21 +105,3 @@ class Rule:
     reduced: dtypes.Format | None   # that format when it rounds coarser than fp32 (parity.core.dtypes.reduced)
     tolerances: dict                # layer -> (atol, rtol, source key): dtypes.<d>.tol, models.<m>.tolerances
     sample_sets: tuple              # (label, samples) per input shape (models.<m>.shapes); () without
-
-
-def rule(p: dict, model: str, dtype: str, layers: list[str]) -> Rule:
-    """The Rule of a cell of `model` at `dtype`, with the tolerance of every layer in `layers`."""
-    # lazy: the config loader imports this module; light stages' --help loads no numpy (+0.10 s, BENCHMARKS 22)
-    from parity.core import dtypes
-
-    dc, m = p["dtypes"][dtype], p["models"][model]
-    lim, baseline = limits(dc), has_baseline(dc)
-    fmt = dtypes.TABLE[number_format(dc)]  # the config checked the names (parity.config.params)
-    n = int((p.get("inputs") or {}).get("samples", 1))
-    labels = list(m.get("shapes") or {})  # as parity.config.inputspec.sample_sets: n samples a label, in order
-    sets = tuple((lab, range(i * n, (i + 1) * n)) for i, lab in enumerate(labels))
-    tols = {name: resolve(dc["tol"], f"dtypes.{dtype}.tol", m.get("tolerances"), f"models.{model}.tolerances",
-                          dtype, layer=name) for name in layers}
-    return Rule(dtype, dc.get("mode", "cast"), verdict(p), max_mismatch(p), lim, baseline,
-                bool((p.get("reference") or {}).get("fp64")), fmt, fmt if fmt.u > dtypes.FP32.u else None, tols,
-                sets)

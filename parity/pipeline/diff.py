@@ -1,5 +1,5 @@
 """The diff of one cell, in four steps: its values read (parity.analysis.diffcell.load: nothing of the
-config), the config resolved once into the cell's Rule (parity.core.tolerance.rule), every layer judged by it
+config), the config resolved once into the cell's Rule (parity.config.schema.rule), every layer judged by it
 against the torch fp32 reference (tolerance) and the fp64 oracle relative to the trusted baseline
 (parity.analysis.diffcell.judge), and what the stage writes made and written: metrics.json,
 layers.json, layers.csv (parity.analysis.cellfiles). numpy only (the stage imports this module after
@@ -10,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.analysis import cellfiles, diffcell, plaindiff
-from parity.config import params as config
-from parity.core import tolerance
+from parity.config import params as config, schema
 from parity.core.io import read_json
 
 
@@ -22,7 +21,7 @@ def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path
     lj = model_dir / "layers.json" if model_dir else None
     layers_json = read_json(lj) if lj and lj.exists() else {}
     cell = diffcell.load(capture, reference, baseline)  # the values: nothing of the config
-    rule = tolerance.rule(p, model, dtype, cell.names)  # the config: resolved once
+    rule = schema.rule(p, model, dtype, cell.names)  # the config: resolved once
     shapes = diffcell.judge(rule, cell)  # (label, CellDiff) per input shape
     for _, cd in shapes:  # only the shipped graph fails: the nodes where it differs from layers.onnx
         plaindiff.locate(cd, model_dir)
