@@ -272,3 +272,199 @@ def test_36_10_an_experiment_is_done_only_when_dvcs_queue_status_is_final():
     # gone from the queue with nothing committed (removed with `dvc queue remove`): failed, after a while
     s = Settle()
     assert [s.update({"exp-d": None}, set()) for _ in range(Settle.GONE)][-2:] == [{}, {"exp-d": "Failed"}]
+
+
+def _report_cell(verdict="PASS", mode="oracle", n=3, excess=2.0, max_abs=1e-6, latency=None, bits_lost=2.7,
+                 provider="ort_cpu"):
+    names = [f"layer{i}.0.conv{i}" for i in range(n)]
+    layers = [{"name": nm, "order": i, "atol": 1e-4, "rtol": 1.3e-6, "tol_source": "dtypes.fp32.tol", "passed": True,
+               "numel": 8, "n_outside": 0, "max_abs": max_abs, "max_rel": 1e-6, "rel_l2": 1e-7, "cosine": 1.0,
+               "tol_ratio": 43.2, "problem": "", "oracle": {"excess": excess, "bits_lost": bits_lost}}
+              for i, nm in enumerate(names)]
+    m = {"verdict": verdict, "verdict_mode": mode, "layers": n, "layers_failed": 0, "drift_origin": None,
+         "worst_layer": None, "worst_ratio": excess / 4.0, "output": {"excess": excess, "bits_lost": bits_lost,
+                                                                      "tol_ratio": 43.2}}
+    return {"key": f"resnet18-fp32-{provider}", "model": "resnet18", "dtype": "fp32", "provider": provider,
+            "metrics": m, "layers": layers, "k": 4.0, "latency_ratio": latency, "timing": {}}
+
+
+def test_36_11_no_latency_caption_when_no_cell_measured_latency():
+    """A latency caption stood under the matrix when latency was off (every cell '-')."""
+    from parity.pipeline import report_render as r
+
+    assert "Latency" not in r.matrix_html([_report_cell(), _report_cell(provider="torch_cpu")])
+    assert "latency from the plain graph" not in r.cell_html(_report_cell())
+    assert "Latency: median of the plain graph" in r.matrix_html([_report_cell(latency=1.3)])
+
+
+def test_36_11_a_passing_cells_prose_names_no_missing_drift_origin_or_worst_layer():
+    """Every passing cell read "drift origin -; worst -.": a passing cell has neither, so neither is named."""
+    from parity.pipeline import report_render as r
+
+    text = r.verdict_prose(_report_cell())
+    assert text == ("Verdict by <b>oracle</b>: 3 layers compared, 0 failing; worst excess/limit 0.5 "
+                    "(1 is the limit)."), text
+    failing = _report_cell(verdict="FAIL", excess=8.0)
+    failing["metrics"].update(drift_origin="layer1.0.conv1", worst_layer="layer2.0.conv2")
+    assert ("drift origin <code>layer1.0.conv1</code>; worst layer <code>layer2.0.conv2</code>"
+            in r.verdict_prose(failing))
+
+
+@pytest.mark.parametrize("n", [62, 300])
+def test_36_11_layer_names_on_the_axis_never_overlap_and_the_rule_is_stated(n):
+    """resnet18's axis (62 layers with the outputs) named one layer in five, its labels overlapping: now
+    every name while they fit 11 px apart, else every n-th with the rule written under the chart."""
+    import re
+
+    from parity.pipeline import report_svg as svg
+
+    names = [f"layer{i // 4}.{i % 4}.downsample.0" for i in range(n)]
+    cv = svg.Curve(names=names, series=[svg.Series("excess/limit", "#000", [0.1] * n)], limit=1.0, limit_label="l",
+                   origin=n // 3)
+    out = svg.curve_svg(cv)
+    xs = sorted(float(x) for x in re.findall(r'class="xl" x="([0-9.]+)"', out))
+    assert all(b - a >= svg.LABEL_PITCH - 0.05 for a, b in zip(xs, xs[1:])), "labels closer than a line of text"
+    rule = re.search(r'class="xrule"[^>]*>([^<]*)<', out).group(1)
+    if n == 62:  # resnet18: every name
+        assert len(xs) == n and rule == "every layer named"
+    else:
+        assert rule.startswith("every ") and f"of {n} layers named (and the last, the drift origin)" in rule
+        assert f">{names[n // 3]}<" in out and f">{names[-1]}<" in out
+
+
+def test_36_11_one_verdict_number_on_one_scale_in_report_log_and_summary():
+    """One quantity on three scales: the report's excess with limit k = 4, summary.json's worst = excess / k,
+    the diff log's tol_ratio 43.2 on a PASS cell. Everywhere now: excess/limit, 1 the limit."""
+    from types import SimpleNamespace
+
+    from parity.analysis.cellfiles import summary_line
+    from parity.pipeline import report_render as r
+
+    c = _report_cell(excess=2.0)  # excess 2 with k = 4: excess/limit 0.5
+    series, limit, label = r.curve_series(c)
+    assert limit == 1.0 and series[0][0] == "excess/limit (accumulated)" and series[0][2] == [0.5, 0.5, 0.5]
+    assert label == "limit: excess/limit = 1 (excess = k = 4)"
+    row = dict(zip(r.HEADER, r.cell_rows([c])[0]))
+    assert row["worst excess/limit"] == "0.5" and row["output excess/limit"] == "0.5"
+    head, rows = r.layer_rows(c)
+    assert dict(zip(head, rows[0]))["excess/limit"] == "0.5" and "tol_ratio" not in head
+    m = {"status": "OK", "verdict": "PASS", "layers": 3, "layers_failed": 0, "drift_origin": None,
+         "worst_layer": None, "worst_ratio": 0.5, "worst_excess": None, "worst_tol_ratio": 43.2,
+         "output": {"max_abs": 1e-6, "bits_lost": 2.7}}
+    line = summary_line(m, SimpleNamespace(mode="oracle"))
+    assert "worst excess/limit=0.5" in line and "tol_ratio" not in line and "43.2" not in line, line
+
+
+def test_36_11_a_bit_identical_baseline_says_its_bits_lost_are_against_fp64():
+    """An fp32 BASELINE cell said "Bit-identical" beside "output bits lost 2.7": identical to the
+    reference (itself), while the bits lost are against fp64. Both are true; the text says which is which."""
+    from parity.pipeline import report_render as r
+
+    c = _report_cell(verdict="BASELINE", max_abs=0.0, provider="torch_cpu")
+    html = r.cell_html(c)
+    assert ("Bit-identical to the reference: every layer&#x27;s max_abs against it is 0. The output bits lost "
+            "(2.7) are against fp64") in html
+    assert "every layer matches the reference exactly" not in html
+
+
+def test_36_11_exact_zeros_in_dvc_plots_are_drawn_at_a_floor_with_a_note():
+    """`dvc plots diff`: a layer at 0 vanished from the log axis with no note. layers.csv says "0 (exact)"
+    and the template draws it as a square a decade below the smallest value, its subtitle saying so."""
+    import csv
+    import io as _io
+    import json
+
+    import vl_convert
+    from dvc_render.vega import VegaRenderer
+
+    root = Path(__file__).parents[1]
+    text = ("order,layer,ratio,own_ratio,passed,max_abs,rel_l2,tol_ratio,excess,bits_lost,own_excess,note\n"
+            "0,fc1,0.25,,1,1e-06,1e-06,0.3,1.0,2.0,,\n1,act,,,1,0.0,0.0,0.0,0.0,0.0,,0 (exact)\n")
+    data = [dict(row, rev=rev) for rev in ("HEAD", "workspace") for row in csv.DictReader(_io.StringIO(text))]
+    spec = VegaRenderer(data, "layers.csv", template=str(root / "parity/pipeline/plot_layers.json"), x="layer",
+                        y="ratio", title="mlp-fp32-ort_cpu").get_filled_template()
+    assert "drawn as a square a decade below the smallest value" in spec["title"]["subtitle"]
+    view = json.dumps(vl_convert.vegalite_to_vega(spec))  # a valid spec, drawn offline
+    assert '"square"' in view and "y_min" in view and vl_convert.vegalite_to_svg(spec).count("<path") > 3
+    from parity.analysis.cellfiles import _ratio
+
+    assert _ratio(0.0) == ("", "0 (exact)") and _ratio(0.5) == ("0.5", "")
+
+
+def test_36_11_the_report_is_byte_identical_for_the_same_cells():
+    from parity.pipeline import report_render as r
+
+    cells = [_report_cell(n=62), _report_cell(verdict="BASELINE", max_abs=0.0, provider="torch_cpu")]
+    summary = {"cells": 2, "passed": 1, "failed": 0, "not_run": 0, "baseline": 1}
+    assert r.html_page("t", summary, cells, {}) == r.html_page("t", summary, [dict(c) for c in cells], {})
+
+
+def _peaks_and_estimates(repo) -> list[tuple[str, int, int]]:
+    """(timing file, peak bytes, estimate bytes) of every stage that estimated its peak before it ran."""
+    import json
+
+    out = []
+    for f in sorted((repo.path / "artifacts" / "timing").rglob("*.json")):
+        t = json.loads(f.read_text())
+        if t.get("estimate_bytes"):
+            out.append((str(f.relative_to(repo.path)), t["peak_rss_kib"] * 1024, t["estimate_bytes"]))
+    return out
+
+
+@pytest.mark.parametrize("model", ["tiny_mlp", pytest.param("mlp", marks=pytest.mark.slow)])
+def test_36_7_memory_the_estimate_is_at_least_the_measured_peak(tmp_path, model):
+    """The estimate under-predicted (peak / estimate 1.20 export@resnet18, 1.23 capture@resnet18-fp32-torch_cpu):
+    refitted on this code, each heavy stage's estimate (what it checks before it allocates) is at least the peak
+    it then measured (VmHWM, not ru_maxrss: that keeps the RSS of the dvc process it was forked from)."""
+    from conftest import make_repo
+
+    repo = make_repo(tmp_path / "repo", models=(model,), dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"))
+    repo.run(["dvc", "repro"])
+    rows = _peaks_and_estimates(repo)
+    assert {r[0].split("/")[-1] for r in rows} >= {f"{model}.json", f"{model}-fp32-torch_cpu.json",
+                                                   f"{model}-fp32-ort_cpu.json"}, rows
+    over = [(f, round(p / 2**20), round(e / 2**20)) for f, p, e in rows if p > e]
+    assert not over, f"peak above the estimate (MiB): {over}"
+
+
+def test_36_7_memory_a_stage_measures_its_own_peak_not_the_process_it_was_forked_from(tmp_path):
+    """ru_maxrss of a process keeps the RSS of the one it was forked from (exec does not reset it): a stage
+    started by a 400 MiB parent would record 400 MiB. The recorded peak is the program's own (VmHWM)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import env
+
+    ballast = bytearray(300 << 20)  # this (parent) process: +300 MiB resident
+    ballast[::4096] = b"\1" * len(ballast[::4096])
+    out = tmp_path / "t.json"
+    code = ("import time; from parity.core import memory; "
+            f"memory.record({str(out)!r}, 'capture', 'c', time.perf_counter())")
+    subprocess.run([sys.executable, "-c", code], env=env(), check=True)
+    del ballast
+    peak = json.loads(out.read_text())["peak_rss_kib"]
+    assert peak < 200 << 10, f"recorded {peak >> 10} MiB: the parent's RSS, not the stage's"
+
+
+def test_36_10_the_no_worker_warning_needs_two_silent_checks_with_no_progress_between(tmp_path):
+    """Mid-sweep under load, "no DVC queue worker is alive" was printed and the sweep then finished normally:
+    a busy worker missed celery's broadcast. One empty answer, or empty answers while verdicts come or files
+    are written in a running experiment's workspace, are no warning; two silent checks with nothing moving are."""
+    import os
+    import time
+
+    from parity.commands.sweep import Liveness, Queue
+
+    a = Liveness()
+    assert not a.dead(0, (0, 0, 1, 5.0)) and not a.dead(1, (0, 0, 1, 5.0))  # a worker answered
+    assert not a.dead(0, (0, 0, 1, 5.0)) and not a.dead(0, (1, 0, 1, 5.0))  # a verdict came in between
+    assert not a.dead(0, (1, 0, 1, 5.0)) and not a.dead(0, (1, 0, 1, 9.0))  # a stage wrote a file
+    assert not a.dead(0, (1, 0, 1, 9.0)) and a.dead(0, (1, 0, 1, 9.0))  # two silent checks, nothing moved
+    ws = tmp_path / "exp-ws"
+    (ws / "artifacts" / "models" / "mlp").mkdir(parents=True)
+    assert Queue.activity({"exp-a": str(ws)}) == 0.0
+    f = ws / "artifacts" / "models" / "mlp" / "model.onnx"
+    f.write_bytes(b"x")
+    os.utime(f, (time.time(), 1234567.0))
+    assert Queue.activity({"exp-a": str(ws)}) == 1234567.0

@@ -99,8 +99,8 @@ def test_report_renders_offline_with_matrix_and_curves(report, browser, tmp_path
     for svg in curves:
         assert svg.size["width"] > 300 and svg.size["height"] > 100  # laid out, not collapsed
         assert svg.find_elements(By.TAG_NAME, "polyline")
-        # the pass limit is drawn and named: k for the oracle verdict (default), tol_ratio = 1 for tolerance
-        assert any("limit k =" in t.text or "tolerance" in t.text for t in svg.find_elements(By.TAG_NAME, "text"))
+        # the pass limit is drawn and named, on the one scale of a verdict number (excess/limit = 1 in both modes)
+        assert any("limit: excess/limit = 1" in t.text for t in svg.find_elements(By.TAG_NAME, "text"))
     # layer names under the x-axis, not "layer 0"
     labels = {t.get_attribute("textContent") for svg in curves for t in svg.find_elements(By.CSS_SELECTOR, "text.xl")}
     assert {"fc1", "fc2", "output"} <= labels, labels

@@ -28,7 +28,8 @@ from parity.core.io import write_json, write_text
 # verdict judges over its limit (oracle: excess / k; tolerance: tol_ratio; as the judge computed it,
 # parity.analysis.oracle.ratios), so 1 is the limit in both; `own_ratio` the same for the layer's own
 # error. Every number is finite (a log axis and Vega's scales need it): a non-finite or larger ratio is
-# drawn at PLOT_CAP and `note` says so; a zero ratio (exact) is left empty, off the log axis.
+# drawn at PLOT_CAP and `note` says so; a zero ratio (exact) is left empty with the note "0 (exact)" (the
+# template draws it as a square a decade below the smallest value).
 PLOT_FIELDS = ("order", "layer", "ratio", "own_ratio", "passed", "max_abs", "rel_l2", "tol_ratio", "excess",
                "bits_lost", "own_excess", "note")
 PLOT_CAP = 1.0e6
@@ -140,7 +141,9 @@ def _ratio(v) -> tuple[str, str]:
         return "", ""
     if not math.isfinite(v) or v > PLOT_CAP:
         return repr(PLOT_CAP), f"{v!r}, drawn at {PLOT_CAP:g}"
-    return ("", "") if v <= 0 else (repr(v), "")
+    # 0 (a bit-exact layer) has no place on a log axis: left empty, and the note says so (plot_layers.json
+    # draws it as a square a decade below the smallest value: `dvc plots diff` lost it without a word)
+    return ("", "0 (exact)") if v <= 0 else (repr(v), "")
 
 
 def plot_csv(cd: diffcell.CellDiff) -> str:
@@ -165,8 +168,11 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
     per = "".join(f" [{lab}: {x['verdict']}]" for lab, x in (m.get("shapes") or {}).items())  # models.<m>.shapes
     if m["status"] != "OK":
         return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "") + per
-    worst = (f"worst={m['worst_layer']} (excess {m['worst_excess']:.3g})" if cd.mode == "oracle" and m.get("worst_excess")
-             is not None else f"worst={m['worst_layer']} (tol_ratio {m['worst_tol_ratio']:.3g})")
+    # one verdict number, on one scale and by one name wherever it is shown (issue 36 item 11: a PASS cell's
+    # log said tol_ratio 43.2, an assert_close number the oracle verdict does not judge): excess/limit
+    ratio = m.get("worst_ratio")
+    worst = (f"worst excess/limit={'inf' if ratio in ('inf', float('inf')) else format(ratio, '.3g')}"
+             if ratio is not None else "worst excess/limit=-") + (f" at {m['worst_layer']}" if m.get("worst_layer") else "")
     origin = m.get("drift_origin_where") or m.get("drift_origin")
     cause = (m.get("drift_origin_cause") or {}).get("summary")
     return (f"{m['verdict']}{per} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "

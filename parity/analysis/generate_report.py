@@ -1,6 +1,6 @@
 """The report's generation-drift sections (generate@model-dtype-provider, parity/pipeline/generate.py):
 per cell a line (verdict, top-1 agreement, first diverging and first failing step, drift origin), an
-inline SVG of the logits' oracle excess and rel_l2 per decode step on a log scale with the limit, the
+inline SVG of the logits' oracle excess over its limit (excess/limit, the report's one scale) and rel_l2 per decode step on a log scale with the limit, the
 first divergence and first failure marked and a strip of top-1 agreement under it; the drift origin's
 per-layer numbers. Markdown lines too, and the compact entries summary.json carries. Light (stdlib).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from parity.config import params as config
 from parity.config import schema
 from parity.core import paths
-from parity.pipeline.report_svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, num, short
+from parity.pipeline.report_svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, RATIO, num, short
 
 DIVERGE_COLOUR = "#8250df"
 
@@ -61,13 +61,19 @@ def line(key: str, c: dict | None) -> str:
         return f"{key}: {c.get('status')} ({c.get('reason')})"
     o = c.get("origin") or {}
     return (f"{key}: {c['verdict']}, top-1 agreement {c['agreement']}/{c['steps']} with fp64, first divergence "
-            f"{_opt(c.get('first_divergence'))}, first failing step {_opt(c.get('first_fail'))}, worst logits excess "
-            f"{short(c.get('worst_excess'))} (limit {short(_limit(c))})"
+            f"{_opt(c.get('first_divergence'))}, first failing step {_opt(c.get('first_fail'))}, worst logits {RATIO} "
+            f"{short(_per_limit(c.get('worst_excess'), _limit(c)))} (1 is the limit: excess = k = {_limit(c):g})"
             + (f", drift origin {o.get('origin')} at step {o.get('step')}" if o else ""))
 
 
 def _opt(v) -> str:
     return "none" if v is None else f"step {v}"
+
+
+def _per_limit(excess, k: float):
+    """An oracle excess on the report's one scale (RATIO: 1 is the limit)."""
+    x = num(excess)
+    return x / k if x is not None and k else None
 
 
 def _limit(c: dict) -> float:
@@ -90,8 +96,8 @@ def steps_svg(c: dict, width: int = 900, height: int = 260) -> str:
     rows = c.get("steps_detail") or []
     if not rows:
         return ""
-    limit = _limit(c)
-    ex, rel = [num(r["excess"]) for r in rows], [num(r["rel_l2"]) for r in rows]
+    k, limit = _limit(c), 1.0  # the excess over k: 1 is the limit, as on every other chart of the report
+    ex, rel = [_per_limit(r["excess"], k) for r in rows], [num(r["rel_l2"]) for r in rows]
     lo, hi = _decades(ex + rel, limit)
     L, R, T, B = 56, 12, 22, 52
     slot = (width - L - R) / len(rows)  # one slot per step: its point at the middle, its agreement box below
@@ -106,19 +112,19 @@ def steps_svg(c: dict, width: int = 900, height: int = 260) -> str:
                    f'<text x="{L - 4}" y="{y(10 ** k) + 4:.1f}" font-size="10" text-anchor="end">1e{k}</text>')
     out.append(f'<line x1="{L}" x2="{width - R}" y1="{y(limit):.1f}" y2="{y(limit):.1f}" stroke="{FAIL_COLOUR}" '
                f'stroke-dasharray="4 3"/><text x="{width - R - 2}" y="{y(limit) - 3:.1f}" font-size="10" '
-               f'text-anchor="end" fill="{FAIL_COLOUR}">oracle limit k = {limit:g}</text>')
+               f'text-anchor="end" fill="{FAIL_COLOUR}">limit: {RATIO} = 1 (excess = k = {k:g})</text>')
     for step, colour, label in ((c.get("first_divergence"), DIVERGE_COLOUR, "first divergence"),
                                 (c.get("first_fail"), ORIGIN_COLOUR, "first failing step")):
         if step is not None:
             out.append(f'<line class="mark" x1="{x(step):.1f}" x2="{x(step):.1f}" y1="{T}" y2="{height - B}" '
                        f'stroke="{colour}"/><text x="{x(step) + 3:.1f}" y="{T + 11 + (12 if colour == ORIGIN_COLOUR else 0)}" '
                        f'font-size="10" fill="{colour}">{label}: step {step}</text>')
-    for label, colour, vals in (("oracle excess", "#0969da", ex), ("rel_l2 vs fp64", "#57606a", rel)):
+    for label, colour, vals in ((f"logits {RATIO}", "#0969da", ex), ("rel_l2 vs fp64", "#57606a", rel)):
         pts = [(i, v) for i, v in enumerate(vals) if v is not None and math.isfinite(v)]
         out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="'
                    + " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in pts) + f'"><title>{e(label)}</title></polyline>')
         for i, v in pts:
-            bad = label == "oracle excess" and not rows[i]["passed"]
+            bad = label == f"logits {RATIO}" and not rows[i]["passed"]
             out.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="{2.6 if bad else 1.8}" '
                        f'fill="{FAIL_COLOUR if bad else colour}"><title>step {i}: {e(label)} {short(v)}</title></circle>')
     bw = max(1.0, slot - 1)
@@ -129,19 +135,19 @@ def steps_svg(c: dict, width: int = 900, height: int = 260) -> str:
     out.append(f'<text x="{L - 4}" y="{height - B + 17}" font-size="9" text-anchor="end">top-1</text>'
                f'<text x="{(L + width) / 2:.0f}" y="{height - 8}" font-size="10" text-anchor="middle">decode step '
                f'(0: the prompt\'s prefill; then one token each, with the KV cache)</text>'
-               f'<text x="{L}" y="{T - 6}" font-size="10"><tspan fill="#0969da">oracle excess</tspan> · '
+               f'<text x="{L}" y="{T - 6}" font-size="10"><tspan fill="#0969da">logits {RATIO}</tspan> · '
                f'<tspan fill="#57606a">rel_l2 vs fp64</tspan> (log)</text></svg>')
     return "".join(out)
 
 
-def _origin_table(o: dict) -> str:
+def _origin_table(o: dict, k: float) -> str:
     e = html.escape
-    rows = "".join(f"<tr{'' if r['passed'] else ' class=fail'}><td>{e(r['name'])}</td><td>{short(r['excess'])}</td>"
+    rows = "".join(f"<tr{'' if r['passed'] else ' class=fail'}><td>{e(r['name'])}</td><td>{short(_per_limit(r['excess'], k))}</td>"
                    f"<td>{short(r['err_rmse'])}</td><td>{short(r['floor_rmse'])}</td><td>{short(r['rel_l2'])}</td>"
                    f"<td>{'pass' if r['passed'] else 'FAIL'}</td></tr>" for r in o.get("layers") or [])
     return (f"<details open><summary>Per-layer oracle at step {o.get('step')} (full prefix of {o.get('prefix_len')} "
             f"tokens, no cache): drift origin <b>{e(str(o.get('origin')))}</b></summary><table class='cells'><tr>"
-            "<th>layer</th><th>excess</th><th>RMSE vs fp64</th><th>baseline RMSE</th><th>rel_l2</th><th></th></tr>"
+            f"<th>layer</th><th>{RATIO}</th><th>RMSE vs fp64</th><th>baseline RMSE</th><th>rel_l2</th><th></th></tr>"
             f"{rows}</table></details>")
 
 
@@ -154,5 +160,5 @@ def html_sections(cells: dict) -> str:
         if c and c.get("status") == "OK":
             h.append(steps_svg(c))
             if c.get("origin"):
-                h.append(_origin_table(c["origin"]))
+                h.append(_origin_table(c["origin"], _limit(c)))
     return "".join(h) + "</section>"

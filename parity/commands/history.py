@@ -4,7 +4,7 @@ names, read per revision through DVC's API as `dvc metrics show` targets, and DV
 
 Never passes silently: `dvc metrics diff` only warns ("failed to load some metrics") when a
 revision's metrics are not in the local cache, and every cell then looks "new". Here a revision
-whose cell metrics cannot be loaded is an error (exit 2, MetricsUnavailable: what to pull), and so
+whose cell metrics cannot be loaded is an error (exit 2, MetricsUnavailable: why, and what can get them), and so
 is a revision with no cell metrics at all. A cell is "new" only when the baseline does not declare
 it. A tolerance change between the revisions (dtypes.<d>.tol, models.<m>.tolerances,
 diff.max_mismatch, a cell's verdict_mode or tolerance keys in its metrics) is printed, and a verdict

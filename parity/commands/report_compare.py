@@ -58,15 +58,17 @@ def read_params(rev: str | None, root: Path) -> dict:
 
 
 def _metric_of(lj: dict, params: dict, dtype: str) -> tuple[str, list, float, str]:
-    """(label, per-layer values, limit, limit label) of the curve a revision's cell draws: its
-    accumulated excess against k in oracle mode, tol_ratio against 1 otherwise."""
+    """(label, per-layer values, limit, limit label) of the curve a revision's cell draws, on the report's
+    one scale (svg.RATIO, 1 the limit): its accumulated excess over k in oracle mode, tol_ratio otherwise."""
     layers = lj.get("layers") or []
     if lj.get("verdict_mode") == "oracle":
         dc = (params.get("dtypes") or {}).get(dtype)
         # that revision's dtypes.<d>.oracle.k; 4 (conf/dtypes' value) only when its params.yaml is unreadable
         k = float(schema.section(schema.Oracle, dc["oracle"]).k) if dc else 4.0
-        return "accumulated excess", [(d.get("oracle") or {}).get("excess") for d in layers], k, f"limit k = {k:g}"
-    return "tol_ratio", [d.get("tol_ratio") for d in layers], 1.0, "tolerance (tol_ratio = 1)"
+        ex = [(d.get("oracle") or {}).get("excess") for d in layers]
+        return (f"{svg.RATIO} (excess / k = {k:g})", [svg.num(x) / k if svg.num(x) is not None and k else None for x in ex],
+                1.0, f"limit: {svg.RATIO} = 1")
+    return f"{svg.RATIO} (tol_ratio)", [d.get("tol_ratio") for d in layers], 1.0, f"limit: {svg.RATIO} = 1"
 
 
 def cell_chart(cell: str, sides: list[tuple[str, object, dict]], metrics_b: dict) -> str:

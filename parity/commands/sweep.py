@@ -211,6 +211,20 @@ class Queue:
                 out[cell] = None
         return out
 
+    @staticmethod
+    def activity(where: dict[str, str]) -> float:
+        """The newest modification time of a file in a running experiment's artifacts/ (0.0: none):
+        evidence a worker is alive that needs no celery broadcast."""
+        newest = 0.0
+        for ws in where.values():
+            for d, _, files in os.walk(Path(ws) / "artifacts"):
+                for f in files:
+                    try:
+                        newest = max(newest, os.stat(os.path.join(d, f)).st_mtime)
+                    except OSError:  # removed while we looked
+                        pass
+        return newest
+
     def committed(self, names: list[str]) -> set[str]:
         """The experiments among `names` DVC has committed (an experiment ref exists: it succeeded)."""
         if not names:
@@ -287,6 +301,22 @@ def log_tail(name: str, cwd: str, lines: int = 15) -> list[str]:
     return [ln.rstrip() for ln in out.splitlines() if ln.strip()][-lines:]
 
 
+class Liveness:
+    """Whether the queue has no live worker (issue 36 item 10: "no DVC queue worker is alive" printed
+    mid-sweep under load, then a normal finish). A worker busy on a loaded machine can miss celery's ~1 s
+    broadcast, so one empty answer means nothing: dead only after two checks in a row that both found
+    no worker and no progress since the check before (no verdict, no experiment done or started, no
+    file written in a running experiment's workspace)."""
+
+    def __init__(self):
+        self.silent, self.last = 0, None
+
+    def dead(self, workers: int, progress: tuple) -> bool:
+        self.silent = self.silent + 1 if workers == 0 and progress == self.last else 0
+        self.last = progress
+        return self.silent >= 2
+
+
 class Settle:
     """Which experiments are done, from DVC's queue status read once per poll (issue 36 item 10: an
     experiment printed "done: FAILED" 9 s in, while `dvc queue status` showed it Running, then ended
@@ -323,7 +353,7 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
     """Poll the queue until every experiment is done; print cell verdicts and experiment results as
     they come. Returns {name: final status}."""
     t0, seen, ended, warned = time.monotonic(), {}, dict.fromkeys(first, "Success"), False
-    checked, silent, last, settle = t0, 0, None, Settle()
+    checked, alive, settle = t0, Liveness(), Settle()
     for n, row in first.items():
         prog.line(f"parity sweep: {n} ({' '.join(combos[n])}) done: {_counts(row)}", advance=1)
     while True:
@@ -357,12 +387,8 @@ def _watch(q: Queue, names: list[str], combos: dict[str, list[str]], prog: Progr
         if len(ended) == len(names):
             return ended
         if not warned and time.monotonic() - checked > STARTUP_S:
-            checked, progress = time.monotonic(), (len(seen), len(ended), len(running))
-            # a worker busy on a loaded machine can miss celery's ~1 s broadcast (issue 36 item 10: the
-            # warning, then a normal finish): only two silent checks in a row with no progress between count
-            silent = silent + 1 if q.workers() == 0 and progress == last else 0
-            last = progress
-            if silent >= 2:  # e.g. `queue start` met the last sweep's worker as it shut down
+            checked = time.monotonic()
+            if alive.dead(q.workers(), (len(seen), len(ended), len(running), q.activity(where))):
                 warned = True
                 waiting = [n for n in names if n not in ended]
                 prog.line(f"parity sweep: no DVC queue worker is alive while {', '.join(waiting)} wait(s): "
@@ -431,7 +457,7 @@ def _finish(names, by_name, keys, ended, rows, as_json, out, err) -> int:
     if as_json:
         dump_json({"overrides": keys, "experiments": exps}, out)
     else:
-        head = ["experiment", *keys, *(k.replace("_", " ") for k in COUNTS), "worst", "drift origins"]
+        head = ["experiment", *keys, *(k.replace("_", " ") for k in COUNTS), "worst excess/limit", "drift origins"]
         table(head, [[e["name"], *(_value(e["overrides"], k) for k in keys),
                       *(str(e[k]) if e[k] is not None else "-" for k in COUNTS),
                       num(e["worst"]),

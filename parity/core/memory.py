@@ -18,8 +18,8 @@ Knobs (environment):
   PARITY_MEMORY_AVAILABLE=<bytes>  pretend only this much is available (a testing knob: makes a
                                    refusal deterministic)
 
-Measured: record() writes the stage's peak RSS (ru_maxrss of the process and of its waited-for
-children, KiB) and its wall seconds since the process started (imports included: process_seconds),
+Measured: record() writes the stage's peak RSS (its VmHWM and its waited-for children's ru_maxrss,
+KiB) and its wall seconds since the process started (imports included: process_seconds),
 with the estimate beside them, into the stage's timing file, apart from the values (a
 non-deterministic measurement must never re-run a diff); the report shows it per stage per cell.
 Light: stdlib only at import (onnx and pyarrow inside the functions that read those files); no
@@ -42,11 +42,18 @@ GiB = 1 << 30
 # measured export 4.92, reference 7.11, baseline 10.70 (fp32) / 8.17 (fp16), torch capture 10.73 GiB;
 # resnet18 reference 0.71 GB. Before streaming: export 7.7 W, reference 2.65 W + 17.4 SA, baseline
 # 0.9 W + 14.3 SA, capture 4.2 W + 13.9 SA.
+# Refitted (issue 36 item 7: peak / estimate 1.20 export@resnet18, 1.23 capture@resnet18-fp32-torch_cpu with a
+# base of 0.6 GiB): on this code, 2 cores, torch 2.13 CPU, each stage's VmHWM (and /usr/bin/time -v) in MiB:
+# export (folding reference + baseline, sized like baseline) mlp 513 (W 18.0, SA 0.5), resnet18 993-1017
+# (W 44.6, SA 57.1); capture mlp torch_cpu 342 / ort_cpu 180, resnet18 torch_cpu 974-1034 / ort_cpu 805.
+# What a small model needs is the interpreter with torch, onnx and onnxruntime loaded (~0.5 GiB) plus the
+# per-stage transients: the base is 1.0 GiB, so resnet18's estimate (1.21 GiB) is 1.20x its largest measured
+# peak; llama_1b's estimates move by +0.4 GiB and stay above its peaks (tests/test_hardening.py test_36_7_memory_*).
 COEFFICIENTS: dict[str, tuple[float, float, float]] = {
-    "export": (1.3, 0.0, 0.6),
-    "reference": (1.5, 2.0, 0.6),
-    "baseline": (2.2, 2.0, 0.6),
-    "capture": (2.2, 2.0, 0.6),
+    "export": (1.3, 0.0, 1.0),
+    "reference": (1.5, 2.0, 1.0),
+    "baseline": (2.2, 2.0, 1.0),
+    "capture": (2.2, 2.0, 1.0),
 }
 CHECK_ENV = "PARITY_MEMORY_CHECK"
 AVAILABLE_ENV = "PARITY_MEMORY_AVAILABLE"
@@ -178,10 +185,23 @@ def parquet_value_bytes(path: Path) -> int | None:
 # ---- measured peak ----
 
 def peak_rss_kib() -> dict:
-    """ru_maxrss of this process and of its waited-for children (largest child), KiB on Linux."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """This process's peak RSS and its waited-for children's (largest child), KiB. Its own from VmHWM in
+    /proc/self/status (the high-water mark of this program's memory since exec): ru_maxrss keeps the
+    RSS of the process it was forked from (a `dvc repro` or a pytest worker of hundreds of MiB) when
+    that was larger. ru_maxrss where /proc has no VmHWM."""
+    own = _vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"peak_rss_kib": max(own, kids), "self_rss_kib": own, "children_rss_kib": kids}
+
+
+def _vm_hwm_kib() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def record(path: str | Path | None, stage: str, cell: str, t0: float, sized: dict | None = None,

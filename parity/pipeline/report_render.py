@@ -92,15 +92,31 @@ def cell_rows(cells: list[dict]) -> list[list[str]]:
         rows.append([c["model"], c["dtype"], c["provider"], verdict(c), metric(m, "verdict_mode") or "-",
                      f"{metric(m, 'layers_failed', '-')}/{n}" if n is not None else "-",
                      fmt(metric(m, "drift_origin_where") or metric(m, "drift_origin")), fmt(metric(m, "worst_layer")),
-                     fmt(out.get("excess")), fmt(out.get("bits_lost"), 2),
+                     fmt(results_ratio(m)), fmt(per_limit(c, out.get("excess"), out.get("tol_ratio"))),
+                     fmt(out.get("bits_lost"), 2),
                      fmt(out.get("max_abs")), fmt(out.get("rel_l2")), fmt(out.get("cosine"), 6),
                      fmt(t.get("median_ms")) + (f" ({ratio:.2f}x)" if ratio else "")])
     return rows
 
 
 HEADER = ["model", "dtype", "provider", "verdict", "mode", "failed/layers", "drift_origin", "worst layer",
-          "output excess", "output bits lost", "output max_abs", "output rel_l2", "output cosine",
+          f"worst {svg.RATIO}", f"output {svg.RATIO}", "output bits lost", "output max_abs", "output rel_l2", "output cosine",
           "latency ms (vs torch_cpu fp32)"]
+
+
+def per_limit(c: dict, excess, tol_ratio=None):
+    """A verdict number on the one scale the report shows (svg.RATIO: 1 is the limit): in oracle mode an
+    excess over the cell's k (dtypes.<d>.oracle.k), in tolerance mode the tol_ratio as it is."""
+    if metric(c["metrics"], "verdict_mode") != "oracle":
+        return _num(tol_ratio) if tol_ratio is not None else None
+    k, x = c.get("k"), _num(excess) if excess is not None else None
+    return x / k if x is not None and k else None
+
+
+def results_ratio(m: dict):
+    """The cell's worst excess/limit (metrics.json worst_ratio; summary.json's `worst`)."""
+    v = metric(m, "worst_ratio")
+    return float("inf") if v in ("inf", "Infinity") else v
 
 
 def is_model_output(name: str) -> bool:
@@ -177,14 +193,14 @@ def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
     rule = _rule_of(c["layers"])
     if metric(c["metrics"], "verdict_mode") == "oracle":
         own = {r["name"]: r for r in c.get("own") or []}
-        head = ["#", "layer", "module", "excess (accumulated)", "own excess", "bits lost", "mismatched (vs fp32)",
-                *WORST_HEAD, "rel_l2 vs fp32", "cause"]
-        rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt((d.get("oracle") or {}).get("excess")),
-                 fmt((own.get(d["name"]) or {}).get("excess")), fmt((d.get("oracle") or {}).get("bits_lost"), 2),
+        head = ["#", "layer", "module", f"{svg.RATIO} (accumulated)", f"own {svg.RATIO}", "bits lost",
+                "mismatched (vs fp32)", *WORST_HEAD, "rel_l2 vs fp32", "cause"]
+        rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), fmt(per_limit(c, (d.get("oracle") or {}).get("excess"))),
+                 fmt(per_limit(c, (own.get(d["name"]) or {}).get("excess"))), fmt((d.get("oracle") or {}).get("bits_lost"), 2),
                  mismatch(d), *worst_element(d), fmt(d["rel_l2"]), ""] for d in layers]
         listed = {d["name"] for d in layers}
         rows += [["", r["name"], "ops between leaves" if r["kind"] == "between" else mods.get(r["layer"], ""),
-                  "", fmt(r["excess"]), fmt(r["bits_lost"], 2), "", "", "", "", "", "", ""]
+                  "", fmt(per_limit(c, r["excess"])), fmt(r["bits_lost"], 2), "", "", "", "", "", "", ""]
                  for r in c.get("own") or [] if not r["passed"] and r["name"] not in listed]
         cause = metric(c["metrics"], "drift_origin_cause") or {}
         origin = metric(c["metrics"], "drift_origin")
@@ -192,7 +208,7 @@ def failing_rows(c: dict) -> tuple[list[str], list[list[str]]]:
             if r[1] == origin and cause:
                 r[-1] = cause.get("summary") or cause.get("label", "")
     else:
-        head = ["#", "layer", "module", "mismatched", *WORST_HEAD, "max_abs", "max_rel", "rel_l2", "tol_ratio"]
+        head = ["#", "layer", "module", "mismatched", *WORST_HEAD, "max_abs", "max_rel", "rel_l2", svg.RATIO]
         rows = [[str(d["order"]), d["name"], mods.get(d["name"], ""), mismatch(d), *worst_element(d), fmt(d["max_abs"]),
                  fmt(d["max_rel"]), fmt(d["rel_l2"]), fmt(d["tol_ratio"])] for d in layers]
     lc = c.get("layer_causes") or {}  # causes a cell's settings explain per layer (layers.json, when given)
@@ -215,15 +231,17 @@ def layer_rows(c: dict) -> tuple[list[str], list[list[str]]]:
     oracle = metric(c["metrics"], "verdict_mode") == "oracle"
     multi = len(tolerance_rules(c["layers"])) > 1
     rule = _rule_of(c["layers"])
-    head = ["#", "layer", "module", "verdict", "mismatched", "max_abs", "max_rel", "rel_l2", "cosine", "tol_ratio"]
-    head += ["excess", "bits lost"] if oracle else []
+    # the verdict's number is excess/limit; in oracle mode tol_ratio (assert_close against fp32) judges nothing
+    head = ["#", "layer", "module", "verdict", "mismatched", "max_abs", "max_rel", "rel_l2", "cosine",
+            "tol_ratio vs fp32 (not judged)" if oracle else svg.RATIO]
+    head += [svg.RATIO, "bits lost"] if oracle else []
     head += ["rule"] if multi else []
     rows = []
     for d in c["layers"]:
         o = d.get("oracle") or {}
         r = [str(d["order"]), d["name"], mods.get(d["name"], ""), d.get("problem") or ("pass" if d["passed"] else "FAIL"),
              mismatch(d), fmt(d["max_abs"]), fmt(d["max_rel"]), fmt(d["rel_l2"]), fmt(d["cosine"], 6), fmt(d["tol_ratio"])]
-        r += [fmt(o.get("excess")), fmt(o.get("bits_lost"), 2)] if oracle else []
+        r += [fmt(per_limit(c, o.get("excess"))), fmt(o.get("bits_lost"), 2)] if oracle else []
         r += [rule(d)] if multi else []
         rows.append(r)
     return head, rows
@@ -288,7 +306,7 @@ def memory_rows(peaks: list[dict]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-MEMORY_NOTE = ("Peak RSS: ru_maxrss of each stage process (and its children), from its timing file. Estimate: "
+MEMORY_NOTE = ("Peak RSS: VmHWM of each stage process (ru_maxrss of its children), from its timing file. Estimate: "
                "a x W + b x SA + base (parity/core/memory.py), checked before the stage allocates; "
                "PARITY_MEMORY_CHECK=0 skips the check.")
 
@@ -373,13 +391,14 @@ def curve_series(c: dict) -> tuple[list[tuple[str, str, list]], float, str]:
     layers = c["layers"]
     if metric(c["metrics"], "verdict_mode") == "oracle":
         own = {r["layer"]: r["excess"] for r in c.get("own") or [] if r["kind"] == "leaf"}
-        k = c["k"]  # dtypes.<d>.oracle.k (parity.pipeline.report.cell_entry)
-        series = [("accumulated excess", "#0969da", [(d.get("oracle") or {}).get("excess") for d in layers])]
+        # excess over k (dtypes.<d>.oracle.k, parity.pipeline.report.cell_entry): the one scale, 1 the limit
+        series = [(f"{svg.RATIO} (accumulated)", "#0969da",
+                   [per_limit(c, (d.get("oracle") or {}).get("excess")) for d in layers])]
         if own:
-            series.append(("own excess", "#1a7f37", [own.get(d["name"]) for d in layers]))
-        return series, k, f"limit k = {k:g}"
-    return ([("tol_ratio", "#0969da", [d["tol_ratio"] for d in layers]),
-             ("max_abs", "#8250df", [d["max_abs"] for d in layers])], 1.0, "tolerance (tol_ratio = 1)")
+            series.append((f"own {svg.RATIO}", "#1a7f37", [per_limit(c, own.get(d["name"])) for d in layers]))
+        return series, 1.0, f"limit: {svg.RATIO} = 1 (excess = k = {c['k']:g})"
+    return ([(f"{svg.RATIO} (tol_ratio)", "#0969da", [d["tol_ratio"] for d in layers]),
+             ("max_abs", "#8250df", [d["max_abs"] for d in layers])], 1.0, f"limit: {svg.RATIO} = 1 (atol/rtol)")
 
 
 def origin_index(c: dict) -> int | None:
@@ -418,7 +437,7 @@ def hist_groups(c: dict) -> list[tuple[str, str, list[int]]]:
         picks.append(("drift origin", layers[i]))
     worst = max((d for d in layers if d.get("hist")), key=lambda d: _num(d["tol_ratio"]), default=None)
     if worst is not None:
-        picks.append(("worst tol_ratio", worst))
+        picks.append(("furthest past its atol/rtol", worst))
     out = next((d for d in layers if is_model_output(d["name"]) and not d["name"].startswith("plain:")), None)
     if out is not None:
         picks.append(("model output", out))
@@ -467,8 +486,9 @@ def matrix_html(cells: list[dict]) -> str:
                 h.append(f"<td class='m' data-verdict='{e(v)}' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}' "
                          f"title='{e(c['key'])}: {e(str(tip))}'><a href='#{e(c['key'])}'>{'<br>'.join(lines)}</a></td>")
         h.append("</tr>")
-    h.append("</table><p><small>Latency: median of the plain graph relative to torch_cpu fp32 of the same "
-             "model. Hover a cell for the reason or the failing-layer count.</small></p>")
+    latency = ("Latency: median of the plain graph relative to torch_cpu fp32 of the same model. "
+               if any(c.get("latency_ratio") for c in cells) else "")  # none measured: no caption about it
+    h.append(f"</table><p><small>{latency}Hover a cell for the reason or the failing-layer count.</small></p>")
     return "".join(h)
 
 
@@ -539,6 +559,34 @@ def html_table(head: list[str], rows: list[list[str]], css: str, code_col: int =
     return "".join(h) + "</table>"
 
 
+def verdict_prose(c: dict) -> str:
+    """The cell's verdict line (HTML): the mode, the layer counts, its worst excess/limit, and the drift
+    origin and worst layer only where there are some (a passing cell has neither: no "drift origin -")."""
+    e, m = html.escape, c["metrics"]
+    mode, why = metric(m, "verdict_mode") or "tolerance", metric(m, "verdict_mode_reason")
+    parts = [f"Verdict by <b>{e(mode)}</b>{' (' + e(why) + ')' if why else ''}: {metric(m, 'layers')} layers "
+             f"compared, {metric(m, 'layers_failed')} failing"]
+    if results_ratio(m) is not None:
+        parts.append(f"worst {svg.RATIO} {e(fmt(results_ratio(m)))} (1 is the limit)")
+    origin = metric(m, "drift_origin_where") or metric(m, "drift_origin")
+    if origin:
+        cause = (metric(m, "drift_origin_cause") or {}).get("summary")
+        parts.append(f"drift origin <code>{e(origin)}</code>{' (cause: ' + e(cause) + ')' if cause else ''}")
+    if metric(m, "worst_layer"):
+        parts.append(f"worst layer <code>{e(metric(m, 'worst_layer'))}</code>")
+    return "; ".join(parts) + "."
+
+
+def identical_text(c: dict) -> str:
+    """A cell whose every layer equals the reference's bit for bit (a baseline cell: the reference's own
+    backend). Its bits lost are measured against fp64, not the reference: said, so "bit-identical"
+    beside "output bits lost 2.7" is no contradiction."""
+    lost = (metric(c["metrics"], "output") or {}).get("bits_lost")
+    return ("Bit-identical to the reference: every layer's max_abs against it is 0." + (
+        f" The output bits lost ({fmt(lost, 2)}) are against fp64: this backend's own rounding at "
+        f"{c['dtype']}, the yardstick the other cells are judged by." if lost is not None else ""))
+
+
 def cell_html(c: dict) -> str:
     """One cell's section: verdict, tolerance legend, curve, histogram (failing), failing layers
     with mismatch counts and worst elements, every layer in a collapsible table, the plan."""
@@ -556,17 +604,11 @@ def cell_html(c: dict) -> str:
         h.append(f"<p class='shapes'>Shapes (each a sample set of this cell; the layers below are "
                  f"<code>{e(str(metric(m, 'shape')))}</code>'s): {e(shapes_text(m))}</p>")
     if c["layers"]:
-        mode, why = metric(m, "verdict_mode") or "tolerance", metric(m, "verdict_mode_reason")
-        cause = (metric(m, "drift_origin_cause") or {}).get("summary")
-        h.append(f"<p>Verdict by <b>{e(mode)}</b>{' (' + e(why) + ')' if why else ''}: {metric(m, 'layers')} layers "
-                 f"compared; {metric(m, 'layers_failed')} failing; drift origin "
-                 f"<code>{e(fmt(metric(m, 'drift_origin_where') or metric(m, 'drift_origin')))}</code>"
-                 f"{' (cause: ' + e(cause) + ')' if cause else ''}; worst <code>{e(fmt(metric(m, 'worst_layer')))}</code>."
-                 f" <small>Per-layer values come from the instrumented graph (every layer an output); "
-                 f"latency from the plain graph.</small></p>")
+        h.append(f"<p>{verdict_prose(c)} <small>Per-layer values come from the instrumented graph (every layer "
+                 f"an output){'; latency from the plain graph' if c.get('latency_ratio') else ''}.</small></p>")
         h.append(f"<p class='tol'>{e(tolerance_legend(c))}</p>")
         if all(_num(d["max_abs"]) == 0.0 for d in c["layers"]):
-            h.append("<p class='exact'>Bit-identical: every layer matches the reference exactly.</p>")
+            h.append(f"<p class='exact'>{e(identical_text(c))}</p>")
         else:
             h.append(svg_curve(c))
         head, rows = failing_rows(c)

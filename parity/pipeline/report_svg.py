@@ -9,7 +9,12 @@ import math
 from dataclasses import dataclass, field
 
 FLOOR = 1e-12  # zeros are drawn on the floor of a log axis
-MAX_XLABELS = 16
+LABEL_PITCH = 11  # px between two vertical layer names at font-size 9: closer, they overlap
+LABEL_CHARS = 26  # a longer layer name shows its last characters (the whole name in its tooltip)
+# the one name and scale of a verdict number wherever one is shown (report, compare page, summary.json's
+# `worst`, the diff stage's log, layers.csv's `ratio`): the error over what the verdict allows, 1 the limit
+# (oracle: excess / k; tolerance: tol_ratio, |a - b| / (atol + rtol |b|))
+RATIO = "excess/limit"
 PASS_COLOUR, FAIL_COLOUR, ORIGIN_COLOUR = "#1a7f37", "#cf222e", "#9a6700"
 
 
@@ -60,28 +65,38 @@ def _log_range(values: list[float], limit: float) -> tuple[int, int]:
     return lo, max(hi, lo + 1)
 
 
-def _xlabels(names: list[str], x, base: float, origin: int | None) -> list[str]:
-    """Every n-th layer name (and the first, last and drift origin), rotated under the axis."""
+def label_step(n: int, span: float) -> int:
+    """Name every `step`-th of `n` layers on an axis `span` px wide: 1 (every name) while the vertical
+    labels are LABEL_PITCH px apart or more, else the least step that keeps them so."""
+    gap = span / max(1, n - 1)
+    return 1 if gap >= LABEL_PITCH else math.ceil(LABEL_PITCH / gap)
+
+
+def _xlabels(names: list[str], x, base: float, origin: int | None, step: int) -> list[str]:
+    """Every `step`-th layer name (step 1: every name), the last and the drift origin too, vertical under
+    the axis; a name closer than LABEL_PITCH px to the drift origin's or the last one's is left out, so
+    no two labels overlap. A name over LABEL_CHARS characters keeps its end (the full name in a tooltip)."""
     n = len(names)
-    step = max(1, math.ceil(n / MAX_XLABELS))
-    keep = sorted({i for i in range(0, n, step)} | {n - 1} | ({origin} if origin is not None else set()))
+    fixed = {n - 1} | ({origin} if origin is not None else set())
+    keep = {i for i in range(0, n, step) if all(i == j or abs(x(i) - x(j)) >= LABEL_PITCH for j in fixed)}
     out = []
-    for i in keep:
+    for i in sorted(keep | fixed):
         name = names[i]
-        text = name if len(name) <= 24 else "…" + name[-23:]
+        text = name if len(name) <= LABEL_CHARS else "…" + name[-(LABEL_CHARS - 1):]
         colour = ORIGIN_COLOUR if i == origin else "#1f2328"
-        out.append(f'<text class="xl" x="{x(i):.1f}" y="{base:.1f}" font-size="9" fill="{colour}" text-anchor="end" '
-                   f'transform="rotate(-35 {x(i):.1f} {base:.1f})">'
+        out.append(f'<text class="xl" x="{x(i) + 3:.1f}" y="{base:.1f}" font-size="9" fill="{colour}" text-anchor="end" '
+                   f'transform="rotate(-90 {x(i) + 3:.1f} {base:.1f})">'
                    f'{f"<title>{html.escape(name)}</title>" if text != name else ""}{html.escape(text)}</text>')
     return out
 
 
-def curve_svg(cv: Curve, width: int = 900, height: int = 300, css: str = "curve") -> str:
-    """Per-layer values of every series on one log-scale chart, execution order on x."""
+def curve_svg(cv: Curve, width: int = 900, height: int = 360, css: str = "curve") -> str:
+    """Per-layer values of every series on one log-scale chart, execution order on x; under the axis every
+    layer's name, or every n-th (label_step) with that rule written beside the axis."""
     if not cv.names:
         return ""
     lo, hi = _log_range([num(v) for s in cv.series for v in s.values], cv.limit)
-    L, R, T, B = 56, 12, 22, 96
+    L, R, T, B = 56, 12, 22, 158
     n = max(1, len(cv.names) - 1)
     x = lambda i: L + (width - L - R) * i / n  # noqa: E731
     y = lambda v: T + (height - T - B) * (hi - math.log10(min(max(v, FLOOR), 10 ** hi))) / (hi - lo)  # noqa: E731
@@ -114,7 +129,8 @@ def curve_svg(cv: Curve, width: int = 900, height: int = 300, css: str = "curve"
             tip = f"{cv.names[i]}: {s.label} {short(v)}" + (f", {cv.tips[i]}" if cv.tips and cv.tips[i] else "")
             out.append(f'<circle cx="{x(i):.1f}" cy="{pt(v):.1f}" r="{2.6 if bad else 1.8}" '
                        f'fill="{FAIL_COLOUR if bad else s.colour}"><title>{e(tip)}</title></circle>')
-    out += _xlabels(cv.names, x, height - B + 12, cv.origin)
+    step = label_step(len(cv.names), width - L - R)
+    out += _xlabels(cv.names, x, height - B + 6, cv.origin, step)
     legend, lx = [], L
     for s in cv.series:
         dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
@@ -122,8 +138,12 @@ def curve_svg(cv: Curve, width: int = 900, height: int = 300, css: str = "curve"
                       f'<text class="legend" x="{lx + 22}" y="{T - 5}" font-size="10">{e(s.label)}</text>')
         lx += 30 + 6 * len(s.label)
     out += legend
+    nth = f"{step}{ {2: 'nd', 3: 'rd'}.get(step, 'th')}"
+    rule = "every layer named" if step == 1 else (f"every {nth} of {len(cv.names)} layers named (and the last, "
+                                                  f"the drift origin); hover a point for any layer")
     out.append(f'<text x="{width - R}" y="{T - 5}" font-size="10" text-anchor="end" fill="#59636e">'
-               f'layers in execution order →</text></svg>')
+               f'layers in execution order →</text><text class="xrule" x="{L}" y="{height - 4}" font-size="10" '
+               f'fill="#59636e">{e(rule)}</text></svg>')
     return "".join(out)
 
 
