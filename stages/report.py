@@ -36,7 +36,9 @@ def main(argv=None) -> int:
           + f" -> {out}/report.html")
     for c in cells:
         m = c["metrics"]
-        print(f"  {c['key']:40s} {m.get('verdict', 'MISSING'):12s} drift_origin={m.get('drift_origin')}")
+        w, o = m.get("worst_ratio"), m.get("drift_origin")  # one scale (excess/limit); an origin only where one is
+        print(f"  {c['key']:40s} {m.get('verdict', 'MISSING'):12s} worst excess/limit "
+              f"{format(w, '.3g') if isinstance(w, (int, float)) else w or '-'}" + (f", drift origin {o}" if o else ""))
     not_run = [c["key"] + f" ({c['metrics'].get('verdict')})" for c in cells
                if c["metrics"].get("verdict") not in status.VERDICTS]
     unexercised = [c["key"] + f" ({(c['metrics'].get('precision') or {}).get('evidence', '')})" for c in cells

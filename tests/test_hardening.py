@@ -353,6 +353,7 @@ def test_36_11_one_verdict_number_on_one_scale_in_report_log_and_summary():
          "output": {"max_abs": 1e-6, "bits_lost": 2.7}}
     line = summary_line(m, SimpleNamespace(mode="oracle"))
     assert "worst excess/limit=0.5" in line and "tol_ratio" not in line and "43.2" not in line, line
+    assert "drift_origin" not in line, line  # a passing cell has none: not "drift_origin=None"
 
 
 def test_36_11_a_bit_identical_baseline_says_its_bits_lost_are_against_fp64():

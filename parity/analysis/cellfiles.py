@@ -176,7 +176,8 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
     origin = m.get("drift_origin_where") or m.get("drift_origin")
     cause = (m.get("drift_origin_cause") or {}).get("summary")
     return (f"{m['verdict']}{per} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
-            f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, {worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
+            + (f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, " if origin else "")
+            + f"{worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
             + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else "")
             + (f"; {(m.get('precision') or {}).get('evidence')}" if m.get("precision") else "")
             + (f"; {m['baseline']}" if m.get("baseline") else ""))
