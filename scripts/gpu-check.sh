@@ -32,6 +32,9 @@ pack() {
   for f in artifacts/report/report.md artifacts/env/cuda.json artifacts/env/torch.json; do
     [ -f "$f" ] && cp "$f" "$LOGS/"
   done
+  for c in artifacts/diff/*/metrics.json; do  # each cell's verdict, evidence and fp64 figures
+    [ -f "$c" ] && mkdir -p "$LOGS/diff" && cp "$c" "$LOGS/diff/$(basename "$(dirname "$c")").json"
+  done
   tar czf "$OUT/gpu-check.tgz" -C "$W" logs 2>/dev/null
 }
 trap pack EXIT
@@ -106,7 +109,7 @@ GRID=(-S 'dtypes=[fp32,tf32,fp16,bf16,amp_fp16,amp_bf16]'
 grid() { parity compose -S "models=[$1]" "${GRID[@]}" && parity repro -j "$JOBS" && dvc metrics show --json; }
 step grid_mlp 120 grid mlp
 step grid_full $((($(left) - 150) / SCALE)) grid mlp,resnet18
-for g in grid_mlp grid_full; do say "$g: $(ran $g | wc -l) stages ran; $(grep -cE 'PASS|FAIL' "$LOGS/$g.log") verdict lines"; done
+for g in grid_mlp grid_full; do say "$g: $(grep -E '^parity: (upstream|done)' "$LOGS/$g.log" | cut -c1-240 | tr '\n' ' ')"; done
 dvc metrics show --json >"$LOGS/metrics.json" 2>/dev/null
 
 # 5. the driver-bump flow: a second `dvc repro` runs only the env probe; then, on mlp's cells, an edited
@@ -125,7 +128,7 @@ fi
 step mlp_only 30 sh -c "parity compose -S 'models=[mlp]' $(printf '%q ' "${GRID[@]}") && dvc repro"
 step driver_bump 60 env PARITY_NVIDIA_PROC="$fake" parity repro -j "$JOBS"
 say "driver_bump: $(grep -E '^parity: (upstream|done)' "$LOGS/driver_bump.log" | tr '\n' ' ')"
-say "driver_bump: cells that ran: [$(sed -n 's/^parity: .*\(mlp-[a-z0-9_]*-[a-z_]*\).*/\1/p' "$LOGS/driver_bump.log" | sort -u | tr '\n' ' ')]"
+say "driver_bump: cells that ran: [$(grep -v 'up to date' "$LOGS/driver_bump.log" | sed -n 's/^parity: [0-9]*\/[0-9]*  *\([^:]*\):.*/\1/p' | tr '\n' ' ')]"
 
 # 6. strict: every torch_cuda / torch_compile_cuda cell of mlp must run (UNAVAILABLE fails the pipeline)
 step strict 40 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16]' \
