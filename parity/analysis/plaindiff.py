@@ -14,6 +14,7 @@ in the evidence). onnx is imported only there, never at a light stage's start.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,6 @@ def _module(node) -> str | None:
     """The module a node belongs to: its deepest name scope under the recorder's `model.` (the module path
     as users name it), None without the exporter's metadata. (Read here rather than through
     parity.models.onnx_cut, so that the diff stage's code closure holds no model builders.)"""
-    import ast
-
     raw = next((p.value for p in node.metadata_props if p.key == SCOPES), None)
     try:
         v = ast.literal_eval(raw) if raw else []
@@ -57,7 +56,7 @@ def _ref(t) -> tuple | None:
 
 def _tensor_change(a, a_dir: Path, b, b_dir: Path) -> str | None:
     """How initializer `a` (model.onnx's) differs from `b` (layers.onnx's), None when equal."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # lazy: the diff stage imports onnx only for a plain-only failure
 
     if _ref(a) is not None and _ref(a) == _ref(b) and a_dir == b_dir:
         return None
@@ -79,7 +78,7 @@ def _tensor_change(a, a_dir: Path, b, b_dir: Path) -> str | None:
 def graph_changes(model_dir: Path) -> list[dict]:
     """model.onnx's nodes that differ from layers.onnx's node of the same name, in graph order:
     {node, op_type, module, changes}."""
-    import onnx
+    import onnx  # lazy: the diff stage imports onnx only for a plain-only failure
 
     model_dir = Path(model_dir)
     plain, layers = (onnx.load(str(model_dir / f), load_external_data=False) for f in ("model.onnx", "layers.onnx"))
