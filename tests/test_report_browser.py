@@ -218,7 +218,7 @@ def test_compare_page_draws_both_commits_curves_per_cell(two_commits, browser, t
         svg = section.find_element(By.CSS_SELECTOR, "svg.compare")
         assert len(svg.find_elements(By.TAG_NAME, "polyline")) == 2  # one curve per commit
         legend = [t.text for t in svg.find_elements(By.CSS_SELECTOR, "text.legend")]
-        assert legend == ["HEAD~1: tol_ratio", "HEAD: tol_ratio"]
+        assert legend == ["HEAD~1: excess/limit (tol_ratio)", "HEAD: excess/limit (tol_ratio)"]
     fp16 = browser.find_element(By.ID, "tiny_mlp-fp16-ort_cpu")
     assert "PASS" in fp16.find_element(By.TAG_NAME, "h2").text and "FAIL" in fp16.text
     assert "drift origin" in fp16.find_element(By.CSS_SELECTOR, "svg.compare").text
@@ -230,5 +230,5 @@ def test_compare_page_draws_both_commits_curves_per_cell(two_commits, browser, t
     two_commits.run(["parity", "compare", "HEAD~1", "--html", str(ws)])
     load(browser, ws.as_uri())
     svg = browser.find_element(By.ID, "tiny_mlp-fp16-ort_cpu").find_element(By.CSS_SELECTOR, "svg.compare")
-    assert [t.text for t in svg.find_elements(By.CSS_SELECTOR, "text.legend")] == ["HEAD~1: tol_ratio",
-                                                                                 "workspace: tol_ratio"]
+    assert [t.text for t in svg.find_elements(By.CSS_SELECTOR, "text.legend")] == [
+        "HEAD~1: excess/limit (tol_ratio)", "workspace: excess/limit (tol_ratio)"]
