@@ -11,7 +11,9 @@
 # step, so a run cut short still brings back what it did; $OUT/steps.log is the transcript.
 # Environment: OUT (default ./gpu-out), PARITY_GPU_KIT (.gpu-kit), PARITY_GPU_PYTHON (python3: the
 # image's interpreter), PARITY_GPU_BUDGET_S (450), PARITY_GPU_JOBS (cells at once, 8),
-# PARITY_GPU_SCALE (every step's own limit times this: the rehearsal on 2 CPU cores uses 5).
+# PARITY_GPU_SCALE (every step's own limit times this: the rehearsal on 2 CPU cores uses 5),
+# PARITY_GPU_STEPS (default all: conformance grid_mlp grid_full noop driver_bump strict cudagraphs;
+# install and env always run), PARITY_GPU_MODELS (the full grid's models, default mlp,resnet18).
 # Without a GPU (`make gpu-rehearsal`) every step runs the same, and the CUDA cells say UNAVAILABLE.
 set -u
 ROOT=$(pwd)
@@ -20,6 +22,8 @@ KIT=${PARITY_GPU_KIT:-$ROOT/.gpu-kit}
 PY=${PARITY_GPU_PYTHON:-python3}
 BUDGET=${PARITY_GPU_BUDGET_S:-450}
 SCALE=${PARITY_GPU_SCALE:-1}
+STEPS=" ${PARITY_GPU_STEPS:-conformance grid_mlp grid_full noop driver_bump strict cudagraphs} "
+MODELS=${PARITY_GPU_MODELS:-mlp,resnet18}
 JOBS=${PARITY_GPU_JOBS:-8}
 T0=$(date +%s)
 W=$(mktemp -d /tmp/parity-gpu.XXXXXX)
@@ -40,6 +44,9 @@ pack() {
 trap pack EXIT
 # step NAME LIMIT_S COMMAND...: runs COMMAND with its output in logs/NAME.log, within LIMIT_S and the budget
 step() {
+  if [ "$1" != install ] && [ "$1" != env ] && [ "$1" != mlp_only ] && [[ "$STEPS" != *" $1 "* ]]; then
+    say "$1: not selected (PARITY_GPU_STEPS)"; return 98
+  fi
   local name=$1 lim=$(($2 * SCALE)) l s rc; shift 2
   l=$(left)
   if [ "$l" -le 10 ]; then say "$name: SKIPPED (budget of ${BUDGET} s spent)"; return 99; fi
@@ -108,7 +115,8 @@ GRID=(-S 'dtypes=[fp32,tf32,fp16,bf16,amp_fp16,amp_bf16]'
       -S 'providers=[torch_cpu,torch_cuda,torch_compile_cuda]' -S reference.fp64=true)
 grid() { parity compose -S "models=[$1]" "${GRID[@]}" && parity repro -j "$JOBS" && dvc metrics show --json; }
 step grid_mlp 120 grid mlp
-step grid_full $((($(left) - 150) / SCALE)) grid mlp,resnet18
+reserve=20; [[ "$STEPS" == *" driver_bump "* ]] && reserve=150  # for the steps after the grid
+step grid_full $((($(left) - reserve) / SCALE)) grid "$MODELS"
 for g in grid_mlp grid_full; do say "$g: $(grep -E '^parity: (upstream|done)' "$LOGS/$g.log" | cut -c1-240 | tr '\n' ' ')"; done
 dvc metrics show --json >"$LOGS/metrics.json" 2>/dev/null
 
@@ -125,7 +133,7 @@ if [ -r /proc/driver/nvidia/version ]; then
 else
   echo "NVRM version: NVIDIA UNIX x86_64 Kernel Module  999.99.99  (rehearsal)" >"$fake/version"
 fi
-step mlp_only 30 sh -c "parity compose -S 'models=[mlp]' $(printf '%q ' "${GRID[@]}") && dvc repro"
+[[ "$STEPS" == *" driver_bump "* ]] && step mlp_only 30 sh -c "parity compose -S 'models=[mlp]' $(printf '%q ' "${GRID[@]}") && dvc repro"
 step driver_bump 60 env PARITY_NVIDIA_PROC="$fake" parity repro -j "$JOBS"
 say "driver_bump: $(grep -E '^parity: (upstream|done)' "$LOGS/driver_bump.log" | tr '\n' ' ')"
 say "driver_bump: cells that ran: [$(grep -v 'up to date' "$LOGS/driver_bump.log" | sed -n 's/^parity: [0-9]*\/[0-9]*  *\([^:]*\):.*/\1/p' | tr '\n' ' ')]"
