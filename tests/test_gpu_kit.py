@@ -42,3 +42,22 @@ def test_a_driver_bump_reruns_only_the_cuda_cells(tmp_path, monkeypatch):
 def test_the_kit_scripts_parse(script):
     p = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_each_autocast_dtype_gets_its_own_inductor_cache(monkeypatch, tmp_path):
+    """torch 2.11 (the GPU image's) served a graph compiled under autocast(float16) from Inductor's disk
+    cache to an autocast(bfloat16) process: amp_bf16 cells computed fp16 (docs/gpu-verification.md).
+    The compile runner gives each autocast dtype its own cache folder under the one in use."""
+    import os
+
+    import torch
+
+    from parity.backends.torch_compile import CACHE_BASE_ENV, isolate_autocast_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv(CACHE_BASE_ENV, "")
+    fp16 = isolate_autocast_cache(torch.float16)
+    bf16 = isolate_autocast_cache(torch.bfloat16)
+    assert fp16 == str(tmp_path / "inductor" / "autocast-float16")
+    assert bf16 == str(tmp_path / "inductor" / "autocast-bfloat16")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == bf16

@@ -14,6 +14,8 @@ Compilation happens on the first call (and on recompiles), so a compile failure 
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from parity.backends import ops
@@ -30,6 +32,31 @@ def _is_compiler_error(e: BaseException) -> bool:
         if x is not None and type(x).__module__.startswith(COMPILER_MODULES):
             return True
     return False
+
+
+# the Inductor cache folder in use before isolate_autocast_cache() gave each autocast dtype its own
+CACHE_BASE_ENV = "PARITY_INDUCTOR_CACHE_BASE"
+
+
+def isolate_autocast_cache(amp) -> str:
+    """Give each autocast dtype its own Inductor cache folder (a subfolder of the one in use) and return it.
+    torch 2.11's AOTAutograd cache key records whether autocast is on, not its dtype (pytorch PR 181564):
+    a graph compiled under autocast(float16) is served from the on-disk cache to a process running under
+    autocast(bfloat16), so an amp_bf16 cell silently computes in fp16 (seen on an H200 and on the CPU
+    with torch 2.11, docs/gpu-verification.md; torch 2.13 keys the dtype)."""
+    base = os.environ.get(CACHE_BASE_ENV)
+    if not base:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+            base = cache_dir()
+        except ImportError:  # an older layout: Inductor's own default
+            import getpass
+            import tempfile
+            base = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+        os.environ[CACHE_BASE_ENV] = base
+    folder = os.path.join(base, "autocast-" + str(amp).removeprefix("torch."))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    return folder
 
 
 class TorchCompileRunner(TorchRunner):
@@ -62,6 +89,8 @@ class TorchCompileRunner(TorchRunner):
 
     def activate(self) -> None:
         super().activate()
+        if self.amp is not None:
+            isolate_autocast_cache(self.amp)
         kw = self._compile_kwargs()
         torch = self.torch
         torch._dynamo.reset()  # no cached graphs from another cell in this process
