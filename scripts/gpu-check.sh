@@ -57,9 +57,25 @@ step() {
   timeout -k 10 "$lim" bash -c "$(declare -f); $(declare -p V PY KIT ROOT JOBS GRID 2>/dev/null); \"\$@\"" \
     step "$@" >"$LOGS/$name.log" 2>&1
   rc=$?
+  if [ $rc = 124 ] || [ $rc = 137 ]; then  # cut short: what it started (DVC runs cells in sessions of
+    reap                                    # their own) goes too, and DVC's lock with it
+  fi
   say "$name: rc=$rc in $(($(date +%s) - s)) s$([ $rc = 124 ] && echo " (TIMED OUT at $lim s)")"
   pack
   return $rc
+}
+# every process still working in this checkout (a cut-short step's DVC and stage processes), then DVC's lock
+reap() {
+  local p sig q=$$ keep=" $$ "
+  while [ "$q" -gt 1 ]; do q=$(awk '{print $4}' "/proc/$q/stat"); keep="$keep$q "; done  # this script's ancestors
+  for sig in TERM KILL; do
+    for p in /proc/[0-9]*; do
+      [ "$(readlink "$p/cwd" 2>/dev/null)" = "$ROOT" ] && [[ "$keep" != *" ${p#/proc/} "* ]] \
+        && kill -$sig "${p#/proc/}" 2>/dev/null
+    done
+    sleep 2
+  done
+  rm -f .dvc/tmp/rwlock .dvc/tmp/lock
 }
 # the stages DVC ran, from a `dvc repro` log
 ran() { sed -n "s/^Running stage '\([^']*\)'.*/\1/p" "$LOGS/$1.log"; }
@@ -141,6 +157,13 @@ say "driver_bump: cells that ran: [$(grep -v 'up to date' "$LOGS/driver_bump.log
 # 6. strict: every torch_cuda / torch_compile_cuda cell of mlp must run (UNAVAILABLE fails the pipeline)
 step strict 40 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16]' \
   -S 'providers=[torch_cuda,torch_compile_cuda]' -S strict=true && dvc repro"
+if [ -f "$LOGS/strict.log" ] && grep -q 'strict: true and these cells did not run' "$LOGS/strict.log"; then
+  if python -c 'import sys, torch; sys.exit(torch.cuda.is_available())'; then
+    say "strict: refused the UNAVAILABLE CUDA cells, as it must where there is no GPU"
+  else
+    say "strict: FAILED: CUDA cells did not run on a machine with a GPU (logs/strict.log)"
+  fi
+fi
 
 # 7. CUDA graphs: torch.compile's reduce-overhead mode (Inductor with CUDA graph trees)
 step cudagraphs 45 sh -c "parity compose -S 'models=[mlp]' -S 'dtypes=[fp32,fp16,bf16]' \
