@@ -4,6 +4,7 @@ the DVC metric (summary.json, parity.core.metrics)."""
 
 from __future__ import annotations
 
+from html import escape
 from pathlib import Path
 
 from parity.config import params as config
@@ -96,6 +97,38 @@ def stage_peaks(p: dict, art: Path, cells: list[dict]) -> list[dict]:
     return rows
 
 
+OUTPUT_SIGNATURE = ("rel_l2", "max_abs", "mean_abs", "cosine")
+
+
+def computed_alike(p: dict, cells: list[dict]) -> list[str]:
+    """Cells of one model and provider whose outputs match to the last bit (the same error against the
+    reference in every output metric) although their precision modes compute in different formats: a
+    mode that was not applied. Seen on an H200: torch 2.11's Inductor cache served amp_bf16 cells the
+    graph compiled for amp_fp16 (docs/gpu-verification.md); a GPU without TF32 gives tf32 = fp32.
+    Modes of one format may legitimately agree (amp_fp16 = fp16 where autocast keeps nothing in fp32
+    that matters), so they are not named. One line per group, in matrix order."""
+    fmt = {d: (c.get("torch"), schema.mode(c) == "tf32") for d, c in (p.get("dtypes") or {}).items()}
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        o = (c["metrics"] or {}).get("output") or {}
+        sig = tuple(o.get(k) for k in OUTPUT_SIGNATURE)
+        if o.get("rel_l2") and None not in sig:  # 0: bit-identical to the reference, judged elsewhere
+            groups.setdefault((c["model"], c["provider"], sig), []).append(c)
+    return [f"{', '.join(c['key'] for c in cs)}: the same output to the last bit at precisions of different "
+            f"formats ({', '.join(c['dtype'] for c in cs)}): a precision mode was not applied"
+            for cs in groups.values() if len({fmt.get(c["dtype"]) for c in cs}) > 1]
+
+
+def alike_sections(lines: list[str]) -> tuple[str, str]:
+    """The Markdown and HTML sections naming computed_alike's groups ("" when there are none)."""
+    if not lines:
+        return "", ""
+    head = "Precision modes that computed alike"
+    md = "\n".join([f"## {head}", ""] + [f"- {x}" for x in lines] + [""])
+    page = f"<h2>{head}</h2><ul>" + "".join(f"<li>{escape(x)}</li>" for x in lines) + "</ul>"
+    return md, page
+
+
 def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     """report.md, report.html, summary.json and latency.json under `out`; (summary, cells)."""
     cells = [cell_entry(p, art, model, dtype, provider) for model, dtype, provider in config.cells(p)]
@@ -118,10 +151,12 @@ def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
         summary["generate"] = {k: generate_report.entry(c) for k, c in gens.items()}
     peaks = stage_peaks(p, art, cells)
     md = render.markdown(title, summary, cells, env, coverage, models, threads, peaks)
+    alike_md, alike_html = alike_sections(computed_alike(p, cells))
+    md = md + ("\n" + alike_md if alike_md else "")
     md = md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md
     write_text(out / "report.md", md + "\n".join(generate_report.markdown(gens)))
     page = render.html_page(title, summary, cells, env, coverage, models, threads, peaks)
-    write_text(out / "report.html", page.replace("</body>", fuzz_report.html_sections(camps, steps)
+    write_text(out / "report.html", page.replace("</body>", alike_html + fuzz_report.html_sections(camps, steps)
                                                  + generate_report.html_sections(gens) + "</body>", 1))
     write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
     write_json(out / "latency.json", latency)
