@@ -1,6 +1,6 @@
 """diff@model-dtype-provider: per-layer comparison of a capture against the torch fp32 reference
 (tolerance metrics) and against the fp64 run relative to the trusted baseline at the cell's dtype
-(the oracle verdict, the default: parity.analysis.diffcell). numpy only.
+(the oracle verdict, the default: parity.pipeline.diffcell). numpy only.
 
 Writes, under --out: metrics.json (verdict and its mode, drift_origin with its cause, worst layer,
 worst_ratio, output-level metrics; a plain output: the report's summary.json is the DVC metric,

@@ -11,7 +11,7 @@ import pytest
 
 from parity.analysis import causes
 from parity.analysis.causes import classify
-from parity.analysis.diffcell import CellDiff
+from parity.pipeline.diffcell import CellDiff
 from parity.core import compare, dtypes, store
 
 U16 = 2.0 ** -11

@@ -12,7 +12,7 @@ import numpy as np
 from conftest import BIN, Repo, make_repo
 from parity.core import compare, dtypes, metrics, status
 from parity.analysis import oracle
-from parity.analysis.cellfiles import cell_verdict
+from parity.core.verdict import decide
 
 U32 = dtypes.FP32.u
 U16 = dtypes.FP16.u
@@ -63,10 +63,11 @@ def test_precision_exercised_counts_the_layers_that_show_the_rounding():
 
 
 def test_verdicts_baseline_and_not_exercised_fit_the_vocabulary_and_the_summary():
-    assert cell_verdict({"passed": True, "precision": {"exercised": False}}) == "NOT_EXERCISED"
-    assert cell_verdict({"passed": True, "baseline": "provider torch_cpu ..."}) == "BASELINE"
-    assert cell_verdict({"passed": False, "precision": {"exercised": False}}) == "FAIL"  # a failure says more
-    assert cell_verdict({"passed": True, "precision": {"exercised": True}}) == "PASS"
+    ok = {"status": "OK"}
+    assert decide(ok, {"passed": True, "precision": {"exercised": False, "evidence": "0 of 3"}}) == ("NOT_EXERCISED", "0 of 3")
+    assert decide(ok, {"passed": True, "baseline": "provider torch_cpu ..."}).status is status.Status.BASELINE
+    assert decide(ok, {"passed": False, "precision": {"exercised": False}}).status == "FAIL"  # a failure says more
+    assert decide(ok, {"passed": True, "precision": {"exercised": True}}).status is status.Status.PASS
     assert {"NOT_EXERCISED", "BASELINE"} <= set(status.VERDICTS)
     s = metrics.summary({"a-fp16-ort_cpu": {"verdict": "NOT_EXERCISED"}, "a-fp16-torch_cpu": {"verdict": "BASELINE"},
                          "a-fp32-ort_cpu": {"verdict": "PASS"}})

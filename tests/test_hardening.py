@@ -337,7 +337,7 @@ def test_36_11_one_verdict_number_on_one_scale_in_report_log_and_summary():
     the diff log's tol_ratio 43.2 on a PASS cell. Everywhere now: excess/limit, 1 the limit."""
     from types import SimpleNamespace
 
-    from parity.analysis.cellfiles import summary_line
+    from parity.pipeline.cellfiles import summary_line
     from parity.pipeline import report_render as r
 
     c = _report_cell(excess=2.0)  # excess 2 with k = 4: excess/limit 0.5
@@ -387,7 +387,7 @@ def test_36_11_exact_zeros_in_dvc_plots_are_drawn_at_a_floor_with_a_note():
     assert "drawn as a square a decade below the smallest value" in spec["title"]["subtitle"]
     view = json.dumps(vl_convert.vegalite_to_vega(spec))  # a valid spec, drawn offline
     assert '"square"' in view and "y_min" in view and vl_convert.vegalite_to_svg(spec).count("<path") > 3
-    from parity.analysis.cellfiles import _ratio
+    from parity.pipeline.cellfiles import _ratio
 
     assert _ratio(0.0) == ("", "0 (exact)") and _ratio(0.5) == ("0.5", "")
 

@@ -354,3 +354,45 @@ def test_conf_and_schema_defaults_agree():
             if got != want:
                 bad.append(f"{sec}.{key}" if key else sec)
     assert not bad, f"conf/config.yaml and parity.config.schema give different defaults for: {bad}"
+
+
+def _verdicts_returned(fn: ast.AST) -> set[str]:
+    """The model-cell verdicts (PASS, FAIL, NOT_EXERCISED, BASELINE) a function returns by name: as a
+    string literal or a `Status` member, directly or inside a conditional expression, tuple or call."""
+    from parity.core import status
+    names = set(status.VERDICTS)
+    found = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None:
+            for v in ast.walk(node.value):
+                if isinstance(v, ast.Constant) and v.value in names:
+                    found.add(v.value)
+                elif isinstance(v, ast.Attribute) and v.attr in names:
+                    found.add(v.attr)
+    return found
+
+
+def test_one_function_decides_a_cells_verdict():
+    """Issue 37 item 1: one function (parity.core.verdict.decide) returns a cell's verdict, a `Status`
+    member with its evidence; no other function of parity returns PASS, FAIL, NOT_EXERCISED or BASELINE,
+    and the diff stage's metrics.json takes its verdict from it."""
+    deciders = {}
+    for path in sorted((ROOT / "parity").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (v := _verdicts_returned(node)):
+                deciders[f"{_module_name(path)}.{node.name}"] = v
+    assert deciders == {"parity.core.verdict.decide": {"PASS", "FAIL", "NOT_EXERCISED", "BASELINE"}}, deciders
+    from parity.core.status import Status
+    from parity.core.verdict import decide
+    ok = {"status": "OK"}
+    cases = [(ok, {"passed": False, "drift_origin": "fc1"}, Status.FAIL),
+             (ok, {"passed": True, "baseline": "judged against itself"}, Status.BASELINE),
+             (ok, {"passed": True, "precision": {"exercised": False, "evidence": "ran fp32 kernels"}}, Status.NOT_EXERCISED),
+             (ok, {"passed": True}, Status.PASS),
+             ({"status": "INFER_FAIL", "reason": "session refused"}, None, Status.INFER_FAIL)]
+    for capture, summary, want in cases:
+        v = decide(capture, summary)
+        assert v.status is want and isinstance(v.reason, str) and v.reason, (capture, summary, v)
+    assert decide(*cases[0][:2]).reason == "drift origin fc1"
+    uses = [p for p in (ROOT / "parity").rglob("*.py") if "import decide" in p.read_text()]
+    assert ROOT / "parity" / "pipeline" / "cellfiles.py" in uses  # metrics.json's verdict

@@ -149,7 +149,7 @@ def judged(layers: list, own: list, mode: str, k: float = 4.0) -> SimpleNamespac
 
 
 def assert_plot_data_finite(data: list[dict]):
-    from parity.analysis.cellfiles import PLOT_FIELDS
+    from parity.pipeline.cellfiles import PLOT_FIELDS
 
     for r in data:
         assert list(r) == list(PLOT_FIELDS)
@@ -159,7 +159,7 @@ def assert_plot_data_finite(data: list[dict]):
 
 
 def test_layers_csv_plots_the_verdicts_ratio_per_named_layer_and_only_finite_numbers():
-    from parity.analysis.cellfiles import PLOT_CAP, plot_csv
+    from parity.pipeline.cellfiles import PLOT_CAP, plot_csv
 
     layers = [layer(0, "fc1", 42.0, 0.4), layer(1, "act", 0.0, float("inf"), passed=False),
               layer(2, "fc2", float("nan"), float("nan"), passed=False), layer(3, "output", 2.0, None)]
@@ -181,7 +181,7 @@ def test_dvc_draws_layers_csv_with_the_projects_template_log_scale_and_limit_lin
     """dvc.yaml's plot names parity/pipeline/plot_layers.json; DVC's renderer fills it with layer names on x."""
     from dvc_render.vega import VegaRenderer
 
-    from parity.analysis.cellfiles import PLOT_FIELDS, plot_csv
+    from parity.pipeline.cellfiles import PLOT_FIELDS, plot_csv
 
     diff = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["diff"]
     (path, props), = diff["plots"][0].items()

@@ -151,7 +151,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     import onnx
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-    from parity.analysis import diffcell
+    from parity.pipeline import diffcell
     from parity.config import schema
     from parity.pipeline import onnx_reference
 

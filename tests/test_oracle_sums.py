@@ -15,7 +15,8 @@ import yaml
 from conftest import make_repo
 from parity.config import schema
 from parity.core import store
-from parity.analysis import diffcell, sums
+from parity.analysis import sums
+from parity.pipeline import diffcell
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def cell_entry(m: dict, plan: dict | None = None) -> dict:
         e["worst"] = w
     if m.get("drift_origin"):
         e["origin"] = m["drift_origin"]
-    if m.get("shapes"):  # several input shapes (parity.analysis.cellfiles): each shape's verdict
+    if m.get("shapes"):  # several input shapes (parity.pipeline.cellfiles): each shape's verdict
         e["shapes"] = {lab: x.get("verdict") for lab, x in m["shapes"].items()}
     if plan:
         e["plan_keep"] = len(plan.get("keep") or [])

@@ -1,5 +1,5 @@
 """What the diff stage writes of a cell (parity.pipeline.diff), from its judged shapes
-(parity.analysis.diffcell.judge): metrics.json (verdict and its mode, drift_origin with its cause,
+(parity.pipeline.diffcell.judge): metrics.json (verdict and its mode, drift_origin with its cause,
 worst layer, worst_ratio, output-level metrics), layers.json (every layer's metrics, the causes, the
 oracle's own errors) and layers.csv (the DVC plot), and the stage's summary line.
 
@@ -20,8 +20,9 @@ import io
 import math
 from pathlib import Path
 
-from parity.analysis import diffcell
 from parity.core import compare, status, store
+from parity.core.verdict import decide
+from parity.pipeline import diffcell
 from parity.core.io import write_json, write_text
 
 # layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/pipeline/plot_layers.json): `ratio` is what the
@@ -79,7 +80,7 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
     outputs = cd.outputs
     head = next((d for d in outputs if not d.name.startswith(store.PLAIN)), None)
     plain = next((d for d in outputs if d.name.startswith(store.PLAIN)), None)
-    verdict = status["status"] if status["status"] != "OK" else cell_verdict(summary)
+    verdict = decide(status, summary).status  # the one verdict function (parity.core.verdict)
     m = {
         "status": status["status"], "verdict": verdict, "reason": status.get("reason", ""),
         "verdict_mode": cd.mode, "passed": summary["passed"],
@@ -104,18 +105,6 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
         cause = summary.get("drift_origin_cause") or {}
         m["drift_origin_cause"] = {"label": cause.get("label"), "summary": cause.get("summary")}
     return m
-
-
-def cell_verdict(summary: dict) -> str:
-    """FAIL when a layer fails; else BASELINE (the oracle's baseline judged against itself),
-    NOT_EXERCISED (no layer shows the rounding of the cell's precision), or PASS (parity.core.status)."""
-    if not summary["passed"]:
-        return "FAIL"
-    if summary.get("baseline"):
-        return "BASELINE"
-    if (summary.get("precision") or {}).get("exercised") is False:
-        return "NOT_EXERCISED"
-    return "PASS"
 
 
 def where(name: str, layers_json: dict) -> str:

@@ -1,17 +1,18 @@
-"""The diff of one cell, in four steps: its values read (parity.analysis.diffcell.load: nothing of the
+"""The diff of one cell, in four steps: its values read (parity.pipeline.diffcell.load: nothing of the
 config), the config resolved once into the cell's Rule (parity.config.schema.rule), every layer judged by it
 against the torch fp32 reference (tolerance) and the fp64 oracle relative to the trusted baseline
-(parity.analysis.diffcell.judge), and what the stage writes made and written: metrics.json,
-layers.json, layers.csv (parity.analysis.cellfiles). numpy only (the stage imports this module after
+(parity.pipeline.diffcell.judge), and what the stage writes made and written: metrics.json,
+layers.json, layers.csv (parity.pipeline.cellfiles). numpy only (the stage imports this module after
 parsing its arguments)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from parity.analysis import cellfiles, diffcell, plaindiff
+from parity.analysis import plaindiff
 from parity.config import params as config, schema
 from parity.core.io import read_json
+from parity.pipeline import cellfiles, diffcell
 
 
 def diff_and_write(p: dict, model: str, dtype: str, provider: str, capture: Path, reference: Path,

@@ -12,6 +12,9 @@ Both are computed and stored; the mode picks which one decides. A cell whose dty
 drift_origin: the first layer in execution order whose OWN error fails (what that layer, or the ops
 between it and the layers before it, introduced), else the first failing layer. worst_layer: the
 largest own excess, else the largest accumulated one.
+
+The cell's verdict (PASS, FAIL, BASELINE, NOT_EXERCISED or the capture's status) is decided from the
+summary this module makes, in one place: parity.core.verdict.decide (parity.pipeline.cellfiles).
 """
 
 from __future__ import annotations

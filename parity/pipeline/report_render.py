@@ -57,7 +57,7 @@ def metric(m: dict, name: str, default=None):
 
 
 def shapes_text(m: dict) -> str:
-    """'s16 PASS, s128 FAIL from fc1' for a model with several input shapes (parity.analysis.cellfiles); ''
+    """'s16 PASS, s128 FAIL from fc1' for a model with several input shapes (parity.pipeline.cellfiles); ''
     otherwise."""
     return ", ".join(f"{lab} {x.get('verdict')}" + (f" from {x['drift_origin']}" if x.get("drift_origin") else "")
                      for lab, x in (metric(m, "shapes") or {}).items())
