@@ -358,17 +358,30 @@ def test_conf_and_schema_defaults_agree():
 
 def _verdicts_returned(fn: ast.AST) -> set[str]:
     """The model-cell verdicts (PASS, FAIL, NOT_EXERCISED, BASELINE) a function returns by name: as a
-    string literal or a `Status` member, directly or inside a conditional expression, tuple or call."""
+    string literal or a `Status` member, as the returned value itself or a branch of a conditional
+    expression, an element of a returned tuple, an argument of a returned call (not a value compared
+    with one, nor a dict's entry)."""
     from parity.core import status
     names = set(status.VERDICTS)
     found = set()
+
+    def returned(v: ast.AST) -> None:
+        if isinstance(v, ast.Constant) and v.value in names:
+            found.add(v.value)
+        elif isinstance(v, ast.Attribute) and v.attr in names:
+            found.add(v.attr)
+        elif isinstance(v, ast.IfExp):
+            returned(v.body), returned(v.orelse)
+        elif isinstance(v, (ast.Tuple, ast.List)):
+            for e in v.elts:
+                returned(e)
+        elif isinstance(v, ast.Call):
+            for e in v.args:
+                returned(e)
+
     for node in ast.walk(fn):
         if isinstance(node, ast.Return) and node.value is not None:
-            for v in ast.walk(node.value):
-                if isinstance(v, ast.Constant) and v.value in names:
-                    found.add(v.value)
-                elif isinstance(v, ast.Attribute) and v.attr in names:
-                    found.add(v.attr)
+            returned(node.value)
     return found
 
 
