@@ -8,18 +8,20 @@ Writes, under --out:
 and under --code, <model>.json: sha256 of an `import` model's source and of every file a model reads (ONNX
 external data, checkpoint shards and tokenizer, `weights:`; parity.core.modelfiles streams and remembers
 them), a dependency of that model's stages, so editing the user's model code or files re-runs exactly those
-(<model>.inputs.json: the tokenizer files inputs@ reads); provider-<provider>.json: the same for the provider's runner module and what it imports (the runner
-code of capture/engine/reduce/plan cells, so editing one runner re-runs only its provider's cells); and
-suite-<suite>.json: the same for a suite's modules (parity.suites.code); stage-<stage>.json: the same for
-each dvc.yaml stage's import closure (stages/closures.json, `parity deps --write`).
+(<model>.inputs.json: the tokenizer files inputs@ reads); provider-<provider>.json: the same for the
+provider's runner module and what it imports (the runner code of capture/engine/reduce/plan cells, so
+editing one runner re-runs only its provider's cells); suite-<suite>.json: the same for a suite's modules
+(parity.suites.code); stage-<stage>.json: each dvc.yaml stage's import closure (stages/closures.json).
 Identical machines give identical bytes: downstream stages re-run only when something they use changed.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from parity.core import codedeps
+from parity.core import importmemo
 from parity.config import params as config
 from parity.core.io import write_json
 from parity.suites import code as suite_code
@@ -30,14 +32,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="artifacts/env")
     ap.add_argument("--code", help="folder for the import models' code hashes (default: code/ beside --out)")
     a = ap.parse_args(argv)
-    # lazy: `stages.env --help` loads no numpy/pyarrow (+0.23 s, BENCHMARKS 22; tests/test_light_stages.py)
-    from parity.backends import fingerprint
-
+    if "parity.backends" in sys.modules:  # loaded already (a test calling main): the package's own
+        from parity.backends import fingerprint  # lazy: the package is loaded already
+    else:  # stdlib only; the package's __init__ loads numpy + pyarrow: 0.25 s CPU per repro (issue 38)
+        fingerprint = importmemo.load_alone("parity.backends.fingerprint")
     p = config.load_or_die(a.params)
     out = Path(a.out)
-    declared = {}
-    for pc in p["providers"].values():
-        declared.update(config.runner_components(pc))
+    declared = {k: v for pc in p["providers"].values() for k, v in config.runner_components(pc).items()}
     comps = fingerprint.collect([*config.COMPONENTS, *declared], declared)
     for name, fp in comps.items():
         write_json(out / f"{name}.json", fp)
@@ -49,15 +50,14 @@ def main(argv=None) -> int:
     write_json(out / "host.json", fingerprint.host())
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
         write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
-    code = Path(a.code or out.parent / "code")
+    code, known = Path(a.code or out.parent / "code"), importmemo.load()  # parsed imports kept between runs
     for name, c in [*codedeps.models_code(p["models"]).items(), *codedeps.inputs_code(p["models"]).items(),
                     *((f"provider-{k}", c) for k, c in codedeps.providers_code(p["providers"]).items()),  # runners
                     *((f"suite-{k}", c) for k, c in suite_code.suites_code(p).items()),  # a suite's modules
                     *((f"stage-{k}", c) for k, c in codedeps.stages_code(Path(codedeps.CLOSURES)).items())]:
         write_json(code / f"{name}.json", c)  # each stage's closure: its one code dep (parity deps)
-    for name, fp in comps.items():
-        desc = ", ".join(f"{k}={v}" for k, v in fp.items())
-        print(f"env: {name:12s} {desc}")
+    importmemo.save(known)
+    print("\n".join(f"env: {name:12s} " + ", ".join(f"{k}={v}" for k, v in fp.items()) for name, fp in comps.items()))
     return 0
 
 
