@@ -14,7 +14,9 @@ Compilation happens on the first call (and on recompiles), so a compile failure 
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 import torch
 
@@ -47,11 +49,10 @@ def isolate_autocast_cache(amp) -> str:
     base = os.environ.get(CACHE_BASE_ENV)
     if not base:
         try:
+            # lazy: Inductor's internals, only for autocast cells; the module moved between torch releases
             from torch._inductor.runtime.cache_dir_utils import cache_dir
             base = cache_dir()
         except ImportError:  # an older layout: Inductor's own default
-            import getpass
-            import tempfile
             base = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
         os.environ[CACHE_BASE_ENV] = base
     folder = os.path.join(base, "autocast-" + str(amp).removeprefix("torch."))
