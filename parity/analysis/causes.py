@@ -521,7 +521,7 @@ def param_range(settings: dict | None, name: str, numeric: dict | None = None) -
 
 def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, limits: tuple,
                  fmt: dtypes.Format) -> dict | None:
-    """Why a cell's drift origin differs (`cd`: parity.analysis.diffcell.CellDiff; act, ref, gold,
+    """Why a cell's drift origin differs (`cd`: parity.pipeline.diffcell.CellDiff; act, ref, gold,
     own: its captured, fp32, fp64 and own values by (sample, name)): its own values against fp64 when
     the origin is an own-error record, else its captured values against fp64 (oracle) or fp32
     (tolerance). The precision limit is the oracle's (`limits`: u, k, slack): k times the trusted
