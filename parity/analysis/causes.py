@@ -127,13 +127,6 @@ class Cause:
         return asdict(self)
 
 
-def dtype_format(dtype: str) -> tuple[str, float, float]:
-    """(canonical name, unit roundoff, largest finite value) of a conf/dtypes name or a torch name
-    (parity.core.dtypes)."""
-    f = dtypes.facts(dtype)
-    return f.name, f.u, f.max
-
-
 def classify(actual, expected, dtype: str = "fp32", layout_hint=None, limit: float | None = None,
              channel_axes=None, inputs=None, name: str | None = None, failed: bool = False,
              axis_names=None, weighted: bool | None = None) -> Cause:
