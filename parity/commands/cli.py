@@ -33,7 +33,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from parity import __version__
-from parity.commands import lockfile
+from parity.commands import lockfile, remote_check
 from parity.core.io import write_text
 from parity.core.ui import at_least, dump_json
 
@@ -50,9 +50,12 @@ def _check(args) -> int:
         if args.json:
             dump_json({"params": args.params, "ok": False, "error": str(e)})
         config.die(e)
+    warnings = remote_check.remote_warnings(os.path.dirname(os.path.abspath(args.params)))
+    for line in warnings:
+        print(line, file=sys.stderr)
     if args.json:
         dump_json({"params": args.params, "ok": True, "models": list(p["models"]), "dtypes": list(p["dtypes"]),
-                   "providers": list(p["providers"]), "cells": len(config.cells(p))})
+                   "providers": list(p["providers"]), "cells": len(config.cells(p)), "warnings": warnings})
         return 0
     print(f"parity: {args.params} OK: {config.summary_line(p)}")
     return 0
