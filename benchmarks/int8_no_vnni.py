@@ -32,7 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parity.backends.base import CaptureJob  # noqa: E402
+from parity.backends.runner import CaptureJob  # noqa: E402
 from parity.backends.ort_int8 import OrtInt8Runner  # noqa: E402
 from parity.core import store  # noqa: E402
 from parity.models import build  # noqa: E402

@@ -135,7 +135,8 @@ def test_closures_are_no_wider_than_the_work():
     for name in ("capture", "capture_engine", "engine", "reduce", "plan"):  # one provider's runner each
         assert stagedeps.PROVIDER_CODE in st[name]["deps"], name
         assert not {f for f in want[name] if f.startswith("parity/backends/")} - {
-            "parity/backends/__init__.py", "parity/backends/base.py", "parity/backends/fault.py",
+            "parity/backends/__init__.py", "parity/backends/runner.py", "parity/backends/capture_driver.py",
+            "parity/backends/loader.py", "parity/backends/fault.py",
             "parity/backends/fingerprint.py", "parity/backends/ops.py", "parity/backends/ort_cpu.py",
             "parity/backends/ort_int8.py"}, name
     assert "parity/backends/trt.py" not in want["capture"]

@@ -45,7 +45,8 @@ from parity.core import compare, store
 from parity.config import params as config
 from parity.config import schema
 from parity.backends import CaptureJob, load_runner
-from parity.backends.base import error_reason, latency_stats
+from parity.backends.capture_driver import latency_stats
+from parity.backends.runner import error_reason
 from parity.core.io import read_json
 
 SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node

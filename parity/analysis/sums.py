@@ -174,7 +174,7 @@ def write(out_dir: Path, layers, own, gold: list[dict] | None) -> None:
 
 
 def write_for(out_dir: Path, res, reference: Path | None, dtype_cfg: dict) -> None:
-    """oracle_sums.json for a capture or baseline result (parity.backends.base.CaptureResult): its
+    """oracle_sums.json for a capture or baseline result (parity.backends.runner.CaptureResult): its
     values against the fp64 reference at `reference`, for an OK result at a dtype the oracle judges
     (none otherwise). The reference the own-error run read is reused; else it is read here."""
     ok = res.status == "OK" and reference is not None and Path(reference).exists() and has_baseline(dtype_cfg)

@@ -43,7 +43,7 @@ from parity.analysis import oracle, repro
 from parity.analysis.oracle import Sq
 from parity.analysis.reduce import Graph, rel_l2
 from parity.analysis.repro import write_npz
-from parity.backends.base import CaptureJob
+from parity.backends.runner import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import dtypes, store
 from parity.core.io import atomic_path, write_json, write_text

@@ -33,7 +33,7 @@ from onnx import TensorProto, numpy_helper
 
 from parity.backends import fault
 from parity.core import dtypes, modelfiles, store
-from parity.backends.base import OpSkip, Runner, SessionError, Unavailable, interleave
+from parity.backends.runner import OpSkip, Runner, SessionError, Unavailable, interleave
 from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_weights import Converted
 

@@ -37,7 +37,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from onnxruntime.quantization.calibrate import CalibrationDataReader
 
 from parity.backends import fingerprint
-from parity.backends.base import calibration_feeds
+from parity.backends.loader import calibration_feeds
 from parity.backends.ort_cpu import OrtRunner
 from parity.models.onnx_weights import load_with_data, with_data
 from parity.config import schema

@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 from parity.backends import ops
-from parity.backends.base import CompileError, OpSkip
+from parity.backends.runner import CompileError, OpSkip
 from parity.backends.torch_cpu import TorchRunner
 from parity.backends.torch_cuda import cuda_availability
 

@@ -23,7 +23,7 @@ import torch
 from parity.backends import ops
 from parity.config import schema
 from parity.core import store
-from parity.backends.base import Runner, interleave
+from parity.backends.runner import Runner, interleave
 from parity.models import build
 from parity.models.layers import LayerRecorder, flatten, leaf_modules, output_names
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.backends.base import Runner, Unavailable
+from parity.backends.runner import Runner, Unavailable
 from parity.config import schema
 from parity.core.io import write_bytes
 

@@ -110,7 +110,7 @@ GROUPS = ("models", "dtypes", "providers", "suites")
 BOOLS = (("strict",), ("reference", "fp64"), ("capture", "latency"), ("suites_run", "grad"))
 
 # Provider `options:` (conf/providers/<p>.yaml) are checked against the runner class's
-# `options_schema` (parity.backends.base.Runner), read from its source at compose: key -> allowed
+# `options_schema` (parity.backends.runner.Runner), read from its source at compose: key -> allowed
 # values (a tuple) or the name of a rule below (with what it allows). A runner declaring none (a
 # user's own) gets only the mapping check.
 OPTION_RULES = {

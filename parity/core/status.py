@@ -60,7 +60,7 @@ def _values(*members: Status) -> tuple[str, ...]:
 
 
 S = Status
-# what a runner's capture (and an engine build) ends with (parity.backends.base.run_capture)
+# what a runner's capture (and an engine build) ends with (parity.backends.capture_driver.run_capture)
 RUNNER = _values(S.OK, S.UNSUPPORTED, S.UNAVAILABLE, S.EXPORT_FAIL, S.COMPILE_FAIL, S.INFER_FAIL)
 # a suite case's statuses in the order the suite diff counts them
 CASE_ORDER = _values(S.OK, S.MISMATCH, S.NAN_IN_OUTPUT, S.NAN_IN_REFERENCE, S.INVALID, S.EXPORT_FAIL,

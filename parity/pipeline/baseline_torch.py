@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity.backends.base import CaptureJob, run_capture
+from parity.backends.capture_driver import run_capture
+from parity.backends.runner import CaptureJob
 from parity.config import schema
 from parity.core.io import write_json
 from parity.pipeline.inputs import load

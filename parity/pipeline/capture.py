@@ -8,7 +8,8 @@ from pathlib import Path
 
 from parity.analysis.oracle import has_baseline
 from parity.backends import CaptureJob, fingerprint, load_runner
-from parity.backends.base import CaptureResult, latency_stats, onnx_file_unsupported, write_own
+from parity.backends.capture_driver import latency_stats, onnx_file_unsupported, write_own
+from parity.backends.runner import CaptureResult
 from parity.config import imports, inputspec, params as config
 from parity.core import modelfiles, store
 from parity.core.io import read_json, write_json

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.backends import load_runner
-from parity.backends.base import calibration_feeds, error_reason
+from parity.backends.loader import calibration_feeds
+from parity.backends.runner import error_reason
 from parity.backends.fingerprint import cluster_unavailable
 from parity.config import params as config
 from parity.core.io import read_json

@@ -26,7 +26,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from parity.backends.base import gold_rows
+from parity.backends.loader import gold_rows
 from parity.config import schema
 from parity.pipeline import reference
 from parity.pipeline.baseline_torch import torch_baseline

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from parity.backends.base import CaptureJob, run_capture
+from parity.backends.capture_driver import run_capture
+from parity.backends.runner import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import store
 from parity.models.onnx_weights import with_data

@@ -87,7 +87,7 @@ def keep_mb(weight_bytes: int | None, sa_bytes: int | None) -> float | None:
     or None when the reference is expected not to fit it: values kept while they are written and
     dropped at the bound would sit on top of the reference's peak for nothing (resnet50: +256 MB)."""
     # lazy: numpy + pyarrow (+0.3 s) for the stages that compute, not for those that publish
-    from parity.backends.base import WHOLE_MAX_MB
+    from parity.backends.loader import WHOLE_MAX_MB
     # lazy: numpy + pyarrow (+0.3 s) for the stages that compute, not for those that publish
     from parity.core import store
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from parity.analysis import oracle, reduce, repro, torch_reduce
 from parity.backends import load_runner
-from parity.backends.base import CaptureJob
+from parity.backends.runner import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.config import params as config
 from parity.core import modelfiles, store

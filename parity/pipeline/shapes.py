@@ -8,7 +8,8 @@ the fp64 reference's, and a shape alone is a subset of them.
 
 from __future__ import annotations
 
-from parity.backends.base import CaptureJob, CaptureResult, Runner, run_capture
+from parity.backends.capture_driver import run_capture
+from parity.backends.runner import CaptureJob, CaptureResult, Runner
 
 SPLIT = ("INFER_FAIL", "COMPILE_FAIL")  # failures that can depend on the input shape
 

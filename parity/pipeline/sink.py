@@ -17,7 +17,8 @@ import numpy as np
 
 from parity.core import store
 from parity.analysis import sums
-from parity.backends.base import CaptureResult, CaptureSink
+from parity.backends.capture_driver import CaptureSink
+from parity.backends.runner import CaptureResult
 
 
 class StoreSink(CaptureSink):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from parity.backends import ops
-from parity.backends.base import OpSkip
+from parity.backends.runner import OpSkip
 
 FD_MAX_ELEMENTS = 4096  # finite differences cost two reference calls per input element
 FD_EPS = 1e-6

@@ -38,7 +38,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
 from parity.backends import load_runner
-from parity.backends.base import OpJob, OpSkip
+from parity.backends.runner import OpJob, OpSkip
 from parity.backends.ops import TORCH_DTYPES, as_numpy, reason_of, side_at, tmap, to_dtype
 from parity.backends.torch_cpu import TorchCpuRunner
 from parity.suites import custom, onnxcase, values

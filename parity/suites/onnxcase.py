@@ -42,7 +42,7 @@ import onnx
 import onnxruntime as ort
 from onnx import defs, helper, numpy_helper as nh
 
-from parity.backends.base import OpSkip
+from parity.backends.runner import OpSkip
 from parity.core import dtypes
 from parity.models import onnx_weights
 from parity.pipeline import onnx_source
