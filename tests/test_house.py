@@ -29,6 +29,10 @@ FUNCTION_MAX_LINES = 60
 # (folders of parity by name; "" is the package's own __init__; stages and hydra_plugins are entries)
 LAYERS = {"": 1, "core": 1, "config": 2, "models": 3, "backends": 3, "pipeline": 4, "analysis": 4, "suites": 4,
           "commands": 5, "stages": 5, "hydra_plugins": 5}
+# within layer 4, bottom up: a suite is run by analysis (fuzzing) and the pipeline; analysis by the
+# pipeline. The helpers they share (the oracle, the ONNX-file source and graph helpers, the report's
+# SVG, a suite cell's settings) live below them, in core, models or suites.
+LAYER4 = {"suites": 0, "analysis": 1, "pipeline": 2}
 LIGHT_STAGES = ("stages.env", "stages.inputs", "stages.diff", "stages.report", "stages.suite_diff",
                 "stages.suite_coverage", "stages.suite_run")
 
@@ -121,6 +125,17 @@ def test_no_upward_import_at_module_or_folder_level():
     assert not up, "upward imports (module level):\n" + "\n".join(f"{m} -> {i}" for m, i in up)
     folders = sorted({(_folder(m), _folder(i)) for m, i in up})
     assert not folders, f"upward imports (folder level): {folders}"
+
+
+def test_no_upward_import_at_folder_level_within_layer_4():
+    """suites < analysis < pipeline: none of layer 4's folders imports one above it (issue 37: analysis
+    imported the pipeline from 5 files, suites imported analysis and the pipeline)."""
+    mods = {**_project_modules("parity")}
+    up = sorted((m, i) for m, f in mods.items() for i in _imports(f)
+                if i in mods and _folder(m) in LAYER4 and _folder(i) in LAYER4
+                and LAYER4[_folder(i)] > LAYER4[_folder(m)])
+    assert not up, ("upward imports within layer 4 (suites < analysis < pipeline; move what they share "
+                    "below them):\n" + "\n".join(f"{m} -> {i}" for m, i in up))
 
 
 def _long_functions(path: Path) -> list[str]:

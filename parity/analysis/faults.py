@@ -54,7 +54,7 @@ from onnx import helper, numpy_helper
 
 from parity.core.io import atomic_path, dumps, read_json, write_json
 from parity.models import onnx_weights
-from parity.pipeline.layer_export import op_inventory, prune_outputs
+from parity.models.onnx_graph import op_inventory, prune_outputs
 
 SCOPES = "pkg.torch.onnx.name_scopes"
 SUFFIX = "__fault"

@@ -28,8 +28,7 @@ import pyarrow.parquet as pq
 from parity.core import io, ui
 from parity.config import schema
 from parity.analysis import fuzz
-from parity.pipeline import suite_run
-from parity.suites import diff, pool, spec
+from parity.suites import cells, diff, pool, spec
 
 CHUNK = 100  # cases per pool.run call (bounds the outputs held in memory)
 
@@ -38,7 +37,7 @@ def cell_for(p: dict, dtype: str, provider: str) -> dict:
     """The worker cell, as a suite cell builds it (the provider's runner and options, suites_run
     settings), with one timed call per case (fuzzing reports no latency) and no float64 run (fuzz
     verdicts are the fixed tolerance's: parity.suites.execute `oracle`)."""
-    return dict(suite_run.cell_of(p, dtype, provider), repeats=1, oracle=False)
+    return dict(cells.cell_of(p, dtype, provider), repeats=1, oracle=False)
 
 
 def settings(p: dict) -> dict:

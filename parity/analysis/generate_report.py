@@ -18,7 +18,7 @@ from pathlib import Path
 from parity.config import params as config
 from parity.config import schema
 from parity.core import paths
-from parity.pipeline.report_svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, RATIO, num, short
+from parity.core.svg import FAIL_COLOUR, ORIGIN_COLOUR, PASS_COLOUR, RATIO, num, short
 
 DIVERGE_COLOUR = "#8250df"
 

@@ -3,7 +3,7 @@ subgraph that still fails on that provider against the reference, and write what
 see it: reduced.onnx, inputs.npz, expected.npz and a standalone repro.py (numpy + onnxruntime only).
 
 Reference: every tensor of the plain graph from ONNX Runtime CPU at float32 with graph optimisation
-disabled (each node its own kernel: the graph as written; parity.pipeline.onnx_source), on the cell's
+disabled (each node its own kernel: the graph as written; parity.models.onnx_source), on the cell's
 first input sample. A subgraph's inputs are fed with the reference's values of those tensors, so a
 subgraph fails only through its own nodes, not through error accumulated before it.
 
@@ -30,7 +30,7 @@ import onnx
 from onnx import helper
 
 from parity.models import onnx_weights
-from parity.pipeline.onnx_source import topo_sorted
+from parity.models.onnx_source import topo_sorted
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import store
-from parity.analysis.oracle import Sq, has_baseline
+from parity.core.oracle import Sq, has_baseline
 from parity.core.compare import sq_error, sum_sq_max
 from parity.core.io import read_json, write_json
 

@@ -39,8 +39,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from parity.analysis import oracle, repro
-from parity.analysis.oracle import Sq
+from parity.analysis import repro
+from parity.core import oracle
+from parity.core.oracle import Sq
 from parity.analysis.reduce import Graph, rel_l2
 from parity.analysis.repro import write_npz
 from parity.backends.runner import CaptureJob
@@ -49,7 +50,7 @@ from parity.core import dtypes, store
 from parity.core.io import atomic_path, write_json, write_text
 from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_weights import with_data
-from parity.pipeline.onnx_source import topo_sorted
+from parity.models.onnx_source import topo_sorted
 
 U_FP32 = dtypes.FP32.u
 GRAPHS = ("layers.onnx", "model.onnx")

@@ -23,7 +23,7 @@ from dvc.repo import Repo
 from parity.commands import history
 from parity.core import paths
 from parity.pipeline import report_render as report
-from parity.pipeline import report_svg as svg
+from parity.core import svg
 from parity.config import schema
 from parity.core.io import write_text
 

@@ -453,7 +453,7 @@ def parity_zoo() -> tuple[str, ...]:
 
 def _onnx_arch(where: str, arch: dict) -> None:
     """`arch: {source: onnx, path: <file>}`: the file must exist (a light check at compose time; the
-    export stage reads and checks the file itself: parity.pipeline.onnx_source.load_checked)."""
+    export stage reads and checks the file itself: parity.models.onnx_source.load_checked)."""
     _check_keys(where, arch, {"source", "path"}, required=("source", "path"))
     if not Path(str(arch["path"])).is_file():
         raise ConfigError(f"{where}.path: {arch['path']}: no such file (relative to the repo root, "

@@ -14,11 +14,12 @@ from parity.core.store import is_output
 from parity.models import build, example_inputs
 from parity.models.onnx_weights import write_checked
 from parity.pipeline.inputs import samples
-from parity.pipeline.layer_export import ExportFailed, export_checked, op_inventory, prune_outputs
+from parity.models.onnx_graph import op_inventory, prune_outputs
+from parity.pipeline.layer_export import ExportFailed, export_checked
 from parity.pipeline.layer_export import layer_regions
 from parity.pipeline.layer_export import NO_OUTPUT, input_error
 from parity.pipeline.onnx_export import export_file
-from parity.pipeline.onnx_source import OnnxSourceError
+from parity.models.onnx_source import OnnxSourceError
 from parity.config import inputspec, schema
 
 

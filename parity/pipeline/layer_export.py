@@ -10,7 +10,6 @@ measured on the plain graph, since extra outputs can change what a backend fuses
 
 from __future__ import annotations
 
-import collections
 import tempfile
 import warnings
 from pathlib import Path
@@ -19,15 +18,16 @@ import onnx
 
 from parity.core.io import atomic_path
 from parity.models import onnx_cut, onnx_weights
+from parity.models.onnx_graph import op_inventory, prune_outputs  # noqa: F401  (export, decoder, tests)
 
 
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
                   dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
     `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec)."""
-    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
-    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
     from parity.models.layers import LayerRecorder
 
     rec = LayerRecorder(model).eval()
@@ -57,7 +57,7 @@ def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exp
     parity.config.inputspec.dynamic_axes): torch.export Dims for dynamo, dynamic_axes for legacy."""
     if exporter != "dynamo":
         return {"dynamic_axes": {n: dict(axes) for n, axes in dynamic.items()}}
-    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
     from torch.export import Dim
 
     objs = {d: Dim(d) for axes in dynamic.values() for d in axes.values()}
@@ -103,35 +103,6 @@ def constant_outputs_as_nodes(m: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
-    """Copy of `m` with only the `keep` graph outputs and the nodes they need (`m` weightless: its
-    initializers refer to external data, which the copy shares)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(m)
-    g = out.graph
-    kept = [o for o in g.output if o.name in keep]
-    del g.output[:]
-    g.output.extend(kept)
-    needed = set(keep)
-    live = []
-    for node in reversed(list(g.node)):
-        if any(o in needed for o in node.output):
-            live.append(node)
-            needed.update(i for i in node.input if i)
-            for sub in onnx_weights.subgraphs(node):  # subgraph inputs (If/Loop bodies) reference outer values
-                needed.update(i for n in sub.node for i in n.input if i)
-    live.reverse()
-    del g.node[:]
-    g.node.extend(live)
-    inits = [t for t in g.initializer if t.name in needed]
-    del g.initializer[:]
-    g.initializer.extend(inits)
-    vi = [v for v in g.value_info if v.name in needed]
-    del g.value_info[:]
-    g.value_info.extend(vi)
-    return out
-
-
 def layer_regions(m: onnx.ModelProto) -> dict[str, dict]:
     """layers.json `regions`: per leaf call, the leaf calls feeding it and the op types between them
     (from the exported nodes' name_scopes; parity.models.onnx_cut.regions). A graph without that
@@ -140,28 +111,6 @@ def layer_regions(m: onnx.ModelProto) -> dict[str, dict]:
         return onnx_cut.regions(m)
     except Exception:  # naming is a diagnostic aid: never fail an export over it
         return {}
-
-
-def op_inventory(m: onnx.ModelProto) -> dict:
-    counts = collections.Counter((n.domain or "ai.onnx", n.op_type) for n in m.graph.node)
-    return {
-        "opset": {(i.domain or "ai.onnx"): i.version for i in m.opset_import},
-        "nodes": len(m.graph.node),
-        "op_types": len({t for _, t in counts}),
-        "ops": {f"{t}" if d == "ai.onnx" else f"{d}::{t}": c for (d, t), c in sorted(counts.items())},
-        "inputs": [i.name for i in m.graph.input],
-        "outputs": [o.name for o in m.graph.output],
-        "initializers": len(m.graph.initializer),
-        "parameters": int(sum(_numel(t) for t in m.graph.initializer)),
-        "producer": f"{m.producer_name} {m.producer_version}".strip(),
-    }
-
-
-def _numel(t) -> int:
-    n = 1
-    for d in t.dims:
-        n *= d
-    return n
 
 
 LEAFSPEC_WARNING = r".*isinstance\(treespec, LeafSpec\)"  # torch 2.x pytree deprecation (FutureWarning)
@@ -174,9 +123,9 @@ class ExportFailed(Exception):
 def input_error(model, example) -> str | None:
     """Run the model eagerly once on the example inputs: None if it takes them, else the first
     line of its error (a shape the model cannot take is a config error, not an export failure)."""
-    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
+    import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
-    # lazy: torch +1.84 s (BENCHMARKS 22); parity.analysis.faults uses this module's ONNX helpers only
+    # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
     from parity.models.layers import flatten
 
     try:

@@ -1,5 +1,5 @@
 """export@model for a model given as an ONNX file (arch.source: onnx): the file checked
-(parity.pipeline.onnx_source.load_checked), then written as the torch export writes its graphs:
+(parity.models.onnx_source.load_checked), then written as the torch export writes its graphs:
 layers.onnx (every floating node output a graph output), model.onnx (both pointing at one
 weights.bin), layers.json, ops.json."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from parity.core.io import write_json
-from parity.pipeline.layer_export import op_inventory
-from parity.pipeline.onnx_source import arch_path, check_inputs, load_checked, write_graphs
+from parity.models.onnx_graph import op_inventory
+from parity.models.onnx_source import arch_path, check_inputs, load_checked, write_graphs
 
 
 def export_file(model: str, model_cfg: dict, out: Path) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from parity.analysis import oracle, reduce, repro, torch_reduce
+from parity.analysis import reduce, repro, torch_reduce
+from parity.core import oracle
 from parity.backends import load_runner
 from parity.backends.runner import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner

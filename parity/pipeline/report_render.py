@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import math
 
-from parity.pipeline import report_svg as svg
+from parity.core import svg
 from parity.suites.render import render_coverage_html
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",

@@ -10,7 +10,7 @@ A case the run stage marked OK becomes:
 Every other status (CRASH, TIMEOUT, EXPORT_FAIL, ...) passes through with its reason.
 
 Verdicts, per tensor, as a model's layers are judged (`diff.verdict`, default oracle):
-  oracle     the fp64 oracle (parity.analysis.oracle.judge, `dtypes.<d>.oracle`): the tensor's error
+  oracle     the fp64 oracle (parity.core.oracle.judge, `dtypes.<d>.oracle`): the tensor's error
              vs the case's float64 run within k x max(the trusted backend's error at the cell's dtype,
              u x rms) + slack x rms (`excess` <= k). The run stage gives the float64 values (`gold`)
              and the trusted backend's (`floor`): execute.run_case says which run is which. Where
@@ -34,7 +34,7 @@ import numpy as np
 
 from parity.core import compare, status
 from parity.config import schema
-from parity.analysis import oracle
+from parity.core import oracle
 from parity.suites import spec
 
 STATUS_ORDER = status.CASE_ORDER  # the one vocabulary: parity.core.status

@@ -15,7 +15,7 @@ What the harness does so that a valid test runs as given (each says so in the ca
   tensor per element plus the length), optionals (an empty one is a marker tensor), strings (each
   compared exactly through a 64-bit digest of its UTF-8 bytes); maps are SKIPPED;
 - a file stamped with an IR version newer than onnxruntime reads is run with it lowered
-  (parity.pipeline.onnx_source.runtime_error); one stamped with an ai.onnx opset newer than it reads
+  (parity.models.onnx_source.runtime_error); one stamped with an ai.onnx opset newer than it reads
   is run with the stamp lowered when every node's op has the same definition at the newest opset it
   reads (the ops' since_version); otherwise it is SKIPPED naming the op version the runtime lacks;
 - onnxruntime's own refusals of an op or type it has no kernel for (NOT_IMPLEMENTED, an unregistered
@@ -45,8 +45,8 @@ from onnx import defs, helper, numpy_helper as nh
 from parity.backends.runner import OpSkip
 from parity.core import dtypes
 from parity.models import onnx_weights
-from parity.pipeline import onnx_source
-from parity.pipeline.onnx_source import ORT_PREFIX
+from parity.models import onnx_source
+from parity.models.onnx_source import ORT_PREFIX
 
 # the suite diff's verdict on these cases (parity.suites.diff): their tests' expected outputs are the truth
 NO_ORACLE = "judged by tolerance against the test's expected outputs (no float64 run for ONNX model cases)"
