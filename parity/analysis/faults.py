@@ -38,6 +38,16 @@ Faults (value: default):
                    rank >= 3, else the last axis)
   hardsigmoid_sigmoid  the leaf's HardSigmoid becomes Sigmoid
   relu_leaky       the leaf's Relu becomes LeakyRelu(alpha = value) (0.01)
+  fp16_weights     the leaf's Conv/Gemm/MatMul weight rounded to fp16, stored in its own format
+  norm_epsilon     the leaf's normalisation epsilon := value (100x the exported one): a norm op's
+                   attribute, or the constant a decomposed RMSNorm/LayerNorm adds before its Sqrt
+  mask_leak        a causal-mask leak: row --token (10) of the constant additive mask read by the Add
+                   before Softmax `target` (a node name) opened, in a copy (that attention only)
+  silu_sigmoid     the leaf's SiLU (x * Sigmoid(x)) becomes Sigmoid
+
+--plain-only writes the fault into model.onnx alone (layers.onnx as exported, both reading one
+weights.bin): a fault only the shipped graph has, which the diff locates by comparing the two graphs
+(parity.analysis.plaindiff).
 """
 
 from __future__ import annotations
@@ -194,11 +204,7 @@ def _leaf_io(g: Graph, leaf: str) -> tuple[list[onnx.NodeProto], str, str]:
 
 def weight_scale(g: Graph, target: str, value=None, **_) -> dict:
     value = 1.05 if value is None else float(value)
-    node = g.leaf_op(target, WEIGHT_OPS)
-    w = node.input[1]
-    if w not in g.inits:
-        raise FaultError(f"{node.name}: weight {w!r} is not an initializer")
-    arr = numpy_helper.to_array(g.inits[w])
+    node, w, arr = _weight(g, target)
     node.input[1] = g.copy_init(w, (arr * value).astype(arr.dtype))
     return {"node": node.name, "op": node.op_type, "initializer": w, "new_initializer": node.input[1],
             "value": value, "change": f"{node.op_type} {node.name}: weight {w} x{value}"}
@@ -389,9 +395,92 @@ def relu_leaky(g: Graph, target: str, value=None, **_) -> dict:
     return _swap_op(g, target, "Relu", "LeakyRelu", alpha=0.01 if value is None else float(value))
 
 
+def _weight(g: Graph, target: str) -> tuple[onnx.NodeProto, str, np.ndarray]:
+    node = g.leaf_op(target, WEIGHT_OPS)
+    w = node.input[1]
+    if w not in g.inits:
+        raise FaultError(f"{node.name}: weight {w!r} is not an initializer")
+    return node, w, numpy_helper.to_array(g.inits[w])
+
+
+def fp16_weights(g: Graph, target: str, **_) -> dict:
+    """The leaf's weight rounded to fp16 and stored back in its own format (an fp32 graph holding weights
+    that went through fp16 once: a converter's or a checkpoint's narrowing)."""
+    node, w, arr = _weight(g, target)
+    node.input[1] = g.copy_init(w, arr.astype(np.float16).astype(arr.dtype))
+    return {"node": node.name, "op": node.op_type, "initializer": w, "new_initializer": node.input[1],
+            "change": f"{node.op_type} {node.name}: weight {w} rounded to fp16"}
+
+
+def _decomposed_epsilon(g: Graph, target: str) -> tuple[onnx.NodeProto, int]:
+    """The Add of a scalar constant that feeds a Sqrt in the leaf (RMSNorm/LayerNorm as the exporter
+    decomposes them: x * 1/sqrt(mean(x^2) + eps)), and which of its inputs is the epsilon."""
+    nodes = g.leaf_nodes(target)
+    feeds_sqrt = {i for n in nodes if n.op_type in ("Sqrt", "Rsqrt") for i in n.input}
+    for n in nodes:
+        if n.op_type == "Add" and n.output[0] in feeds_sqrt:
+            for k, i in enumerate(n.input):
+                if i in g.inits and numpy_helper.to_array(g.inits[i]).size == 1:
+                    return n, k
+    have = sorted({n.op_type for n in nodes})
+    raise FaultError(f"leaf {target!r} has no normalisation epsilon (no {'/'.join(NORM_OPS)} node, no Add of "
+                     f"a constant before a Sqrt; its nodes: {', '.join(have)})")
+
+
+def norm_epsilon(g: Graph, target: str, value=None, **_) -> dict:
+    """A normalisation's epsilon := value (default 100x the exported one): the attribute of a norm op, or
+    the constant added before the Sqrt of a decomposed RMSNorm/LayerNorm (a copy: the exporter shares
+    one epsilon constant between every norm of the model)."""
+    ops = [n for n in g.leaf_nodes(target) if n.op_type in NORM_OPS]
+    if ops:
+        return bn_epsilon(g, target, value)
+    node, k = _decomposed_epsilon(g, target)
+    arr = numpy_helper.to_array(g.inits[node.input[k]])
+    old = float(arr.ravel()[0])
+    value = old * 100 if value is None else float(value)
+    node.input[k] = g.copy_init(node.input[k], np.full(arr.shape, value, dtype=arr.dtype))
+    return {"node": node.name, "op": node.op_type, "old": old, "value": value,
+            "change": f"{node.op_type} {node.name} (decomposed norm): epsilon {old:.3g} -> {value:.3g}"}
+
+
+def mask_leak(g: Graph, target: str, token=None, **_) -> dict:
+    """A causal-mask leak at one token: the additive mask (a constant read by the Add before Softmax
+    `target`) gets row `token` (10) all zeros in a copy, so that token attends to every later one in
+    that attention only."""
+    token = 10 if token is None else int(token)
+    soft = _node(g, target, "Softmax")
+    add = g.producer.get(soft.input[0])
+    k = None if add is None or add.op_type != "Add" else next(
+        (k for k, i in enumerate(add.input) if i in g.inits and numpy_helper.to_array(g.inits[i]).ndim >= 2), None)
+    if k is None:
+        raise FaultError(f"Softmax {soft.name}: its input is not an Add of a constant mask (a mask computed at "
+                         f"run time cannot be edited here)")
+    mask = numpy_helper.to_array(g.inits[add.input[k]]).copy()
+    if not 0 <= token < mask.shape[-2]:
+        raise FaultError(f"--token {token}: the mask of {soft.name} has {mask.shape[-2]} rows")
+    hidden = int((mask[..., token, :] < 0).sum())
+    mask[..., token, :] = 0
+    add.input[k] = g.copy_init(add.input[k], mask)
+    return {"node": add.name, "softmax": soft.name, "token": token, "unmasked": hidden, "scopes": _scopes(soft),
+            "change": f"mask of {soft.name}: row {token} unmasked ({hidden} later positions visible)"}
+
+
+def silu_sigmoid(g: Graph, target: str, **_) -> dict:
+    """The leaf's SiLU (x * Sigmoid(x), as the exporter decomposes it) becomes Sigmoid(x)."""
+    nodes, x, y = _leaf_io(g, target)
+    ops = sorted(n.op_type for n in nodes)
+    if ops != ["Mul", "Sigmoid"]:
+        raise FaultError(f"leaf {target!r} is not a SiLU (x * Sigmoid(x)); its nodes: {', '.join(ops)}")
+    new = [helper.make_node("Sigmoid", [x], [y], name=g.fresh("silu_sigmoid"))]
+    g.replace_nodes(nodes, new)
+    return {"removed": [n.name for n in nodes], "added": [new[0].name], "change": f"SiLU of {target} -> Sigmoid"}
+
+
 FAULTS = {f.__name__: f for f in (weight_scale, bn_epsilon, channel_scale, gelu_tanh, bias_shift,
                                   hardswish_relu, softmax_axis, transpose, output_offset, fp16_round,
-                                  channel_swap, hardsigmoid_sigmoid, relu_leaky)}
+                                  channel_swap, hardsigmoid_sigmoid, relu_leaky, fp16_weights, norm_epsilon,
+                                  mask_leak, silu_sigmoid)}
+NODE_FAULTS = ("softmax_axis", "mask_leak")  # their target is a node (or a unique op type), not a leaf
 
 
 def _node(g: Graph, target: str, op: str) -> onnx.NodeProto:
@@ -425,7 +514,7 @@ def inject(model: onnx.ModelProto, fault: str, target: str, **options) -> tuple[
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = Graph(out)
-    if fault != "softmax_axis" and target not in g.outputs:
+    if fault not in NODE_FAULTS and target not in g.outputs:
         leaves = [o for o in g.outputs if o != "output" and not o.startswith("output:")]
         raise FaultError(f"target {target!r} is not a leaf output of this graph; leaves: "
                          f"{', '.join(leaves[:20])}{', ...' if len(leaves) > 20 else ''}")
@@ -441,18 +530,42 @@ def inject(model: onnx.ModelProto, fault: str, target: str, **options) -> tuple[
                  "options": {k: v for k, v in options.items() if v is not None}, **change}
 
 
-def inject_dir(model_dir, out_dir, fault: str, target: str, **options) -> dict:
-    """Write a faulty copy of an exported model directory (see the module docstring)."""
+def _with_originals(faulty: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
+    """`faulty` plus the original initializers the fault replaced (unused by its nodes), so that one
+    weights file serves both the faulty graph and the original one."""
+    have = {t.name for t in faulty.graph.initializer}
+    faulty.graph.initializer.extend(t for t in original.graph.initializer if t.name not in have)
+    return faulty
+
+
+def _restored(original: onnx.ModelProto, packed: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the original graph whose initializers point where `packed` put them (same names)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(original)
+    by_name = {t.name: t for t in packed.graph.initializer}
+    for t in out.graph.initializer:
+        t.CopyFrom(by_name[t.name])
+    return out
+
+
+def inject_dir(model_dir, out_dir, fault: str, target: str, plain_only: bool = False, **options) -> dict:
+    """Write a faulty copy of an exported model directory (see the module docstring). plain_only: the
+    fault in model.onnx only, layers.onnx as exported (a fault in the shipped graph alone)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     layers = onnx_weights.load_with_data(model_dir / "layers.onnx")  # with its weights (weights.bin): small models
     plain_outputs = [o.name for o in onnx_weights.load_graph(model_dir / "model.onnx").graph.output]
     meta = read_json(model_dir / "layers.json")
     faulty, change = inject(layers, fault, target, **options)
+    if plain_only:
+        faulty = _with_originals(faulty, layers)
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(out_dir / onnx_weights.WEIGHTS, allow_empty=True) as w:
         onnx_weights.pack(faulty, model_dir, w)  # as the export writes them: one weights.bin, shared
     plain = prune_outputs(faulty, plain_outputs)
-    for name, m in (("layers.onnx", faulty), ("model.onnx", plain)):
+    per_layer = _restored(layers, faulty) if plain_only else faulty
+    if plain_only:
+        change = {**change, "plain_only": True, "change": change["change"] + " (model.onnx only)"}
+    for name, m in (("layers.onnx", per_layer), ("model.onnx", plain)):
         onnx_weights.write_checked(m, out_dir / name)
     write_json(out_dir / "layers.json", meta, sort_keys=False)
     write_json(out_dir / "ops.json", op_inventory(plain))
@@ -474,14 +587,17 @@ def main(argv=None) -> int:
     ap.add_argument("--axis", type=int, help="channel_scale: channel axis (1 for rank 4, else last)")
     ap.add_argument("--perm", help="transpose: comma-separated permutation (0,1,3,2)")
     ap.add_argument("--channels", help="channel_swap: the two channels, comma-separated (0,1)")
+    ap.add_argument("--token", type=int, help="mask_leak: the token whose mask row is opened (10)")
+    ap.add_argument("--plain-only", action="store_true",
+                    help="the fault in model.onnx only; layers.onnx stays as exported")
     ap.add_argument("--out", required=True, help="directory to write (may be --model-dir itself)")
     a = ap.parse_args(argv)
 
     perm = [int(i) for i in a.perm.split(",")] if a.perm else None
     channels = [int(i) for i in a.channels.split(",")] if a.channels else None
     try:
-        change = inject_dir(a.model_dir, a.out, a.fault, a.target, value=a.value, channel=a.channel,
-                            axis=a.axis, perm=perm, channels=channels)
+        change = inject_dir(a.model_dir, a.out, a.fault, a.target, plain_only=a.plain_only, value=a.value,
+                            channel=a.channel, axis=a.axis, perm=perm, channels=channels, token=a.token)
     except (FaultError, FileNotFoundError) as e:
         print(f"faults: {e}", file=sys.stderr)
         return 2
