@@ -6,8 +6,8 @@
       and within layer 4 the order of tests/test_house.py's LAYER4 (suites < analysis < pipeline).
       Prints each upward folder pair with the modules that make it, and the totals.
   python benchmarks/import_graph.py --trace -- python -m stages.export ...   (in a composed repo)
-      runs the command's module under a profile hook and prints the parity files its calls enter, in
-      order of first entry ("rooms"), and the returns: a call into a file that is already on the call
+      runs the command's module under a profile hook and prints the parity files its function calls
+      enter (module bodies run at import are not counted), in order of first entry ("rooms"), and the returns: a call into a file that is already on the call
       stack below a frame of another file (control went down and came back up into a room it left).
       Pass the stage's own arguments; run it where the stage's inputs exist (a scratch clone).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -68,27 +69,47 @@ def upward(root: Path) -> dict[tuple[str, str], list[str]]:
     return out
 
 
-def trace(cmd: list[str], root: Path) -> tuple[list[str], list[str]]:
-    """(rooms in order of first entry, returns as 'caller -> re-entered file') of running `cmd`
-    (`python -m module args...` or `python script args...`) in this process."""
-    rooms, returns, stack = [], [], []
+def trace(cmd: list[str], root: Path) -> tuple[list[str], list[str], list[str]]:
+    """Run `cmd` (`python -m module args...` or `python script args...`) in this process under a profile
+    hook. Returns (rooms: parity files whose functions ran, in order of first entry; up-calls: 'caller
+    -> callee' where the callee's file is already on the stack below another file; re-entries: each time
+    the walk, call or return, comes back into a layer-4 file (pipeline, analysis, suites) it had left
+    for another layer-4 file)."""
+    rooms, upcalls, reentries, stack, walk = [], [], [], [], []
     top = str(root / "parity")
+
+    def rel(frame):
+        fn = frame.f_code.co_filename if frame is not None else ""
+        # a module's own code running at import is no room the walk enters
+        return fn[len(str(root)) + 1:] if fn.startswith(top) and frame.f_code.co_name != "<module>" else None
+
+    def step(here):
+        if here is None or _folder(here[:-3].replace("/", ".")) not in LAYER4:
+            return
+        if walk and walk[-1] == here:
+            return
+        if here in walk:
+            reentries.append(here)
+        walk.append(here)
 
     def hook(frame, event, arg):
         if event == "call":
-            fn = frame.f_code.co_filename
-            here = fn[len(str(root)) + 1:] if fn.startswith(top) else None
+            here = rel(frame)
             caller = next((s for s in reversed(stack) if s is not None), None)
             if here is not None:
                 if here not in rooms:
                     rooms.append(here)
                 elif caller != here and here in stack:
-                    returns.append(f"{caller} -> {here}")
+                    upcalls.append(f"{caller} -> {here}")
             stack.append(here)
+            step(here)
         elif event == "return" and stack:
             stack.pop()
+            step(next((s for s in reversed(stack) if s is not None), None))
 
     args = cmd[1:] if Path(cmd[0]).name.startswith("python") else cmd
+    real_exit = os._exit
+    os._exit = lambda code: (_ for _ in ()).throw(SystemExit(code))  # parity.core.io's fast exit: report first
     sys.setprofile(hook)
     try:
         if args[0] == "-m":
@@ -101,27 +122,32 @@ def trace(cmd: list[str], root: Path) -> tuple[list[str], list[str]]:
         pass
     finally:
         sys.setprofile(None)
-    return rooms, returns
+        os._exit = real_exit
+    return rooms, upcalls, reentries
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path.cwd())
-    ap.add_argument("--trace", nargs=argparse.REMAINDER)
-    a = ap.parse_args()
+    ap.add_argument("--trace", action="store_true", help="then `-- python -m module args...`")
+    argv = sys.argv[1:]
+    cmd = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     root = a.root.resolve()
     if a.trace:
-        cmd = a.trace[1:] if a.trace[0] == "--" else a.trace
         sys.path.insert(0, str(root))
-        rooms, returns = trace(cmd, root)
-        print(f"rooms (parity files entered, first-entry order): {len(rooms)}")
+        rooms, upcalls, reentries = trace(cmd, root)
+        l4 = [r for r in rooms if _folder(r[:-3].replace("/", ".")) in LAYER4]
+        print(f"rooms (parity files whose functions ran, first-entry order): {len(rooms)}, {len(l4)} in layer 4")
         for r in rooms:
             print("  " + r)
-        distinct = sorted(set(returns))
-        print(f"returns (calls back into a file on the stack below another): {len(distinct)} distinct "
-              f"({len(returns)} calls), into {len({r.split(' -> ')[1] for r in distinct})} files")
-        for r in distinct:
+        print(f"up-calls (a call into a file already on the stack below another): {len(set(upcalls))} distinct")
+        for r in sorted(set(upcalls)):
             print("  " + r)
+        print(f"returns (the walk back in a layer-4 file it had left for another): {len(set(reentries))} files, "
+              f"{len(reentries)} times")
+        for r in sorted(set(reentries)):
+            print(f"  {r}: {reentries.count(r)}")
         return 0
     up = upward(root)
     print(f"imports that run back up a layer: {len(up)} folder pairs, "
