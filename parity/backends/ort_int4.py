@@ -175,6 +175,13 @@ class OrtInt4Runner(OrtRunner):
         external = onnx_weights.has_external(q)
         return q.SerializeToString(), (self._converted().dir if external else None)
 
+    def quantized(self, path):
+        """(the graph at `path` as this cell runs it: fault applied, quantized; the folder of its
+        external data, None when inline): what the quantised oracle compares the packed weights of
+        (parity.pipeline.quant_reference.packed_check). Call deactivate() after reading the weights."""
+        data, folder = self._convert(path)
+        return onnx.ModelProto.FromString(data), folder
+
     def _quantized(self, m, base: Path, exclude):
         """onnx_int4.quantize of `m` (external data under `base`; into this runner's Converted store
         when it has any, else inline)."""

@@ -36,7 +36,7 @@ import onnx
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-from parity.backends import fingerprint
+from parity.backends import fault, fingerprint
 from parity.backends.loader import calibration_feeds
 from parity.backends.ort_cpu import OrtRunner
 from parity.models.onnx_weights import load_with_data, with_data
@@ -139,6 +139,8 @@ class OrtInt8Runner(OrtRunner):
         # entries. Drop value_info: the quantizer infers shapes again.
 
         src = load_with_data(path)  # weights.bin read in (hard-linked by DVC's cache: onnx's loader refuses it)
+        if self._fault():  # options.fault (parity.backends.fault): before quantizing, as ort_int4 does
+            src = fault.inject(src, self._fault(), Path(path).parent)
         del src.graph.value_info[:]
         m = self._quantize(src)
         self._check_io(src, m, Path(path).name)

@@ -61,7 +61,12 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     write_json(out / "status.json", status)
     lat = latency_stats(res.latency_ms)
     write_json(timing, {"cell": key, "status": res.status, "latency": timed, "warmup": res.warmup, **lat})
-    return _lines(key, res, n_layers, lat, status, settings, time.perf_counter() - t0)
+    quant = []
+    if res.status == "OK" and not by_shape and schema.mode(job.dtype_cfg) in ("int4_weight", "int8_dynamic"):
+        # lazy: int4 / int8 dynamic cells only: their quantised oracle (issue 35; the ONNX reference evaluator)
+        from parity.pipeline import quant_reference
+        quant = quant_reference.write(job, load(inputs), out, reference, settings)
+    return _lines(key, res, n_layers, lat, status, settings, time.perf_counter() - t0) + quant
 
 
 def _run(p: dict, job, provider: str, inputs: Path, sink, timed: bool):

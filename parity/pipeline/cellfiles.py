@@ -99,6 +99,8 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
         m["baseline"] = summary["baseline"]
     if summary.get("notes"):  # the oracle's notes (parity.analysis.oracle.judge)
         m["notes"] = summary["notes"]
+    if summary.get("quant"):  # the quantisation's cost, not judged (diffcell.quant_summary)
+        m["quant"] = summary["quant"]
     origin = summary.get("drift_origin")
     if origin:
         m["drift_origin_where"] = where(origin, layers_json)
@@ -169,7 +171,17 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
             + f"{worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
             + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else "")
             + (f"; {(m.get('precision') or {}).get('evidence')}" if m.get("precision") else "")
-            + (f"; {m['baseline']}" if m.get("baseline") else ""))
+            + (f"; {m['baseline']}" if m.get("baseline") else "") + _quant_cost(m.get("quant")))
+
+
+def _quant_cost(q: dict | None) -> str:
+    """The quantisation's expected cost, apart from the verdict (diffcell.quant_summary)."""
+    if not q:
+        return ""
+    differ = q.get("weights_differ") or []
+    return (f"; {q['scheme']} cost (not judged): output rel_l2 {q.get('cost_output') or 0:.3g} vs fp32, largest "
+            f"layer {q.get('cost_max') or 0:.3g}" + (f"; packed weights differ from parity's at {', '.join(differ[:4])}"
+                                                     if differ else ""))
 
 
 def deciding(metrics: list[tuple[str, dict]]) -> int:

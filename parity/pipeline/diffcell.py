@@ -108,13 +108,16 @@ def diff_cell(rule: tolerance.Rule, cell: Cell, samples: range | None = None, st
     status = status or cell.status
     read_dict = store.read_dict if samples is None else lambda path: _only(store.read_dict(path), samples)
     mode, why = verdict_mode(rule, cell.reference_dir, cell.baseline_dir)
+    quant = quant_oracle(cell.capture_dir) if rule.verdict == "oracle" and status["status"] == "OK" else None
+    if quant is not None:  # an int4/int8 cell: judged against its quantised oracle (parity.pipeline.quant_reference)
+        mode, why = "oracle", f"diff.verdict: oracle, against the quantised oracle ({quant['scheme']}: {QUANT_WHY})"
     cd = CellDiff(status, mode=mode, mode_reason=why)
     if status["status"] != "OK":
         cd.summary = {"passed": None}
         return cd
     ref, act = (cell.ref, cell.act) if samples is None else (_only(cell.ref, samples), _only(cell.act, samples))
     names = _names(ref, act)
-    raw = _oracle_sums(cell, names, act, samples, read_dict) if mode == "oracle" else None
+    raw = _oracle_sums(cell, names, act, samples, read_dict, quant is not None) if mode == "oracle" else None
     cd.layers = _tolerance_layers(rule, names, act, ref)
     gold = own = None
     if raw is not None:  # the oracle verdict of every layer and own value from its raw sums
@@ -136,11 +139,48 @@ def diff_cell(rule: tolerance.Rule, cell: Cell, samples: range | None = None, st
         cd.summary["baseline"] = itself
     if cd.summary.get("drift_origin"):
         if mode == "oracle" and gold is None:  # explaining the origin needs the values themselves
-            gold = read_dict(cell.reference_dir / "fp64.parquet")
+            gold = read_dict(cell.capture_dir / QUANT_GOLD if quant else cell.reference_dir / "fp64.parquet")
             own = read_dict(cell.capture_dir / OWN) if cd.own else None
         cd.summary["drift_origin_cause"] = causes.origin_cause(cd, act, ref, gold, own, rule.limits, rule.fmt)
     settings_causes(cd)
+    if quant is not None:
+        quant_summary(cd, quant)
     return cd
+
+
+# The quantised oracle (issue 35 item 3), written by an int4/int8 cell's capture: the fp64 run of the
+# model with parity's own quantisation of its weights (and activations per the scheme), and its fp32 run
+QUANT_GOLD, QUANT_FLOOR, QUANT_INFO = "quant_fp64.parquet", "quant_fp32.parquet", "quant_oracle.json"
+QUANT_WHY = ("fp64 of the model with parity's quantisation of the reference's weights; yardstick: the same "
+             "model in fp32")
+
+
+def quant_oracle(capture_dir: Path) -> dict | None:
+    """quant_oracle.json of a capture that wrote a quantised oracle, else None."""
+    ok = all((capture_dir / f).exists() for f in (QUANT_GOLD, QUANT_FLOOR, QUANT_INFO))
+    return read_json(capture_dir / QUANT_INFO) if ok else None
+
+
+def quant_summary(cd: CellDiff, quant: dict) -> None:
+    """The quantisation's expected cost, apart from the verdict: each layer's rel_l2 of the oracle vs
+    the fp32 reference (its oracle record's `quant_cost`) and the cell's (summary `quant`), with the
+    packed weights that differ from parity's quantisation (named by layer)."""
+    cost = quant.get("cost") or {}
+    for d in cd.layers:
+        c = cost.get(store.reference_name(d.name))
+        if d.oracle is not None and c is not None:
+            d.oracle["quant_cost"] = c
+    prec = cd.summary.get("precision")
+    if prec is not None:  # the int4 rounding is in the oracle itself: its cost shows it, not the deviation
+        rounded = sum(c >= prec["u"] * oracle.SHOWS for c in cost.values())
+        prec.update(rounded=rounded, exercised=rounded > 0, largest_rel_l2=max(cost.values(), default=0.0),
+                    evidence=f"{rounded} of {len(cost)} layers of the quantised oracle show {prec['format']} rounding "
+                             f"(rel_l2 vs the fp32 reference >= u/16 = {prec['u'] * oracle.SHOWS:.2g}; largest "
+                             f"{max(cost.values(), default=0.0):.2g})")
+    differ = [w["layer"] for w in quant.get("weights") or [] if not w.get("matches", False)]
+    cd.summary["quant"] = {"scheme": quant["scheme"], "options": quant.get("options"),
+                           "cost_output": quant.get("cost_output"), "cost_max": max(cost.values(), default=None),
+                           "graph_vs_reference": quant.get("graph_vs_reference"), "weights_differ": differ}
 
 
 def _baseline_provider(cell: Cell) -> str | None:
@@ -148,11 +188,21 @@ def _baseline_provider(cell: Cell) -> str | None:
     return read_json(st).get("provider") if st and st.exists() else None
 
 
-def _oracle_sums(cell: Cell, names: list[str], act: dict, samples: range | None, read_dict):
+def _oracle_sums(cell: Cell, names: list[str], act: dict, samples: range | None, read_dict, quant: bool = False):
     """The oracle's raw statistics, nothing of the rule: ({layer: (err, floor) or None}, [(own record,
     err, floor)], the fp64 and own values when read). From the producers' sums (oracle_sums.json:
-    no fp64 or own.parquet read), else from the arrays."""
+    no fp64 or own.parquet read), else from the arrays. `quant`: against the capture's quantised
+    oracle and its fp32 run (quant_oracle), no own error."""
     cs, bs = sums.load(cell.capture_dir), sums.load(cell.baseline_dir)
+    if quant:
+        gold, base = read_dict(cell.capture_dir / QUANT_GOLD), read_dict(cell.capture_dir / QUANT_FLOOR)
+        ref_sq: dict = {}
+        sq = {}
+        for name in names:
+            gname = store.reference_name(name)
+            err = _sq(act, name, gold, gname, ref_sq)
+            sq[name] = (err, _sq(base, gname, gold, gname, ref_sq)) if err is not None else None
+        return sq, [], gold, None
     if cs is not None and bs is not None:
         sq = {}
         for name in names:

@@ -1,0 +1,250 @@
+"""The quantised oracle of an int4 / int8 cell (issue 35 item 3), written by its capture.
+
+A quantised cell cannot match the fp32 reference to any tolerance that still sees a bug: int4's own
+error is 10-25% per layer. So its reference is the quantised model itself, computed exactly: the
+export's per-layer graph (layers.onnx) with every weight MatMul the provider quantises replaced by
+parity's own quantisation of that weight (parity.models.quant_sim: same scheme and settings,
+independent of onnxruntime's quantiser), dequantised, times the activations quantised as the
+scheme does at run time (int4 at accuracy_level 4: int8 per block; int8_dynamic: uint8 per tensor);
+run in float64 by the ONNX reference evaluator (parity.pipeline.onnx_fp64), every layer recorded.
+
+The graph is the reference's own model only if the export is right, and a fault injected into the
+exported graph would be in the oracle too. So the graph's own fp64 run, unquantised, is compared
+with the reference's fp64 values (fp64.parquet), and the oracle is corrected by the difference:
+  oracle = fp64(quantised graph) - fp64(graph) + fp64 reference
+(the correction is 0 up to fp64 rounding when the graph is the reference's export; a weight or op
+changed in the graph shows as that difference, at its layer).
+
+The yardstick (the trusted backend's error at this precision): the same quantised graph run in
+float32 by onnxruntime with optimisation off, measured against the fp64 run. It is what a correct
+kernel gets wrong: fp32 rounding, amplified where a value near a quantisation step's edge rounds to
+the other step (accuracy_level 4's activations: measured on tiny_llama, 2e-7 of rms at the first
+projections, 7e-3 at the last down_proj).
+
+Written into the capture directory: quant_fp64.parquet (the oracle, layer names as the reference's),
+quant_fp32.parquet (the yardstick run, corrected the same way), quant_oracle.json (the scheme, the
+cost of quantisation per layer: rel_l2 of the oracle vs the fp32 reference, and at the output; the
+graph's deviation from the reference; and for int4 the provider's packed MatMulNBits initializers
+compared with parity's, weight by weight). The diff judges the cell against them by the oracle
+(parity.pipeline.diffcell) and reports the cost apart from the verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from parity.backends.ort_int4 import OrtInt4Runner, options
+from parity.core import store
+from parity.core.io import write_json
+from parity.models import onnx_int4, onnx_weights, quant_sim
+from parity.config import schema
+from parity.pipeline.onnx_fp64 import Golden
+from parity.pipeline.onnx_source import to_float64
+
+GOLD, FLOOR, INFO = "quant_fp64.parquet", "quant_fp32.parquet", "quant_oracle.json"
+MAX_WEIGHT_BYTES = 256 << 20  # the evaluator holds the graph in float64 in memory: small models only
+
+
+def scheme_of(job, settings: dict) -> tuple[str, dict] | None:
+    """(scheme, options) of a quantised cell (int4 | int8_dynamic), None for any other."""
+    mode = schema.mode(job.dtype_cfg)
+    opts = dict(job.provider_cfg.get("options") or {})
+    if mode == "int4_weight":
+        return "int4", options(job.provider_cfg)
+    if mode == "int8_dynamic":
+        return "int8_dynamic", {**opts, "reduce_range": bool(settings.get("reduce_range"))}
+    return None
+
+
+def quantised_nodes(m, scheme: str, opts: dict) -> list[str]:
+    """The weight MatMuls the provider quantises (Gemms rewritten in `m` first where it does)."""
+    if scheme == "int4" and opts.get("gemm_to_matmul", True):
+        onnx_int4.gemm_to_matmul(m)
+    return onnx_int4.weight_matmuls(m, False)
+
+
+def write(job, feeds: list, out: Path, reference: Path | None, settings: dict) -> list[str]:
+    """Write the quantised oracle of the cell `job` into `out` (module docstring); the lines to print.
+    Nothing is written (and the diff judges by tolerance) for a scheme without one, a model too large,
+    or several input shapes; the line says why."""
+    found = scheme_of(job, settings or {})
+    if found is None:
+        return []
+    scheme, opts = found
+    key = f"capture@{job.model}-{job.dtype}-{job.provider}"
+    d = Path(job.model_dir)
+    size = (d / "weights.bin").stat().st_size if (d / "weights.bin").exists() else 0
+    if size > MAX_WEIGHT_BYTES:
+        return [f"{key}: no quantised oracle (weights {size / 2**20:.0f} MiB > {MAX_WEIGHT_BYTES >> 20} MiB: "
+                "the float64 evaluator is for small models); judged by tolerance"]
+    m = onnx_weights.load_with_data(d / "layers.onnx")
+    nodes = quantised_nodes(m, scheme, opts)
+    sim = quant_sim.simulated(m, scheme, opts, d, nodes)
+    ref64 = store.read_dict(reference) if reference is not None and Path(reference).exists() else {}
+    gold, floor, graph = _runs(m, sim, feeds, ref64)
+    shift, dev = _correction(graph, ref64)
+    gold = [{n: v + shift[k].get(n, 0.0) for n, v in g.items()} for k, g in enumerate(gold)]
+    floor = [{n: v + shift[k].get(n, 0.0) for n, v in f.items()} for k, f in enumerate(floor)]
+    names = [o.name for o in m.graph.output]
+    for path, runs in ((out / GOLD, gold), (out / FLOOR, floor)):  # the layers, then the gold's pre: inputs
+        store.write(path, [t for k, r in enumerate(runs) for t in store.rows_from(k, list(r.items()))],
+                    {"cell": f"{job.model}-{job.dtype}-{job.provider}", "kind": path.stem})
+    ref32 = Path(reference).parent / "fp32.parquet" if reference is not None else None
+    cost = _cost(gold, store.read_dict(ref32) if ref32 is not None and ref32.exists() else {}, names)
+    info = {"scheme": scheme, "options": {k: opts[k] for k in sorted(opts) if k != "fault"},
+            "quantised_nodes": len(nodes), "layers": _layer_of(m, nodes),
+            "checked_against_reference": bool(ref64), "graph_vs_reference": dev,
+            "cost": cost, "cost_output": cost.get("output"),
+            "weights": packed_check(job, m, nodes, opts) if scheme == "int4" else []}
+    write_json(out / INFO, info)
+    return [_line(key, info)]
+
+
+def _runs(m, sim, feeds: list, ref64: dict):
+    """(fp64 of the quantised graph, fp32 of it on onnxruntime unoptimised, fp64 of the graph as
+    exported), each [{layer: float64 array}] per sample. The fp64 runs also hold the reference's
+    `pre:<call>` inputs (the causes' op_substitution reads them from the gold): the graph's value
+    that equals each one in the graph's own fp64 run (_pre_values)."""
+    names = [o.name for o in m.graph.output]
+    g_sim, g_graph = Golden(sim, to_float64(sim)), Golden(m, to_float64(m))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(sim.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    gold, floor, graph = [], [], []
+    for k, f in enumerate(feeds):
+        f64 = {n: (v.astype(np.float64) if v.dtype.kind == "f" else v) for n, v in f.items()}
+        a, b = g_sim.run(f64), g_graph.run(f64)
+        pre = _pre_values(b, ref64, k)
+        gold.append({**{n: np.asarray(a[n], np.float64) for n in names}, **{p: np.asarray(a[t], np.float64)
+                                                                           for p, t in pre.items() if t in a}})
+        graph.append({**{n: np.asarray(b[n], np.float64) for n in names}, **{p: np.asarray(b[t], np.float64)
+                                                                            for p, t in pre.items() if t in a}})
+        floor.append({n: np.asarray(v, np.float64) for n, v in zip(names, sess.run(names, f))})
+    return gold, floor, graph
+
+
+def _pre_values(values: dict, ref64: dict, k: int) -> dict:
+    """{`pre:<call>` of the reference: the name of the graph's value equal to it (rel_l2 <= 1e-5: the export
+    folds some constants in float32, 1e-7 apart) in
+    `values`, the graph's fp64 run of sample k}; a pre: value matched by none is left out."""
+    out = {}
+    by_shape: dict = {}
+    for n, v in values.items():
+        if isinstance(v, np.ndarray) and v.dtype.kind == "f":
+            by_shape.setdefault(v.shape, []).append(n)
+    for (s, n), t in ref64.items():
+        if s != k or not store.is_pre(n):
+            continue
+        want = t.array.astype(np.float64)
+        scale = max(float(np.linalg.norm(want)), 1e-300)
+        hit = next((c for c in by_shape.get(want.shape, []) if float(np.linalg.norm(values[c] - want)) <= 1e-5 * scale),
+                   None)
+        if hit is not None:
+            out[n] = hit
+    return out
+
+
+def _correction(graph: list, ref64: dict) -> tuple[list, dict]:
+    """(per sample {layer: fp64 reference - fp64 graph}, the largest deviation {layer, rel_l2}):
+    nothing where the reference has no fp64 value of a layer."""
+    shift, worst = [], {"layer": None, "rel_l2": 0.0}
+    for k, g in enumerate(graph):
+        s = {}
+        for n, v in g.items():
+            t = ref64.get((k, n))
+            if t is None or t.array.shape != v.shape:
+                continue
+            s[n] = t.array.astype(np.float64) - v
+            rel = float(np.linalg.norm(s[n]) / max(np.linalg.norm(t.array), 1e-300))
+            if rel > worst["rel_l2"]:
+                worst = {"layer": n, "rel_l2": rel}
+        shift.append(s)
+    return shift, worst
+
+
+def _cost(gold: list, ref32: dict, names: list) -> dict:
+    """The quantisation's expected cost per layer: rel_l2 of the oracle vs the fp32 reference."""
+    out = {}
+    for n in names:
+        num = den = 0.0
+        for k, g in enumerate(gold):
+            t = ref32.get((k, n))
+            if t is None or t.array.shape != g[n].shape:
+                break
+            num += float(np.sum((g[n] - t.array) ** 2))
+            den += float(np.sum(t.array.astype(np.float64) ** 2))
+        else:
+            if den > 0:
+                out[n] = float(np.sqrt(num / den))
+    return out
+
+
+def _layer_of(m, nodes: list) -> dict:
+    """Quantised node -> the layer (graph output) its MatMul writes, or the node itself."""
+    outs = {o.name for o in m.graph.output}
+    by = {n.name: n for n in m.graph.node}
+    consumers: dict = {}
+    for n in m.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    res = {}
+    for name in nodes:
+        o = by[name].output[0]
+        if o not in outs:  # a bias Add after the MatMul (Gemm rewritten, or the exporter's)
+            nxt = [c for c in consumers.get(o, []) if c.op_type == "Add"]
+            o = nxt[0].output[0] if len(nxt) == 1 else o
+        res[name] = o if o in outs else name
+    return res
+
+
+def packed_check(job, m, nodes: list, opts: dict) -> list[dict]:
+    """Each quantised weight's MatMulNBits initializers in the provider's layers graph (the runner's
+    own conversion) against parity's quantisation of the graph's weight: the share of blocks whose
+    packed bytes, scales or zero points differ."""
+    runner = OrtInt4Runner(job)
+    try:
+        return _compare(runner, job, m, nodes, opts)
+    finally:
+        runner.deactivate()
+
+
+def _compare(runner, job, m, nodes: list, opts: dict) -> list[dict]:
+    q, folder = runner.quantized(Path(job.model_dir) / "layers.onnx")
+    qinits = {t.name: t for t in q.graph.initializer}
+    inits = {t.name: t for t in m.graph.initializer}
+    layer = _layer_of(m, nodes)
+    by_name = {n.name: n for n in q.graph.node if n.op_type == "MatMulNBits"}
+    src = {n.name: n for n in m.graph.node}
+    out = []
+    for name in nodes:
+        qn = by_name.get(f"{name}_Q4")
+        if qn is None:
+            out.append({"node": name, "layer": layer[name], "missing": True})
+            continue
+        w = onnx_int4.read(inits[src[name].input[1]], job.model_dir).astype(np.float32)
+        want = quant_sim.int4_packed(w, int(opts["block_size"]), bool(opts["is_symmetric"]))
+        got = [onnx_int4.read(qinits[i], folder or job.model_dir) for i in qn.input[1:]]
+        rec = {"node": name, "layer": layer[name]}
+        for (k, w), g in zip(want.items(), got):
+            g = g.reshape(w.shape) if g.size == w.size else g
+            diff = (g != w) if g.shape == w.shape else np.ones(w.shape, bool)
+            per_block = diff.reshape(w.shape[0], w.shape[1], -1).any(-1) if diff.ndim == 3 else diff
+            rec[k] = float(per_block.mean())
+        rec["matches"] = all(rec[k] == 0.0 for k in want)
+        out.append(rec)
+    return out
+
+
+def _line(key: str, info: dict) -> str:
+    bad = [w["layer"] for w in info["weights"] if not w.get("matches", False)]
+    dev = info["graph_vs_reference"]
+    return (f"{key}: quantised oracle ({info['scheme']}, {info['quantised_nodes']} weight MatMuls): cost at the "
+            f"output rel_l2 {info['cost_output'] or 0:.3g} vs fp32 (not judged)"
+            + (f"; graph vs reference: largest rel_l2 {dev['rel_l2']:.2g} at {dev['layer']}" if info["checked_against_reference"]
+               else "; not checked against a reference fp64 run")
+            + (f"; packed weights differ from parity's at {', '.join(bad[:4])}" if bad else
+               ("; packed weights identical to parity's" if info["weights"] else "")))

@@ -1,0 +1,141 @@
+"""The quantised oracle (issue 35 item 3): parity's own int4 / int8 quantisation (parity.models.quant_sim)
+against onnxruntime's, on small synthetic graphs with real onnxruntime. Parity's packing is byte for
+byte onnxruntime's MatMulNBits initializers; the simulated graph (dequantised weights, activations
+quantised per the scheme) run in float64 is what the provider computes, to fp32 rounding, while the
+fp32 weights are 5-10% away; and a provider whose weights or kernel differ is told apart."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from parity.models import onnx_int4, quant_sim
+from parity.pipeline import onnx_fp64
+from parity.pipeline.onnx_source import to_float64
+
+
+def _mlp(k: int = 96, h: int = 80, n: int = 48, seed: int = 0) -> onnx.ModelProto:
+    """x (2, 8, k) -> MatMul w1 -> Relu -> MatMul w2: two weight MatMuls, both graph outputs."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((k, h)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((h, n)) * 0.1).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["fc1"], name="fc1"), helper.make_node("Relu", ["fc1"], ["act"], name="act"),
+         helper.make_node("MatMul", ["act", "w2"], ["fc2"], name="fc2")], "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, k])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("fc1", "act", "fc2")],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+def _x(k: int = 96, seed: int = 1) -> dict:
+    return {"x": np.random.default_rng(seed).standard_normal((2, 8, k)).astype(np.float32)}
+
+
+def _run(m, feeds, opt=True) -> dict:
+    so = ort.SessionOptions()
+    if not opt:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in s.get_outputs()]
+    return dict(zip(names, s.run(None, feeds)))
+
+
+def _fp64(sim, feeds) -> dict:
+    out = onnx_fp64.Golden(sim, to_float64(sim)).run({k: v.astype(np.float64) for k, v in feeds.items()})
+    return {o.name: out[o.name] for o in sim.graph.output}
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+def _int4(sym: bool, bs: int, acc: int) -> dict:
+    return {"block_size": bs, "is_symmetric": sym, "accuracy_level": acc, "gemm_to_matmul": True}
+
+
+@pytest.mark.parametrize("sym, bs", [(True, 32), (False, 32), (True, 64), (False, 16)])
+def test_parity_packs_int4_weights_as_onnxruntime_does(sym, bs):
+    """K = 96 or 80 with blocks of 64: the last block padded, as the quantizer pads it."""
+    m = _mlp()
+    q, _ = onnx_int4.quantize(onnx.ModelProto.FromString(m.SerializeToString()), ".", None, _int4(sym, bs, 4))
+    inits = {t.name: numpy_helper.to_array(t) for t in q.graph.initializer}
+    for w in ("w1", "w2"):
+        mine = quant_sim.int4_packed(numpy_helper.to_array(next(t for t in m.graph.initializer if t.name == w)), bs, sym)
+        assert mine["packed"].tobytes() == inits[f"{w}_Q4"].tobytes()
+        assert mine["scales"].tobytes() == inits[f"{w}_scales"].tobytes()
+        if not sym:
+            assert mine["zero_points"].tobytes() == inits[f"{w}_zero_points"].tobytes()
+        assert sym == ("zero_points" not in mine)
+
+
+@pytest.mark.parametrize("acc", [0, 4])
+def test_the_int4_oracle_is_what_matmulnbits_computes_and_the_fp32_model_is_not(acc):
+    """accuracy_level 4 quantises the activations per block to int8: the simulation does too; at 0 it
+    does not. The provider is within fp32 rounding of the float64 oracle, the fp32 model 5-10% away."""
+    m, feeds = _mlp(), _x()
+    opts = _int4(True, 32, acc)
+    q, _ = onnx_int4.quantize(onnx.ModelProto.FromString(m.SerializeToString()), ".", None, opts)
+    got = _run(q, feeds)
+    gold = _fp64(quant_sim.simulated(m, "int4", opts, ".", ["fc1", "fc2"]), feeds)
+    fp32 = _run(m, feeds, opt=False)
+    for n in ("fc1", "fc2"):
+        assert _rel(got[n], gold[n]) < 2e-6, (n, _rel(got[n], gold[n]))
+        assert 0.02 < _rel(fp32[n], gold[n]) < 0.3
+    if acc == 4:  # without the activations' quantisation the oracle would be 5e-3 off: modelled, not a floor
+        exact = _fp64(quant_sim.simulated(m, "int4", _int4(True, 32, 0), ".", ["fc1", "fc2"]), feeds)
+        assert _rel(got["fc1"], exact["fc1"]) > 1e-3
+
+
+def test_a_scaled_weight_a_wrong_scale_and_a_swapped_nibble_are_told_apart_from_the_oracle():
+    """What a faulty provider does, against the oracle of the unfaulted weights: x1.02 on fc1's weight
+    moves fc1 by 2% (~1e4 x the fp32 rounding the provider shows otherwise); one block's scale x1.5 and
+    one byte's nibbles swapped in the packed weight move fc2 far beyond fp32 rounding too."""
+    m, feeds = _mlp(), _x()
+    opts = _int4(True, 32, 4)
+    gold = _fp64(quant_sim.simulated(m, "int4", opts, ".", ["fc1", "fc2"]), feeds)
+    faulty = onnx.ModelProto.FromString(m.SerializeToString())
+    w1 = next(t for t in faulty.graph.initializer if t.name == "w1")
+    w1.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w1) * np.float32(1.02), "w1"))
+    q, _ = onnx_int4.quantize(faulty, ".", None, opts)
+    assert _rel(_run(q, feeds)["fc1"], gold["fc1"]) > 5e-3
+    for change in ("scale", "nibble"):
+        q, _ = onnx_int4.quantize(onnx.ModelProto.FromString(m.SerializeToString()), ".", None, opts)
+        t = next(t for t in q.graph.initializer if t.name == ("w2_scales" if change == "scale" else "w2_Q4"))
+        a = numpy_helper.to_array(t).copy()
+        if change == "scale":
+            a[0, 0] *= np.float32(1.5)
+        else:
+            a.reshape(-1)[0] = ((a.reshape(-1)[0] & 0xF) << 4) | (a.reshape(-1)[0] >> 4)
+        t.CopyFrom(numpy_helper.from_array(a, t.name))
+        got = _run(q, feeds)
+        assert _rel(got["fc1"], gold["fc1"]) < 2e-6  # fc1 untouched
+        assert _rel(got["fc2"], gold["fc2"]) > 1e-4, change
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_int8_dynamic_oracle_is_what_quantize_dynamic_computes(per_channel):
+    """quantize_dynamic (MatMulInteger, activations uint8 per tensor; 7-bit weights, reduce_range, so
+    no CPU's u8 x s8 kernel saturates) against the float64 simulation: fp32 rounding apart."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    m, feeds = _mlp(), _x()
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(m, str(Path(d) / "in.onnx"))
+        quantize_dynamic(str(Path(d) / "in.onnx"), str(Path(d) / "q.onnx"), per_channel=per_channel,
+                         reduce_range=True, weight_type=QuantType.QInt8)
+        q = onnx.load(str(Path(d) / "q.onnx"))
+    assert sum(n.op_type == "MatMulInteger" for n in q.graph.node) == 2
+    got = _run(q, feeds)
+    opts = {"per_channel": per_channel, "reduce_range": True, "weight_type": "QInt8"}
+    gold = _fp64(quant_sim.simulated(m, "int8_dynamic", opts, ".", ["fc1", "fc2"]), feeds)
+    fp32 = _run(m, feeds, opt=False)
+    for n in ("fc1", "fc2"):
+        assert _rel(got[n], gold[n]) < 1e-5, (n, _rel(got[n], gold[n]))
+        assert _rel(fp32[n], gold[n]) > 1e-3
