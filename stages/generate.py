@@ -3,9 +3,10 @@
 torch_cpu: the model's cache) against torch fp64, teacher-forced on the fp64 tokens.
 
 Writes --out/steps.json (every step's logits error, oracle excess, top-1 of each side; the first
-diverging and first failing step; at the first failing step each leaf module's oracle numbers and the
-drift origin) and --out/metrics.json (the summary: verdict, agreement, first divergence, first
-failing step, drift origin); --timing (seconds, peak RSS: measured, kept apart from the values).
+diverging and first failing step; at the first failing step the drift origin: by own error, by the
+prefix re-run without the cache, else with it, present.<i>.key/value being values too, e.g.
+`model.layers.1 cache (present.1.value)`, its cause saying "cache") and --out/metrics.json (the
+summary, drift origin and cause included); --timing (seconds, peak RSS: kept apart from the values).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ SUMMARY = ("model", "dtype", "provider", "status", "reason", "verdict", "steps",
 def summary(res: dict) -> dict:
     out = {k: res[k] for k in SUMMARY if k in res}
     o = res.get("origin") or {}
-    out["drift_origin"] = o.get("origin")
-    out["origin_step"] = o.get("step")
+    out.update(drift_origin=o.get("origin"), origin_step=o.get("step"), drift_cause=o.get("cause"))
     return out
 
 
@@ -52,7 +52,8 @@ def main(argv=None) -> int:
     else:
         print(f"generate@{key}: {res['verdict']}, top-1 agreement {res['agreement']}/{res['steps']}, first "
               f"divergence {s['first_divergence']}, first failing step {s['first_fail']}, worst excess "
-              f"{res['worst_excess']:.3g}, drift origin {s['drift_origin']}")
+              f"{res['worst_excess']:.3g}, drift origin {s['drift_origin']}"
+              + (f" ({s['drift_cause']})" if s["drift_cause"] else ""))
     for side, why in (("prompt", ""), ("reference", " (torch fp64, greedy)"),  # a checkpoint's tokenizer: the text
                       (a.provider, " (its top-1 at each step on the reference's prefix)")) if res.get("text") else ():
         print(f"generate@{key}: {side:<9} {res['text'][side if side in ('prompt', 'reference') else 'provider']!r}{why}")

@@ -63,7 +63,8 @@ def line(key: str, c: dict | None) -> str:
     return (f"{key}: {c['verdict']}, top-1 agreement {c['agreement']}/{c['steps']} with fp64, first divergence "
             f"{_opt(c.get('first_divergence'))}, first failing step {_opt(c.get('first_fail'))}, worst logits {RATIO} "
             f"{short(_per_limit(c.get('worst_excess'), _limit(c)))} (1 is the limit: excess = k = {_limit(c):g})"
-            + (f", drift origin {o.get('origin')} at step {o.get('step')}" if o else ""))
+            + (f", drift origin {o.get('origin')} at step {o.get('step')}" if o else "")
+            + (f" ({o['cause']})" if o.get("cause") else ""))
 
 
 def _opt(v) -> str:
@@ -145,8 +146,15 @@ def _origin_table(o: dict, k: float) -> str:
     rows = "".join(f"<tr{'' if r['passed'] else ' class=fail'}><td>{e(r['name'])}</td><td>{short(_per_limit(r['excess'], k))}</td>"
                    f"<td>{short(r['err_rmse'])}</td><td>{short(r['floor_rmse'])}</td><td>{short(r['rel_l2'])}</td>"
                    f"<td>{'pass' if r['passed'] else 'FAIL'}</td></tr>" for r in o.get("layers") or [])
-    return (f"<details open><summary>Per-layer oracle at step {o.get('step')} (full prefix of {o.get('prefix_len')} "
-            f"tokens, no cache): drift origin <b>{e(str(o.get('origin')))}</b></summary><table class='cells'><tr>"
+    if o.get("kind") == "cache":  # the search with the cache: the rows of the step where a value first fails
+        t = o.get("cache_step")
+        past = next((c["past_len"] for c in o.get("cache_steps") or [] if c["step"] == t), None)
+        where = (f"with the KV cache at step {t} ({past} cached tokens; the steps after it read what it "
+                 f"wrote), present key/value rows being the layer's cache")
+    else:
+        where = f"at step {o.get('step')} (full prefix of {o.get('prefix_len')} tokens, no cache)"
+    return (f"<details open><summary>Per-layer oracle {e(where)}: drift origin <b>{e(str(o.get('origin')))}</b>"
+            f"{'' if not o.get('cause') else ' - ' + e(o['cause'])}</summary><table class='cells'><tr>"
             f"<th>layer</th><th>{RATIO}</th><th>RMSE vs fp64</th><th>baseline RMSE</th><th>rel_l2</th><th></th></tr>"
             f"{rows}</table></details>")
 

@@ -26,6 +26,13 @@ Two graphs from one export: `decoder_layers.onnx` (logits, present, every leaf o
 leaf output can change what onnxruntime fuses). Both keep their weights in one shared external-data
 file, `decoder.weights` (`externalize`): on disk once, and no graph near protobuf's 2 GiB limit. Both keep the nodes' name_scopes, so a fault named by
 module (parity.pipeline.generate.resolve_fault) names the same node in both.
+
+The cache as layers (the origin search with the cache, parity.pipeline.generate.cache_check): the
+`present.<i>.key/value` outputs belong to decoder layer i (`block_names`: `model.layers.1`,
+`transformer.h.1`), and `cache_order` places them after that layer's last leaf in execution order.
+`cache_fault` is a diagnostic fault on that path: one present output rounded to float16 and back on
+its way out of the graph (the step's own attention reads the unrounded value; the next step reads the
+rounded cache), as a backend that stores its KV cache in a narrower format would.
 """
 
 from __future__ import annotations
@@ -119,6 +126,46 @@ def record(lm: nn.Module) -> LayerRecorder:
 def layer_names(rec: LayerRecorder, n_outputs: int) -> list[str]:
     """The leaf output names of the last call, the DecoderStep prefix dropped."""
     return [n.removeprefix(LM + ".") for n in rec.names[n_outputs:]]
+
+
+def block_names(lm: nn.Module) -> list[str]:
+    """The decoder layers' module names as the leaves name them (`model.layers.0`, ...): the first
+    ModuleList holding num_hidden_layers modules."""
+    n = int(lm.config.num_hidden_layers)
+    for name, m in lm.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) == n:
+            return [f"{name}.{i}" for i in range(n)]
+    return [f"layer {i}" for i in range(n)]
+
+
+def cache_order(layers: list[str], blocks: list[str]) -> list[str]:
+    """The leaves `layers` (execution order) with present.<i>.key/value placed after the last leaf of
+    decoder layer i (blocks[i]); a layer without leaves gets them at the end."""
+    out, last = list(layers), {}
+    for i, b in enumerate(blocks):
+        idx = [j for j, n in enumerate(layers) if n.startswith(b + ".")]
+        last[i] = idx[-1] if idx else len(layers)
+    for i in sorted(last, key=lambda i: -last[i]):  # from the back, so earlier positions stay put
+        out[last[i] + 1:last[i] + 1] = [f"present.{i}.key", f"present.{i}.value"]
+    return out
+
+
+def cache_fault(m, name: str):
+    """A copy of decoder graph `m` whose output `name` (a present.<i>.key/value) is rounded to float16
+    and back on its way out: the nodes that read the value inside the step keep the unrounded one."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    g = out.graph
+    if name not in [o.name for o in g.output]:
+        raise ValueError(f"cache_fault: {name!r} is not an output of the graph "
+                         f"(outputs: {', '.join(o.name for o in g.output if o.name.startswith('present.'))})")
+    raw, half = name + "__raw", name + "__fp16"
+    for n in g.node:
+        n.output[:] = [raw if o == name else o for o in n.output]
+        n.input[:] = [raw if i == name else i for i in n.input]
+    g.node.extend([onnx.helper.make_node("Cast", [raw], [half], name=half, to=TensorProto.FLOAT16),
+                   onnx.helper.make_node("Cast", [half], [name], name=name + "__fp32", to=TensorProto.FLOAT)])
+    return out
 
 
 def feeds(ids, past_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

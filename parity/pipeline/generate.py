@@ -24,7 +24,11 @@ error late in the model hides in the logits' excess, whose yardstick is the whol
 rounding (tiny_llama's last down_proj x1.01 at fp16: logits excess 3.31 < k = 4, own excess 20.5).
 The first failing step is the first whose logits or own error fail; its drift origin is the first leaf
 whose own error fails there, else (kind `accumulated`) the first leaf in execution order whose output on
-the provider (decoder_layers.onnx, or torch hooks) is over the oracle's limit against fp64 on the prefix.
+the provider (decoder_layers.onnx, or torch hooks) is over the oracle's limit against fp64 on the prefix,
+else (kind `cache`: the fault is on the KV-cache path, which the prefix re-run without a cache never
+takes) the first value over the limit when steps 0..t are decoded again with the cache on every side,
+the present.<i>.key/value tensors being values of layer i (cache_check): `model.layers.1 cache
+(present.1.value)`, with a cause that says "cache" (every origin carries a `cause` in words).
 What is held: one step's logits per side plus per-step summary numbers; the golden logits go to a
 temporary file (steps x vocab float64) that the later runs read one row at a time.
 """
@@ -354,6 +358,124 @@ def judge_own(rows: list[dict], step: int, own: dict) -> None:
     r["passed"] = bool(r["passed"] and not r["own_failed"])
 
 
+def torch_cache_step(lm):
+    """A decode step on torch recording every value: ({present.<i>.key/value and every leaf: float64},
+    new past); `run.close()` detaches the recorder."""
+    empty, rec = decoder.empty_past(lm), decoder.record(lm)
+    n = 1 + 2 * int(lm.config.num_hidden_layers)
+
+    def run(ids, past, p):
+        with torch.no_grad():
+            out = rec(*decoder.feeds(ids, p), *(empty if past is None else past))
+        names = [*present_names(n // 2), *decoder.layer_names(rec, n)]
+        return {k: t.double().numpy() for k, t in zip(names, out[1:])}, list(out[1:n])
+    run.close = rec.remove_hooks
+    return run
+
+
+def ort_cache_step(sess, info: dict):
+    """A decode step on a session of decoder_layers.onnx with its own cache, recording every value."""
+    n = int(info["n_layers"])
+    names = [*present_names(n), *info["layers"]]
+
+    def run(ids, past, p):
+        res = sess.run([LOGITS, *names], ort_feeds(ids, past, p, info))
+        return {k: np.asarray(v, np.float64) for k, v in zip(names, res[1:])}, res[1:1 + 2 * n]
+    return run
+
+
+def _cache_sqs(step, ids: list[int], tokens: list[int], steps: int, gold: Path) -> list[dict]:
+    """Per step {value: Sq against the reference's values of that step (gold/<t>.npz)}."""
+    out = []
+    for t, values in decode(step, ids, tokens, steps):
+        with np.load(gold / f"{t}.npz") as g:
+            out.append({n: oracle.Sq().add(v, g[n]) for n, v in values.items() if n in g.files})
+    return out
+
+
+def cache_check(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict,
+                ids: list[int], tokens: list[int], fail: int, prefix: dict) -> dict:
+    """The origin search with the cache: steps 0..fail decoded again on fp64, the baseline and the
+    provider (decoder_layers.onnx), each with its own cache, every leaf and every present.<i>.key/value
+    (a layer too: decoder.cache_order) judged by the oracle at every step; the first failing value (step
+    order, then execution order) is the origin. `prefix` is the re-run without the cache (drift_origin)
+    that found nothing: the cause says so."""
+    dc = p["dtypes"][dtype]
+    lm = build_lm(p["models"][model], int(schema.of(p).seed)).double()
+    blocks = decoder.block_names(lm)
+    order = decoder.cache_order(list(info["layers"]), blocks)
+    with tempfile.TemporaryDirectory() as tmp:
+        gold, step = Path(tmp), torch_cache_step(lm)
+        for t, values in decode(step, ids, tokens, fail + 1):
+            np.savez(gold / f"{t}.npz", **values)
+        step.close()
+        step = torch_cache_step(lm.to(getattr(torch, dc["torch"])))
+        floors = _cache_sqs(step, ids, tokens, fail + 1, gold)
+        step.close()
+        del lm
+        sqs = floors if side == "torch" else _cache_sqs(
+            ort_cache_step(session(runner, export_dir / "decoder_layers.onnx"), info), ids, tokens, fail + 1, gold)
+    u, k, slack = oracle.limits(dc)
+    steps = []
+    for t, (sq_t, fl_t) in enumerate(zip(sqs, floors)):
+        rows = []
+        for n in [n for n in order if n in sq_t and n in fl_t]:
+            j = oracle.judge(sq_t[n], fl_t[n], u, k, slack)
+            rows.append({"name": n, "err_rmse": j["err_rmse"], "floor_rmse": j["floor_rmse"], "excess": j["excess"],
+                         "rel_l2": math.sqrt(sq_t[n].err / sq_t[n].ref) if sq_t[n].ref else 0.0, "passed": j["passed"]})
+        steps.append(rows)
+    return cache_origin(steps, blocks, len(ids), k, prefix)
+
+
+def cache_origin(steps: list[list[dict]], blocks: list[str], prompt_len: int, k: float, prefix: dict) -> dict:
+    """The cache search's result from its per-step rows: origin (a leaf, or `<layer> cache (present.<i>.<kv>)`),
+    the step it fails at (`cache_step`), the cause (it says "cache") and that step's rows."""
+    first = next(((t, r) for t, rows in enumerate(steps) for r in rows if not r["passed"]), None)
+    past = lambda t: 0 if t == 0 else prompt_len + t - 1  # noqa: E731  (tokens cached before step t)
+    worst = max((r["excess"] for r in prefix.get("layers") or []), default=None)
+    without = (f"the re-run of the prefix without the cache passes every leaf"
+               + (f" (worst excess {worst:.3g})" if worst is not None else ""))
+    res = {"kind": "cache", "prefix_len": prefix.get("prefix_len"), "prefix_worst_excess": worst,
+           "cache_steps": [{"step": t, "past_len": past(t), "failed": [r["name"] for r in rows if not r["passed"]],
+                            "worst_excess": max((r["excess"] for r in rows), default=None)}
+                           for t, rows in enumerate(steps)]}
+    if first is None:
+        return {**res, "origin": None, "cache_step": None, "layers": steps[-1] if steps else [],
+                "cause": f"cache: every leaf and cache value passes with the cache at every step, and {without}"}
+    t, r = first
+    nums = f"excess {r['excess']:.3g} > k = {k:g}, rel_l2 {r['rel_l2']:.3g}"
+    if r["name"].startswith("present."):
+        i, kv = r["name"].split(".")[1:]
+        module = blocks[int(i)]
+        origin = f"{module} cache ({r['name']})"
+        cause = (f"cache: the {kv} cache {module} writes ({r['name']}) is off from fp64 from step {t} ({nums}) "
+                 f"while every leaf output of that step passes; the steps that read it fail; {without}")
+    else:
+        origin = r["name"]
+        cause = (f"cache: {r['name']} fails at step {t} run with the cache ({past(t)} cached tokens; {nums}) "
+                 f"while {without}: the fault is on the cached path (how the cache is read)"
+                 if t else f"{r['name']} fails at the prompt's prefill ({nums})")
+    return {**res, "origin": origin, "cache_step": t, "cause": cause, "layers": steps[t]}
+
+
+def locate(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict, ids: list[int],
+           tokens: list[int], fail: int, own: dict | None) -> dict:
+    """The drift origin at the first failing step `fail`: the first leaf whose own error fails (kind own),
+    else the first leaf over the limit on the prefix re-run without the cache (kind accumulated), else
+    the first leaf or present value over the limit on the steps re-run with the cache (kind cache)."""
+    if own and own["origin"]:
+        r = next(r for r in own["layers"] if r["name"] == own["origin"])
+        return {"step": fail, **own, "cause": f"own error: {own['origin']} re-run on the fp64 reference's input "
+                f"to it (prefix of {own['prefix_len']} tokens, no cache) fails (excess {r['excess']:.3g})"}
+    found = drift_origin(p, model, dtype, side, runner, export_dir, info, ids + tokens[:fail])
+    if found["origin"] is not None:
+        r = next(r for r in found["layers"] if r["name"] == found["origin"])
+        return {"step": fail, "kind": "accumulated", **found, "cause": f"accumulated: {found['origin']} is the first "
+                f"leaf over the limit on the prefix of {found['prefix_len']} tokens re-run without the cache "
+                f"(excess {r['excess']:.3g}), no leaf's own error failing"}
+    return {"step": fail, **cache_check(p, model, dtype, side, runner, export_dir, info, ids, tokens, fail, found)}
+
+
 def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -> dict:
     """One generate@ cell: status, per-step records, first divergence / failure, drift origin."""
     c = schema.of(p)
@@ -406,8 +528,6 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
         res["text"] = {"prompt": decode_text(ids), "reference": decode_text(tokens),
                        "provider": decode_text([r["token"] for r in rows])}
     res["own"] = {str(t): {k: o[k] for k in ("prefix_len", "origin", "worst_excess")} for t, o in own.items()}
-    if fail is not None:  # the first leaf whose own error fails, else the first over the limit (as diffcell)
-        o = own.get(fail)
-        res["origin"] = {"step": fail, **(o if o and o["origin"] else {"kind": "accumulated", **drift_origin(
-            p, model, dtype, side, runner, export_dir, info, ids + tokens[:fail])})}
+    if fail is not None:  # own error, else the prefix without the cache, else the steps with it
+        res["origin"] = locate(p, model, dtype, side, runner, export_dir, info, ids, tokens, fail, own.get(fail))
     return res
