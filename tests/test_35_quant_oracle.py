@@ -139,3 +139,23 @@ def test_the_int8_dynamic_oracle_is_what_quantize_dynamic_computes(per_channel):
     for n in ("fc1", "fc2"):
         assert _rel(got[n], gold[n]) < 1e-5, (n, _rel(got[n], gold[n]))
         assert _rel(fp32[n], gold[n]) > 1e-3
+
+
+def test_an_oracle_that_cannot_be_computed_writes_nothing_and_says_why(tmp_path):
+    """A model directory without layers.onnx: the capture's line says why, no oracle file is left, so
+    the diff judges the cell by tolerance."""
+    from parity.backends.runner import CaptureJob
+    from parity.pipeline import quant_reference
+
+    (tmp_path / "model").mkdir()
+    out = tmp_path / "capture"
+    out.mkdir()
+    (out / quant_reference.GOLD).write_bytes(b"stale")
+    job = CaptureJob(model="m", model_cfg={}, dtype="int4_weight", dtype_cfg={"mode": "int4_weight", "torch": "float32"},
+                     provider="ort_int4", provider_cfg={"options": {}}, model_dir=tmp_path / "model", seed=0, threads=1)
+    lines = quant_reference.write(job, [], out, None, {})
+    assert len(lines) == 1 and "no quantised oracle" in lines[0] and "layers.onnx" in lines[0], lines
+    assert not any((out / f).exists() for f in (quant_reference.GOLD, quant_reference.FLOOR, quant_reference.INFO))
+    assert quant_reference.write(CaptureJob(model="m", model_cfg={}, dtype="fp16", dtype_cfg={"torch": "float16"},
+                                            provider="ort_cpu", provider_cfg={}, model_dir=tmp_path, seed=0, threads=1),
+                                 [], out, None, {}) == []  # not a quantised cell: nothing to say
