@@ -69,7 +69,8 @@ from parity.models.onnx_graph import op_inventory, prune_outputs
 SCOPES = "pkg.torch.onnx.name_scopes"
 SUFFIX = "__fault"
 WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization")
+NORM_OPS = ("BatchNormalization", "LayerNormalization", "InstanceNormalization", "GroupNormalization",
+            "RMSNormalization")
 
 
 class FaultError(ValueError):
