@@ -103,7 +103,8 @@ def _stage_writing(path: str) -> str | None:
     p = Path(path).as_posix()
     for f in ("dvc.lock", "dvc.yaml"):
         try:
-            doc = yaml.safe_load(Path(f).read_text()) or {}
+            # libyaml's loader where PyYAML has it: the pure-Python one takes seconds on a 50 KB dvc.lock
+            doc = yaml.load(Path(f).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
         except (OSError, yaml.YAMLError):
             continue
         for name, st in (doc.get("stages") or {}).items():
