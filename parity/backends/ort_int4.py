@@ -51,16 +51,15 @@ from parity.models import onnx_int4, onnx_weights
 from parity.config import schema
 
 INT4_MODES = ("int4_weight",)
-DEFAULTS = {"block_size": 32, "accuracy_level": 4, "is_symmetric": True, "gemm_to_matmul": True}
+DEFAULTS = onnx_int4.DEFAULTS
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
 
 
 def options(provider_cfg: dict) -> dict:
-    """The cell's int4 options: the conf's `options:` over DEFAULTS."""
-    o = provider_cfg.get("options") or {}
-    return {k: o.get(k, v) for k, v in DEFAULTS.items()}
+    """The cell's int4 options: the conf's `options:` over DEFAULTS (parity.models.onnx_int4.options)."""
+    return onnx_int4.options(provider_cfg)
 
 
 def weight_matmuls(m, gemm: bool, exclude=()) -> list[str]:

@@ -35,6 +35,15 @@ from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQua
 from parity.models import onnx_weights
 
 BITS = 4
+# the ort_int4 provider's options and their defaults (parity.backends.ort_int4 reads them from here, and so
+# does the quantised oracle, parity.pipeline.quant_reference, without importing a runner)
+DEFAULTS = {"block_size": 32, "accuracy_level": 4, "is_symmetric": True, "gemm_to_matmul": True}
+
+
+def options(provider_cfg: dict) -> dict:
+    """The cell's int4 options: the conf's `options:` over DEFAULTS."""
+    o = provider_cfg.get("options") or {}
+    return {k: o.get(k, v) for k, v in DEFAULTS.items()}
 
 
 def _attr(node, name: str, default):

@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from parity.backends.ort_int4 import OrtInt4Runner, options
+from parity.backends import load_runner
 from parity.core import store
 from parity.core.io import write_json
 from parity.models import onnx_int4, onnx_weights, quant_sim
@@ -54,7 +54,7 @@ def scheme_of(job, settings: dict) -> tuple[str, dict] | None:
     mode = schema.mode(job.dtype_cfg)
     opts = dict(job.provider_cfg.get("options") or {})
     if mode == "int4_weight":
-        return "int4", options(job.provider_cfg)
+        return "int4", onnx_int4.options(job.provider_cfg)
     if mode == "int8_dynamic":
         return "int8_dynamic", {**opts, "reduce_range": bool(settings.get("reduce_range"))}
     return None
@@ -216,7 +216,10 @@ def packed_check(job, m, nodes: list, opts: dict) -> list[dict]:
     """Each quantised weight's MatMulNBits initializers in the provider's layers graph (the runner's
     own conversion) against parity's quantisation of the graph's weight: the share of blocks whose
     packed bytes, scales or zero points differ."""
-    runner = OrtInt4Runner(job)
+    # the provider's own runner class, by name (no runner in the capture stage's import closure)
+    runner = load_runner(job.provider_cfg["runner"], job.provider_cfg.get("import"))(job)
+    if not hasattr(runner, "quantized"):
+        return []
     try:
         return _compare(runner, job, m, nodes, opts)
     finally:
