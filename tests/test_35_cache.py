@@ -2,7 +2,8 @@
 rounded to fp16 on its way out of the provider's decoder graphs (the step's own attention reads the
 unrounded value; the next step reads the rounded cache) fails from step 1, and the origin search, which
 finds nothing on the prefix re-run without the cache, finds it with the cache: that layer's cache, with
-a cause that says "cache". Real export (tiny_llama's decoder graphs), real onnxruntime, no DVC."""
+a cause that says "cache". A key cache rounded the same way moves the logits less than the limit; the
+cache test at step 1 (steps 0 and 1 with the cache, every value judged) fails it there. Real export (tiny_llama's decoder graphs), real onnxruntime, no DVC."""
 
 from __future__ import annotations
 
@@ -65,6 +66,29 @@ def test_a_cache_rounded_to_fp16_fails_from_step_1_at_that_layers_cache(exported
     line = generate_report.line("k", res)
     assert f"drift origin {module} cache ({name}) at step 1 (cache: " in line, line
     assert "with the KV cache at step 0 (0 cached tokens" in generate_report.html_sections({"k": res})
+
+
+def test_a_key_cache_the_logits_hide_fails_step_1_through_the_cache_test(exported, tmp_path):
+    from parity.pipeline.generate import run_cell
+
+    p, _, _ = exported
+    res = run_cell(p, "tiny_llama", "fp32", "ort_cpu", _faulty(exported, tmp_path, "present.0.key"))
+    rows = res["steps_detail"]
+    assert all(r["excess"] <= r["limit"] for r in rows), [r["excess"] for r in rows]  # the logits pass every step
+    assert res["verdict"] == "FAIL" and res["first_fail"] == 1 and not rows[1]["passed"]
+    assert rows[1]["cache_failed"][0] == "present.0.key" and rows[1]["cache_worst_excess"] > 10 * rows[1]["limit"]
+    o = res["origin"]
+    assert o["kind"] == "cache" and o["origin"] == "model.layers.0 cache (present.0.key)" and o["cache_step"] == 0
+    assert o["cause"].startswith("cache: the key cache model.layers.0 writes (present.0.key)"), o["cause"]
+
+
+def test_the_cache_test_passes_an_unfaulted_decoder(exported):
+    from parity.pipeline.generate import run_cell
+
+    p, d, _ = exported
+    res = run_cell(p, "tiny_llama", "fp32", "ort_cpu", d)
+    one = res["steps_detail"][1]
+    assert res["verdict"] == "PASS" and one["cache_failed"] == [] and 0 < one["cache_worst_excess"] <= one["limit"]
 
 
 def test_present_values_sit_after_their_layers_leaves():

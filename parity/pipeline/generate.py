@@ -22,13 +22,16 @@ as the capture's own-error pass) and on the baseline (torch hooks feeding the in
 oracle; a leaf whose own error fails fails that step (`own_failed`, `own_worst_excess`). A small weight
 error late in the model hides in the logits' excess, whose yardstick is the whole model's accumulated
 rounding (tiny_llama's last down_proj x1.01 at fp16: logits excess 3.31 < k = 4, own excess 20.5).
-The first failing step is the first whose logits or own error fail; its drift origin is the first leaf
+The first failing step is the first whose logits, own error or cache test fail; its drift origin is the first leaf
 whose own error fails there, else (kind `accumulated`) the first leaf in execution order whose output on
 the provider (decoder_layers.onnx, or torch hooks) is over the oracle's limit against fp64 on the prefix,
 else (kind `cache`: the fault is on the KV-cache path, which the prefix re-run without a cache never
 takes) the first value over the limit when steps 0..t are decoded again with the cache on every side,
-the present.<i>.key/value tensors being values of layer i (cache_check): `model.layers.1 cache
+the present.<i>.key/value tensors being values of layer i (cache_rows): `model.layers.1 cache
 (present.1.value)`, with a cause that says "cache" (every origin carries a `cause` in words).
+The cache test (ort cells): steps 0 and 1 decoded with the cache on every side, every leaf and present
+value judged (cache_rows); step 1 fails when one fails (judge_cache): a key cache rounded to fp16 moves
+the logits less than the limit.
 What is held: one step's logits per side plus per-step summary numbers; the golden logits go to a
 temporary file (steps x vocab float64) that the later runs read one row at a time.
 """
@@ -393,38 +396,47 @@ def _cache_sqs(step, ids: list[int], tokens: list[int], steps: int, gold: Path) 
     return out
 
 
-def cache_check(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict,
-                ids: list[int], tokens: list[int], fail: int, prefix: dict) -> dict:
-    """The origin search with the cache: steps 0..fail decoded again on fp64, the baseline and the
-    provider (decoder_layers.onnx), each with its own cache, every leaf and every present.<i>.key/value
-    (a layer too: decoder.cache_order) judged by the oracle at every step; the first failing value (step
-    order, then execution order) is the origin. `prefix` is the re-run without the cache (drift_origin)
-    that found nothing: the cause says so."""
+def cache_rows(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict,
+               ids: list[int], tokens: list[int], last: int) -> tuple[list[list[dict]], list[str]]:
+    """Steps 0..last decoded again with the cache on fp64, the baseline and the provider
+    (decoder_layers.onnx fed its own present as the next past), every leaf and every present.<i>.key/value
+    (a value of layer i: decoder.cache_order) judged by the oracle at every step: (per step its rows in
+    execution order, the decoder layers' names)."""
     dc = p["dtypes"][dtype]
     lm = build_lm(p["models"][model], int(schema.of(p).seed)).double()
     blocks = decoder.block_names(lm)
     order = decoder.cache_order(list(info["layers"]), blocks)
     with tempfile.TemporaryDirectory() as tmp:
         gold, step = Path(tmp), torch_cache_step(lm)
-        for t, values in decode(step, ids, tokens, fail + 1):
+        for t, values in decode(step, ids, tokens, last + 1):
             np.savez(gold / f"{t}.npz", **values)
         step.close()
         step = torch_cache_step(lm.to(getattr(torch, dc["torch"])))
-        floors = _cache_sqs(step, ids, tokens, fail + 1, gold)
+        floors = _cache_sqs(step, ids, tokens, last + 1, gold)
         step.close()
         del lm
         sqs = floors if side == "torch" else _cache_sqs(
-            ort_cache_step(session(runner, export_dir / "decoder_layers.onnx"), info), ids, tokens, fail + 1, gold)
+            ort_cache_step(session(runner, export_dir / "decoder_layers.onnx"), info), ids, tokens, last + 1, gold)
     u, k, slack = oracle.limits(dc)
     steps = []
-    for t, (sq_t, fl_t) in enumerate(zip(sqs, floors)):
+    for sq_t, fl_t in zip(sqs, floors):
         rows = []
         for n in [n for n in order if n in sq_t and n in fl_t]:
             j = oracle.judge(sq_t[n], fl_t[n], u, k, slack)
             rows.append({"name": n, "err_rmse": j["err_rmse"], "floor_rmse": j["floor_rmse"], "excess": j["excess"],
                          "rel_l2": math.sqrt(sq_t[n].err / sq_t[n].ref) if sq_t[n].ref else 0.0, "passed": j["passed"]})
         steps.append(rows)
-    return cache_origin(steps, blocks, len(ids), k, prefix)
+    return steps, blocks
+
+
+def judge_cache(rows: list[dict], steps: list[list[dict]]) -> None:
+    """Step 1 (the first to read a cache) takes the cache test's result (steps 0 and 1 with the cache):
+    it fails when a value fails there, a present written at step 0 or a leaf of step 1 (a key cache
+    rounded to fp16 moves the logits less than the limit: tiny_llama's present.0.key, excess 3.7 < 4)."""
+    r = rows[1]
+    r["cache_failed"] = list(dict.fromkeys(x["name"] for rs in steps[:2] for x in rs if not x["passed"]))
+    r["cache_worst_excess"] = max((x["excess"] for rs in steps[:2] for x in rs), default=None)
+    r["passed"] = bool(r["passed"] and not r["cache_failed"])
 
 
 def cache_origin(steps: list[list[dict]], blocks: list[str], prompt_len: int, k: float, prefix: dict) -> dict:
@@ -449,7 +461,7 @@ def cache_origin(steps: list[list[dict]], blocks: list[str], prompt_len: int, k:
         module = blocks[int(i)]
         origin = f"{module} cache ({r['name']})"
         cause = (f"cache: the {kv} cache {module} writes ({r['name']}) is off from fp64 from step {t} ({nums}) "
-                 f"while every leaf output of that step passes; the steps that read it fail; {without}")
+                 f"while every leaf output of that step passes; step {t + 1} reads it; {without}")
     else:
         origin = r["name"]
         cause = (f"cache: {r['name']} fails at step {t} run with the cache ({past(t)} cached tokens; {nums}) "
@@ -459,10 +471,11 @@ def cache_origin(steps: list[list[dict]], blocks: list[str], prompt_len: int, k:
 
 
 def locate(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path, info: dict, ids: list[int],
-           tokens: list[int], fail: int, own: dict | None) -> dict:
+           tokens: list[int], fail: int, own: dict | None, cached=None) -> dict:
     """The drift origin at the first failing step `fail`: the first leaf whose own error fails (kind own),
     else the first leaf over the limit on the prefix re-run without the cache (kind accumulated), else
-    the first leaf or present value over the limit on the steps re-run with the cache (kind cache)."""
+    the first leaf or present value over the limit on the steps re-run with the cache (kind cache;
+    `cached`: cache_rows' result through step 1, reused when it covers the failing step)."""
     if own and own["origin"]:
         r = next(r for r in own["layers"] if r["name"] == own["origin"])
         return {"step": fail, **own, "cause": f"own error: {own['origin']} re-run on the fp64 reference's input "
@@ -473,7 +486,9 @@ def locate(p: dict, model: str, dtype: str, side: str, runner, export_dir: Path,
         return {"step": fail, "kind": "accumulated", **found, "cause": f"accumulated: {found['origin']} is the first "
                 f"leaf over the limit on the prefix of {found['prefix_len']} tokens re-run without the cache "
                 f"(excess {r['excess']:.3g}), no leaf's own error failing"}
-    return {"step": fail, **cache_check(p, model, dtype, side, runner, export_dir, info, ids, tokens, fail, found)}
+    steps, blocks = cached if cached and len(cached[0]) > fail else cache_rows(
+        p, model, dtype, side, runner, export_dir, info, ids, tokens, fail)
+    return {"step": fail, **cache_origin(steps[:fail + 1], blocks, len(ids), oracle.limits(p["dtypes"][dtype])[1], found)}
 
 
 def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -> dict:
@@ -519,6 +534,10 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
         own[first] = own_check(p, model, dtype, side, runner, export_dir, info, ids + tokens[:first])
     for t, o in own.items():
         judge_own(rows, t, o)
+    cached = None  # the cache test: steps 0 and 1 with the cache on the provider (the torch side is the baseline)
+    if side == "ort" and steps > 1:
+        cached = cache_rows(p, model, dtype, side, runner, export_dir, info, ids, tokens, 1)
+        judge_cache(rows, cached[0])
     fail = next((r["step"] for r in rows if not r["passed"]), None)
     div = next((r["step"] for r in rows if not r["agree"]), None)
     res.update(status="OK", reason="", verdict="PASS" if fail is None else "FAIL", provider_is_baseline=side == "torch",
@@ -529,5 +548,6 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
                        "provider": decode_text([r["token"] for r in rows])}
     res["own"] = {str(t): {k: o[k] for k in ("prefix_len", "origin", "worst_excess")} for t, o in own.items()}
     if fail is not None:  # own error, else the prefix without the cache, else the steps with it
-        res["origin"] = locate(p, model, dtype, side, runner, export_dir, info, ids, tokens, fail, own.get(fail))
+        res["origin"] = locate(p, model, dtype, side, runner, export_dir, info, ids, tokens, fail, own.get(fail),
+                               cached)
     return res
