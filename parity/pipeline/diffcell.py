@@ -10,8 +10,10 @@ Both are computed and stored; the mode picks which one decides. A cell whose dty
 (int8, fp8, tf32 on CPU) or whose reference has no fp64 run is judged by tolerance, and says so.
 
 drift_origin: the first layer in execution order whose OWN error fails (what that layer, or the ops
-between it and the layers before it, introduced), else the first failing layer. worst_layer: the
-largest own excess, else the largest accumulated one.
+between it and the layers before it, introduced), else the first failing layer; where that layer
+follows from a cancelling sum that every backend at the format computes wrong (an ONNX file's Conv or
+MatMul far smaller than the products it sums), that sum (parity.analysis.cancellation). worst_layer:
+the largest own excess, else the largest accumulated one.
 
 The cell's verdict (PASS, FAIL, BASELINE, NOT_EXERCISED or the capture's status) is decided from the
 summary this module makes, in one place: parity.core.verdict.decide (parity.pipeline.cellfiles).
@@ -25,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import compare, store, tolerance
-from parity.analysis import causes, oracle, sums
+from parity.analysis import cancellation, causes, oracle, sums
 from parity.core.io import read_json
 
 OWN = "own.parquet"
@@ -142,6 +144,7 @@ def diff_cell(rule: tolerance.Rule, cell: Cell, samples: range | None = None, st
             gold = read_dict(cell.capture_dir / QUANT_GOLD if quant else cell.reference_dir / "fp64.parquet")
             own = read_dict(cell.capture_dir / OWN) if cd.own else None
         cd.summary["drift_origin_cause"] = causes.origin_cause(cd, act, ref, gold, own, rule.limits, rule.fmt)
+        cancellation.refine(cd, cell.reference_dir, rule.fmt, rule.limits)  # a cancelling sum it follows from
     settings_causes(cd)
     if quant is not None:
         quant_summary(cd, quant)

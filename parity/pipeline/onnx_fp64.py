@@ -26,6 +26,15 @@ it): _BatchNormInference replaces it. Every node that fell back is recorded (`Go
 op, how it ran, why); the reference stage writes that into fp64.parquet's metadata, which the diff's
 verdict reason repeats. When no way works, GoldenError says which node and why.
 
+With `conditions=True`, each node that sums products (SUMS: Conv, ConvTranspose, MatMul, Gemm) run by
+the float64 evaluator also runs on the absolute values of its inputs: sum_k |w_k x_k| per output, the
+magnitude of the products it sums. `Golden.conditions()` gives, per output, rms of that magnitude over
+rms of the output (over every sample): the summation's condition number kappa. A rounding of the
+operands by u leaves a relative error of at most ~2 u kappa in the result, so where kappa >> 1 (a
+band-pass filter on audio far louder than its pass band: basic-pitch's constant-Q transform, kappa
+~100) a narrow format's error is amplified kappa times, in every backend alike: cancellation
+(parity.analysis.cancellation names it at the drift origin). Cost: one more evaluation of those nodes.
+
 Cost: the common case is the evaluator's own loop plus a shape and a SAMPLE-value comparison per
 reference value (PP-OCRv4's detector, 96x96, 331 values: 0.79-1.14 s of CPU against 0.72-0.84 s for
 the evaluator's own run, at load 8); onnxruntime sessions are made only for the nodes checked or
@@ -45,6 +54,7 @@ from onnx.reference.ops.op_batch_normalization import BatchNormalization_9, _bat
 from parity.pipeline.onnx_source import implicit_inputs
 
 ORT64, ORT32, EVAL32 = "onnxruntime float64", "onnxruntime float32", "evaluator float32"
+SUMS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # nodes whose outputs are sums of products
 
 
 class GoldenError(RuntimeError):
@@ -105,8 +115,9 @@ class Golden:
     """The float64 run of `m64` (onnx_source.to_float64 of `m32`, the graph as the file computes it:
     same nodes, same order), node by node with fallbacks (module docstring)."""
 
-    def __init__(self, m32, m64):
+    def __init__(self, m32, m64, conditions: bool = False):
         self.m32, self.m64 = m32, m64
+        self._cond: dict[str, list[float]] | None = {} if conditions else None  # output -> [sum |w x|^2, sum y^2]
         self.ev = _Lenient(m64)
         self.nodes32 = list(m32.graph.node)
         self.fell: dict[int, dict] = {}      # node index -> {node, op, ran, why}, first sample's reason
@@ -126,6 +137,7 @@ class Golden:
                         args = [results[i] for i in proto.input]
                         outs = node.run(*args, context=results) if node.need_context() else node.run(*args)
                         self._checked(idx, outs, results, ref, rel)
+                        self._magnitude(node, args, outs)
                     except Exception as e:  # noqa: BLE001  whatever the evaluator raises: this node falls back
                         outs, err = None, e
                 if outs is None:
@@ -134,6 +146,28 @@ class Golden:
                     if name:
                         results[name] = v
         return results
+
+    def _magnitude(self, node, args: list, outs) -> None:
+        """Sums of squares of the node's outputs and of the same node on |inputs| (module docstring)."""
+        proto = node.onnx_node
+        if self._cond is None or proto.op_type not in SUMS or proto.domain not in ("", "ai.onnx"):
+            return
+        absed = [np.abs(a) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in args]
+        try:
+            mags = node.run(*absed)
+        except Exception:  # noqa: BLE001  evidence only: the node's own values stand, its kappa is unknown
+            return
+        for name, y, mag in zip(proto.output, outs, mags):
+            y, mag = np.asarray(y, np.float64), np.abs(np.asarray(mag, np.float64))
+            if name and y.size and np.isfinite(y).all() and np.isfinite(mag).all():
+                acc = self._cond.setdefault(name, [0.0, 0.0])
+                acc[0] += float(np.vdot(mag.ravel(), mag.ravel()))
+                acc[1] += float(np.vdot(y.ravel(), y.ravel()))
+
+    def conditions(self) -> dict[str, float]:
+        """{output: kappa = rms(sum |w x|) / rms(sum w x)} of the SUMS nodes run so far (module
+        docstring); an output that is all zero has none."""
+        return {k: float(np.sqrt(m / y)) for k, (m, y) in (self._cond or {}).items() if y > 0}
 
     def _checked(self, idx: int, outs, results: dict, ref: dict | None, rel: dict) -> None:
         """Raise when the evaluator's outputs of node `idx` cannot be right: a shape other than the

@@ -65,6 +65,12 @@ def golden_rows(p: dict, model: str, feeds: list, ref: list | None = None) -> tu
     """(fp64 rows, "", [nodes that fell back]) from the ONNX reference evaluator on the graph cast to
     float64, node by node (onnx_fp64.Golden), or ([], why not, []). `ref`: the fp32 reference rows,
     each node's outputs are checked against (onnx_fp64.Golden.run), and whose names are the rows kept."""
+    return golden_run(p, model, feeds, ref)[:3]
+
+
+def golden_run(p: dict, model: str, feeds: list, ref: list | None = None) -> tuple[list, str, list, dict]:
+    """golden_rows(), and {value: kappa} of the nodes that sum products (onnx_fp64.Golden.conditions:
+    the summations' condition numbers, which the diff reads to name a cancellation)."""
     path = arch_path(p["models"][model])
     # the evaluator runs a whole in-memory model (numpy): the fp64 golden run is for small graphs
     layers, _, _, _ = instrument(with_data(load_checked(path, f"models.{model}.arch.path"), path.parent))
@@ -74,17 +80,19 @@ def golden_rows(p: dict, model: str, feeds: list, ref: list | None = None) -> tu
         expect.setdefault(t.sample, {})[t.name] = t.array
     rows = []
     try:
-        golden = onnx_fp64.Golden(layers, to_float64(layers))
+        golden = onnx_fp64.Golden(layers, to_float64(layers), conditions=True)
         for k, f in enumerate(feeds):
             f64 = {n: (v.astype(np.float64) if v.dtype.kind == "f" else v) for n, v in f.items()}
             got = golden.run(f64, expect.get(k))
             keep = [n for n in names if n in expect[k]] if k in expect else names
             rows += store.rows_from(k, [(n, np.asarray(got[n])) for n in keep])
     except onnx_fp64.GoldenError as e:  # a node no way runs: the message names it and every way tried
-        return [], f"GoldenError: {e}", []
+        return [], f"GoldenError: {e}", [], {}
     except Exception as e:  # noqa: BLE001  the graph itself (the evaluator cannot load it): no golden run
-        return [], onnx_fp64.one_line(e), []
-    return rows, "", [golden.fell[i] for i in sorted(golden.fell)]
+        return [], onnx_fp64.one_line(e), [], {}
+    kept = {t.name for t in rows}
+    conds = {n: c for n, c in golden.conditions().items() if n in kept}
+    return rows, "", [golden.fell[i] for i in sorted(golden.fell)], conds
 
 
 def _peaks(rows: list) -> dict:
@@ -114,16 +122,17 @@ def reference(p: dict, model: str, feeds: list, out: Path) -> int:
     except (OnnxSourceError, TinyOutput) as e:
         print(f"{e}" if isinstance(e, TinyOutput) else f"reference@{model}: {e}", file=sys.stderr)
         return 1
-    gold, why, fell = golden_rows(p, model, feeds, rows) if schema.of(p).reference.fp64 else ([], "", [])
-    msg = write(out, model, rows, gold, why, fell)
+    gold, why, fell, conds = golden_run(p, model, feeds, rows) if schema.of(p).reference.fp64 else ([], "", [], {})
+    msg = write(out, model, rows, gold, why, fell, conds)
     print(f"reference@{model}: {len(rows)} tensors ({len(feeds)} samples) fp32 (onnxruntime CPU, optimisation "
           f"disabled){msg} -> {out}")
     return 0
 
 
-def write(out: Path, model: str, rows: list, gold: list, why: str, fell: list) -> str:
+def write(out: Path, model: str, rows: list, gold: list, why: str, fell: list, conds: dict | None = None) -> str:
     """fp32.parquet of the reference `rows`, and fp64.parquet: the golden rows `gold` (with the
-    nodes that `fell` back named in its metadata), else, when the golden run was asked for and failed
+    nodes that `fell` back named in its metadata, and `conds`, the condition numbers of the sums,
+    as `sum_conditions`: JSON {value: kappa}), else, when the golden run was asked for and failed
     (`why`), the fp32 rows as the yardstick. What was written, for the stage's line."""
     (out / "fp64.parquet").unlink(missing_ok=True)
     md = {"model": model, "dtype": "float32", "by": "onnxruntime-cpu-noopt"}
@@ -134,6 +143,8 @@ def write(out: Path, model: str, rows: list, gold: list, why: str, fell: list) -
         gmd = {"model": model, "dtype": "float64", "by": "onnx-reference-evaluator"}
         if fell:  # the diff's verdict_mode_reason repeats the note (parity.pipeline.diffcell.verdict_mode)
             gmd.update(fallback_nodes=json.dumps(fell), note=onnx_fp64.describe(fell))
+        if conds:  # read by parity.analysis.cancellation (a cancelling sum at the drift origin)
+            gmd["sum_conditions"] = json.dumps({k: round(v, 6) for k, v in sorted(conds.items())})
         store.write(out / "fp64.parquet", gold, gmd)
         return " + fp64 golden (ONNX reference evaluator)" + (f"; {gmd['note']}" if fell else "")
     if not why:
