@@ -6,7 +6,9 @@ benchmarks/real_models.py. Skipped, saying how to fetch them, where the cache do
 What issue 34 accepts: no false alarm at fp32 (the saturated-sigmoid CREPE head included); every fp16
 cell judged by an oracle (fp64, or the fp32 yardstick), never by fp32's fixed tolerance; the PP-OCR
 detector's real fp16 breakage (a BatchNorm whose running variances exceed 65504) FAILs with its drift
-origin a layer that computes values, not a zero-element constant.
+origin a layer that computes values, not a zero-element constant, and the cause `range`; basic-pitch's
+(its constant-Q transform's Convs sum products ~200x larger than their outputs) FAILs with its drift
+origin the first CQT Conv, the first layer that computes wrong values, and the cause `cancellation`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-MODELS = ("ocr_det", "magika", "silero_vad", "crepe_tiny")
+MODELS = ("ocr_det", "magika", "silero_vad", "crepe_tiny", "basic_pitch")
 
 
 def _load(name: str, rel: str):
@@ -72,3 +74,12 @@ def test_ocr_det_fp16_breakage_is_located_at_a_computing_layer(results):
     c = next(c for c in results["ocr_det"]["cells"] if c["cell"] == "ocr_det-fp16-ort_cpu")
     assert c["verdict"] == "FAIL", c
     assert not str(c.get("drift_origin")).startswith("p2o.helper.constant"), c
+    assert c["drift_origin"] == "batch_norm_0.tmp_3" and c["drift_origin_cause"]["label"] == "range", c
+
+
+def test_basic_pitch_fp16_breakage_is_located_at_the_cancelling_cqt_conv(results):
+    c = next(c for c in results["basic_pitch"]["cells"] if c["cell"] == "basic_pitch-fp16-ort_cpu")
+    assert c["verdict"] == "FAIL" and c["verdict_mode"] == "oracle", c
+    assert c["drift_origin"] == "model_1/cq_t2010v2_1/conv1d_1;model_1/cq_t2010v2_1/conv1d_1", c
+    cause = c["drift_origin_cause"]
+    assert cause["label"] == "cancellation" and "below the magnitude of the products it sums" in cause["summary"], c
