@@ -159,3 +159,29 @@ def test_an_oracle_that_cannot_be_computed_writes_nothing_and_says_why(tmp_path)
     assert quant_reference.write(CaptureJob(model="m", model_cfg={}, dtype="fp16", dtype_cfg={"torch": "float16"},
                                             provider="ort_cpu", provider_cfg={}, model_dir=tmp_path, seed=0, threads=1),
                                  [], out, None, {}) == []  # not a quantised cell: nothing to say
+
+
+def test_the_int8_dynamic_oracle_quantises_a_gemm_as_quantize_dynamic_does():
+    """nn.Linear on 2-D inputs exports as Gemm (transB, a bias); quantize_dynamic makes it MatMulInteger +
+    Add: the oracle takes the same weights (quant_reference.quantised_nodes) and matches it."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from parity.pipeline import quant_reference
+
+    rng = np.random.default_rng(0)
+    w, b = (rng.standard_normal((48, 64)) * 0.1).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["fc"], name="fc", transB=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+                          [helper.make_tensor_value_info("fc", TensorProto.FLOAT, [16, 48])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    feeds = {"x": rng.standard_normal((16, 64)).astype(np.float32)}
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(m, str(Path(d) / "in.onnx"))
+        quantize_dynamic(str(Path(d) / "in.onnx"), str(Path(d) / "q.onnx"), reduce_range=True, weight_type=QuantType.QInt8)
+        got = _run(onnx.load(str(Path(d) / "q.onnx")), feeds)["fc"]
+    opts = {"per_channel": False, "reduce_range": True, "weight_type": "QInt8"}
+    nodes = quant_reference.quantised_nodes(m, "int8_dynamic", opts)
+    assert nodes == ["fc"]
+    gold = _fp64(quant_sim.simulated(m, "int8_dynamic", opts, ".", nodes), feeds)["fc"]
+    assert _rel(got, gold) < 1e-5 and _rel(feeds["x"] @ w.T + b, gold) > 1e-3

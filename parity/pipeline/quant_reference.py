@@ -61,8 +61,9 @@ def scheme_of(job, settings: dict) -> tuple[str, dict] | None:
 
 
 def quantised_nodes(m, scheme: str, opts: dict) -> list[str]:
-    """The weight MatMuls the provider quantises (Gemms rewritten in `m` first where it does)."""
-    if scheme == "int4" and opts.get("gemm_to_matmul", True):
+    """The weight MatMuls the provider quantises (Gemms rewritten in `m` first where it does: int4 with
+    gemm_to_matmul; quantize_dynamic always turns a Gemm with a constant weight into MatMulInteger + Add)."""
+    if scheme == "int4" and opts.get("gemm_to_matmul", True) or scheme == "int8_dynamic":
         onnx_int4.gemm_to_matmul(m)
     return onnx_int4.weight_matmuls(m, False)
 
