@@ -86,17 +86,61 @@ def env() -> dict:
     return e
 
 
+# The run-cache pool (the suite's CPU: issue 38). A stage run with the same command, dependencies and
+# params is the same run wherever it happens; DVC's run-cache knows that. Every repo make_repo builds
+# starts with a *copy* (never a link: a test that corrupts a file corrupts only its own) of the DVC cache
+# (objects + run-cache entries) that the session's earlier `dvc repro` / `dvc exp run` / `parity repro`
+# left; after each such command the repo's new, intact cache files go to the pool. So a stage one test
+# already ran is restored ("Stage '...' is cached - skipping run, checking out outputs": the same bytes)
+# instead of run again, and what DVC decides is stale is unchanged (ran_stages counts both). Each stage
+# still really runs in the session, the first time any test needs it. A test that needs every stage to
+# run in its own repo (cache contents counted, stage output read, a failure a faked environment causes)
+# passes make_repo(..., pool=False). Set by the session fixture below (xdist workers share it), off
+# outside pytest and with PARITY_TEST_POOL=0.
+POOL: Path | None = None
+NO_POOL = ".dvc/tmp/parity-no-pool"
+POOL_MAX_OBJECT = 1 << 20  # bytes: a larger output is not pooled, so its stage runs in each repo
+
+
+def _pool_sync(src: Path, dst: Path, verify: bool) -> None:
+    """Copy the files of cache `src` (files/md5/.., runs/..) that `dst` lacks, each atomically; with
+    `verify`, only objects whose content still has the md5 they are named by."""
+    if not src.is_dir():
+        return
+    for f in src.rglob("*"):
+        rel = f.relative_to(src)
+        if not f.is_file() or rel.name.startswith(".") or rel.name.endswith(".tmp") or (dst / rel).exists():
+            continue
+        if verify and rel.parts[0] == "files":  # and small: the pool is copied into every new repo
+            name = "".join(rel.parts[-2:]).removesuffix(".dir")
+            if f.stat().st_size > POOL_MAX_OBJECT or hashlib.md5(f.read_bytes()).hexdigest() != name:
+                continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst / rel.parent / f".{rel.name}.{os.getpid()}.tmp"
+        shutil.copyfile(f, tmp)
+        os.replace(tmp, dst / rel)
+
+
+def _pooled(cmd: list[str]) -> bool:
+    """A command that can run stages (and so add run-cache entries)."""
+    return Path(cmd[0]).name in ("dvc", "parity") and ("repro" in cmd or "exp" in cmd)
+
+
 def run(cmd: list[str] | str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     if isinstance(cmd, str):
         cmd = cmd.split()
     p = subprocess.run(cmd, cwd=cwd, env=env(), capture_output=True, text=True)
     if check and p.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    cache = Path(cwd) / ".dvc" / "cache"
+    if POOL is not None and p.returncode == 0 and _pooled(cmd) and not (Path(cwd) / NO_POOL).exists():
+        _pool_sync(cache, POOL, verify=True)
     return p
 
 
 def ran_stages(output: str) -> list[str]:
-    return re.findall(r"^Running stage '([^']+)'", output, re.M)
+    """The stages DVC found stale: those it ran, and those it restored from the run-cache."""
+    return re.findall(r"^(?:Running stage|Stage) '([^']+)'(?::$| is cached - skipping run)", output, re.M)
 
 
 def tree_digest(path: Path) -> dict[str, str]:
@@ -141,7 +185,7 @@ class Repo:
 
 
 def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), providers=("torch_cpu", "ort_cpu"),
-              compose=True) -> Repo:
+              compose=True, pool=True) -> Repo:
     path.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:
         src = ROOT / name
@@ -154,12 +198,20 @@ def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), provide
     repo = Repo(path)
     repo.run("git init -q")
     repo.run("dvc init -q")
-    repo.run("dvc config hydra.enabled true")
-    repo.run("dvc config core.autostage true")
+    # what `dvc config hydra.enabled true`, `dvc config core.autostage true` and `dvc config cache.type
+    # <the project's link type>` write, written here (three dvc processes, ~2 s of CPU per repo: issue 38)
+    dvc_config = "[hydra]\n    enabled = true\n[core]\n    autostage = true\n"
+    if POOL is not None and pool:
+        _pool_sync(POOL, path / ".dvc" / "cache", verify=False)
+    elif POOL is not None:
+        (path / NO_POOL).parent.mkdir(exist_ok=True)
+        (path / NO_POOL).touch()  # nothing of this repo's goes to the pool either (git-ignored, as .dvc/tmp is)
     # the project's cache link type (.dvc/config: links, not copies; README "Disk")
     cache_type = re.search(r"^\[cache\]\n(?:\s+.*\n)*?\s+type = \"?([\w,]+)", (ROOT / ".dvc/config").read_text(), re.M)
     if cache_type:
-        repo.run(["dvc", "config", "cache.type", cache_type.group(1)])
+        dvc_config += f'[cache]\n    type = "{cache_type.group(1)}"\n'
+    assert not (path / ".dvc" / "config").read_text().strip()  # `dvc init` leaves it empty
+    (path / ".dvc" / "config").write_text(dvc_config)
     repo.set_defaults(models=models, dtypes=dtypes, providers=providers)
     repo.edit("conf/config.yaml", "repeats: 10", "repeats: 2")
     if compose:
@@ -182,6 +234,40 @@ def fp16_regression(path: Path, tight: str) -> Repo:
     return r
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _run_cache_pool(tmp_path_factory):
+    """The run-cache pool's folder: one per session, shared by xdist's workers."""
+    global POOL
+    if os.environ.get("PARITY_TEST_POOL", "1") == "0":
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    POOL = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "dvc-run-cache-pool"
+    POOL.mkdir(exist_ok=True)
+    yield
+    POOL = None
+
+
 @pytest.fixture
 def repo(tmp_path) -> Repo:
     return make_repo(tmp_path / "repo")
+
+
+def _cpu() -> float:
+    """CPU seconds (user+sys) of this process and every child it has waited for (stages, dvc, git)."""
+    import resource
+
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """PARITY_TEST_CPU=<file>: append each test's CPU seconds (setup, call and teardown, its
+    subprocesses included) to <file>, one `seconds<TAB>nodeid` line: where the suite's CPU goes."""
+    out = os.environ.get("PARITY_TEST_CPU")
+    t0 = _cpu() if out else 0.0
+    yield
+    if out:
+        with open(out, "a") as f:
+            f.write(f"{_cpu() - t0:.2f}\t{item.nodeid}\n")

@@ -193,7 +193,7 @@ def test_cells_land_on_nodes_advertising_their_provider(tmp_path, local_cluster)
     """Two nodes, one provider each: every cell runs on the node that advertises its provider, the
     driver restores them all from the run-cache (no cell stage runs on the driver), the lock and
     metrics equal a sequential `dvc repro` of the same commit, and a following `dvc repro` runs only env."""
-    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"))
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("torch_cpu", "ort_cpu"), pool=False)  # run-cache entries counted
     with_remote(repo, tmp_path)
     cl = local_cluster([["torch_cpu"], ["ort_cpu"]])
     p = parity_repro(repo, "--cluster", cl.address)
@@ -217,7 +217,7 @@ def test_cells_land_on_nodes_advertising_their_provider(tmp_path, local_cluster)
 def test_killed_node_mid_cell_completes_elsewhere(tmp_path, local_cluster):
     """Two nodes advertise ort_cpu; the node that starts the cell is killed while its dvc repro runs:
     Ray re-runs the task on the other node, the cell completes there once, and nothing is lost."""
-    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), pool=False)  # run-cache entries counted
     with_remote(repo, tmp_path)
     cl = local_cluster([[], ["ort_cpu"], ["ort_cpu"]])
     drv = subprocess.Popen([f"{BIN}/parity", "repro", "--cluster", cl.address], cwd=repo.path, env=env(),
@@ -247,7 +247,7 @@ def test_ctrl_c_cancels_remote_tasks(tmp_path, local_cluster):
     dvc or stage process of the cell is left on the node. The cell's capture command first sleeps, so
     the task is surely still in its run phase when the signal lands (a tiny cell could otherwise finish
     while a loaded machine delivers the cancel), and the sleep is one more process that must be gone."""
-    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), pool=False)  # run-cache entries counted
     repo.edit("dvc.yaml", "python -m stages.capture", "sleep 600 && python -m stages.capture")
     repo.commit("a capture that takes its time")
     with_remote(repo, tmp_path)
@@ -266,7 +266,7 @@ def test_ctrl_c_cancels_remote_tasks(tmp_path, local_cluster):
 def test_provider_no_node_offers_is_unavailable_and_strict_fails(tmp_path, local_cluster):
     """ort_cpu_noopt is advertised by no node: its cells end UNAVAILABLE with the reason (the other
     provider's run on the cluster); with strict: true the run fails naming the cell."""
-    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu", "ort_cpu_noopt"))
+    repo = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu", "ort_cpu_noopt"), pool=False)  # run-cache entries counted
     with_remote(repo, tmp_path)
     cl = local_cluster([["ort_cpu"]])
     p = parity_repro(repo, "--cluster", cl.address)
@@ -294,7 +294,7 @@ def test_matrix_placement_across_three_nodes(tmp_path, local_cluster):
     its provider (status.json), the lock and metrics equal a sequential `dvc repro`, and a following
     `dvc repro` runs only env."""
     repo = make_repo(tmp_path / "repo", models=("tiny_mlp", "mlp"), dtypes=("fp32", "fp16"),
-                     providers=("torch_cpu", "ort_cpu", "torch_compile", "ort_int8"))
+                     providers=("torch_cpu", "ort_cpu", "torch_compile", "ort_int8"), pool=False)
     with_remote(repo, tmp_path)
     cl = local_cluster([["torch_cpu", "ort_cpu"], ["torch_compile"], ["ort_int8"]])
     p = parity_repro(repo, "--cluster", cl.address)

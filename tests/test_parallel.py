@@ -50,7 +50,7 @@ def prepro(repo, *args, **kw):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("parallel")
-    seq, par = make_repo(base / "seq"), make_repo(base / "par")
+    seq, par = make_repo(base / "seq", pool=False), make_repo(base / "par", pool=False)  # both really run
     seq.repro()
     return seq, par
 

@@ -188,7 +188,7 @@ def test_hand_edited_bad_params_fail_parity_check(repo):
 def test_queued_precision_sweep_shares_export_and_reference(tmp_path):
     """`dvc exp run --queue -S 'dtypes=fp32,fp16,bf16'` + `dvc queue start`: one experiment per
     dtype; the shared stages run once and are restored from DVC's run-cache in the others."""
-    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",))
+    r = make_repo(tmp_path / "repo", dtypes=("fp32",), providers=("ort_cpu",), pool=False)  # counts runs
     out = r.run(["dvc", "exp", "run", "--queue", "-S", "dtypes=fp32,fp16,bf16"]).stdout
     assert out.count("Queued experiment") == 3
     r.run(["dvc", "queue", "start", "-j", "1"])
@@ -220,7 +220,7 @@ def test_export_is_byte_identical_across_checkouts(tmp_path):
     (the dynamo exporter's stack traces embed absolute paths: parity strips them)."""
     digests = []
     for where in ("a/repo", "b/some/other/place"):
-        r = make_repo(tmp_path / where, dtypes=("fp32",), providers=("ort_cpu",))
+        r = make_repo(tmp_path / where, dtypes=("fp32",), providers=("ort_cpu",), pool=False)  # each exports
         r.repro("export@tiny_mlp")
         digests.append(tree_digest(r.path / "artifacts/models"))
     # layers.onnx, model.onnx, weights.bin, layers.json, ops.json; the reference staged (parity.pipeline.fold)
