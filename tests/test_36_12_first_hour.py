@@ -4,6 +4,7 @@ run (`make -n`, nothing installed) says where torch comes from as it is, and pip
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _plan(tmp_path, *extra) -> str:
     venv = tmp_path / "venv"
-    p = subprocess.run(["make", "-n", "-B", f"VENV={venv}", *extra, f"{venv}/.installed"], cwd=ROOT,
-                       capture_output=True, text=True, check=True)
+    # run from `make test` too: the outer make's MAKEFLAGS/MAKELEVEL would add "Entering directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    p = subprocess.run(["make", "--no-print-directory", "-n", "-B", f"VENV={venv}", *extra, f"{venv}/.installed"],
+                       cwd=ROOT, capture_output=True, text=True, check=True, env=env)
     return p.stdout
 
 

@@ -129,6 +129,38 @@ def alike_sections(lines: list[str]) -> tuple[str, str]:
     return md, page
 
 
+def quant_costs(cells: list[dict], top: int = 5) -> list[str]:
+    """One line per quantised cell (int4 / int8 judged by the quantised oracle): what the quantisation
+    itself costs, apart from the verdict: the output's rel_l2 vs the fp32 reference, the layers it costs
+    most (each layer's `quant_cost`, diffcell.quant_summary) and packed weights unlike parity's own."""
+    lines = []
+    for c in cells:
+        q = (c["metrics"] or {}).get("quant")
+        if not q:
+            continue
+        per = sorted(((l["oracle"]["quant_cost"], l["name"]) for l in c["layers"]
+                      if (l.get("oracle") or {}).get("quant_cost") is not None), key=lambda x: (-x[0], x[1]))
+        most = ", ".join(f"{n} {v:.3g}" for v, n in per[:top])
+        differ = q.get("weights_differ") or []
+        lines.append(f"{c['key']} ({q['scheme']}, {c['metrics'].get('verdict')}): output rel_l2 "
+                     f"{q.get('cost_output') or 0:.3g} vs fp32" + (f"; most costly of {len(per)} layers: {most}" if per else "")
+                     + (f"; packed weights differ from parity's quantisation at {', '.join(differ)}" if differ
+                        else "; packed weights equal parity's quantisation"))
+    return lines
+
+
+def quant_sections(lines: list[str]) -> tuple[str, str]:
+    """The Markdown and HTML sections of quant_costs ("" when no cell is quantised)."""
+    if not lines:
+        return "", ""
+    head = "Quantisation cost (expected, not judged)"
+    note = ("The verdict judges each quantised cell against parity's own fp64 quantisation of the same weights "
+            "(the quantised oracle); what the quantisation itself costs against the fp32 reference is shown here.")
+    md = "\n".join([f"## {head}", "", note, ""] + [f"- {x}" for x in lines] + [""])
+    page = f"<h2>{head}</h2><p>{escape(note)}</p><ul>" + "".join(f"<li>{escape(x)}</li>" for x in lines) + "</ul>"
+    return md, page
+
+
 def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     """report.md, report.html, summary.json and latency.json under `out`; (summary, cells)."""
     cells = [cell_entry(p, art, model, dtype, provider) for model, dtype, provider in config.cells(p)]
@@ -152,11 +184,12 @@ def write_report(p: dict, art: Path, out: Path) -> tuple[dict, list[dict]]:
     peaks = stage_peaks(p, art, cells)
     md = render.markdown(title, summary, cells, env, coverage, models, threads, peaks)
     alike_md, alike_html = alike_sections(computed_alike(p, cells))
-    md = md + ("\n" + alike_md if alike_md else "")
+    quant_md, quant_html = quant_sections(quant_costs(cells))
+    md = md + "".join("\n" + x for x in (alike_md, quant_md) if x)
     md = md + "\n".join(fuzz_report.markdown(camps, steps)) if camps or steps else md
     write_text(out / "report.md", md + "\n".join(generate_report.markdown(gens)))
     page = render.html_page(title, summary, cells, env, coverage, models, threads, peaks)
-    write_text(out / "report.html", page.replace("</body>", alike_html + fuzz_report.html_sections(camps, steps)
+    write_text(out / "report.html", page.replace("</body>", alike_html + quant_html + fuzz_report.html_sections(camps, steps)
                                                  + generate_report.html_sections(gens) + "</body>", 1))
     write_json(out / "summary.json", summary, sort_keys=False)  # totals first, cells in matrix order
     write_json(out / "latency.json", latency)
