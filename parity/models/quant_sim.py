@@ -36,6 +36,13 @@ from onnx import TensorProto, helper, numpy_helper
 from parity.models import onnx_int4
 
 
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """Round to nearest, ties away from zero (C's roundf, as onnxruntime's block quantiser rounds);
+    numpy's round sends ties to even: 8.5 -> 8 where onnxruntime packs 9."""
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) == 0.5, t + np.sign(x), np.round(x))
+
+
 def int4_blocks(w: np.ndarray, bs: int, sym: bool):
     """(q (N, blocks, bs) uint8, scales (N, blocks) float32, zero points (N, blocks) uint8) of the
     (K, N) weight `w`, block-wise along K (module docstring)."""
@@ -55,8 +62,8 @@ def int4_blocks(w: np.ndarray, bs: int, sym: bool):
         zp = None
     inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0).astype(np.float32)
     if zp is None:
-        zp = np.clip(np.round(-lo * inv), 0, 15).astype(np.float32)
-    q = np.clip(np.round(b * inv[..., None] + zp[..., None]), 0, 15).astype(np.uint8).reshape(n, nb * bs)
+        zp = np.clip(round_half_away(-lo * inv), 0, 15).astype(np.float32)
+    q = np.clip(round_half_away(b * inv[..., None] + zp[..., None]), 0, 15).astype(np.uint8).reshape(n, nb * bs)
     q[:, k:] = 0  # the padding packs as 0, as onnxruntime writes it
     return q.reshape(n, nb, bs), scale, zp.astype(np.uint8)
 
