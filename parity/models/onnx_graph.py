@@ -44,15 +44,6 @@ def prune_outputs(m: onnx.ModelProto, keep: list[str]) -> onnx.ModelProto:
     return out
 
 
-def layer_regions(m: onnx.ModelProto) -> dict[str, dict]:
-    """layers.json `regions`: per leaf call, the leaf calls feeding it and the op types between them
-    (from the exported nodes' name_scopes; parity.models.onnx_cut.regions). A graph without that
-    metadata (the legacy exporter) gives {} rather than failing the export."""
-    try:
-        return onnx_cut.regions(m)
-    except Exception:  # naming is a diagnostic aid: never fail an export over it
-        return {}
-
 
 def op_inventory(m: onnx.ModelProto) -> dict:
     counts = collections.Counter((n.domain or "ai.onnx", n.op_type) for n in m.graph.node)
