@@ -40,10 +40,13 @@ def main(argv=None) -> int:
         print(f"plan@{key}: {plan['status']} ({plan['reason']}), {timing['stage_s']:.1f}s")
         return 0
     lat = timing["latency_ratio"]
-    top = ", ".join(f"{r['layer']} {r['rel_l2']:.2g}" for r in plan["sensitivity"][:5])
+    q = "quant_cost" in (plan["sensitivity"] or [{}])[0]  # ranked by parity's own quantisation (plan_cost)
+    top = ", ".join(f"{r['layer']} {r['quant_cost']:.2g}/{r['rel_l2']:.2g}{' EXCEEDS' * r['exceeds_cost']}" if q
+                    else f"{r['layer']} {r['rel_l2']:.2g}" for r in plan["sensitivity"][:5])
     print(f"plan@{key}: {plan['summary']}")
     if top:
-        print(f"plan@{key}: most sensitive (output rel_l2 with only that layer reduced): {top}")
+        what = ": parity's expected cost / the provider's" if q else ""
+        print(f"plan@{key}: most sensitive (output rel_l2 with only that layer reduced{what}): {top}")
     fmt = lambda v: f"{v:.2f}x" if v else "n/a"  # noqa: E731
     print(f"plan@{key}: latency vs fp32: full {fmt(lat['full_vs_fp32'])}, mixed {fmt(lat['mixed_vs_fp32'])}; "
           f"{plan['runs']} model runs, {timing['stage_s']:.1f}s")

@@ -48,6 +48,7 @@ from parity.backends import CaptureJob, load_runner
 from parity.backends.capture_driver import latency_stats
 from parity.backends.runner import error_reason
 from parity.core.io import read_json
+from parity.analysis import plan_cost
 
 SCOPES = "pkg.torch.onnx.name_scopes"  # dynamo exporter node metadata: the module path of each node
 MODULE_PREFIX = "model."  # the LayerRecorder wraps the model as `model`: scopes read model.layer1.0.conv1
@@ -178,12 +179,26 @@ class Evaluator:
     target: Target
     runs: int = 0
     seconds: dict = field(default_factory=dict)
+    outs: list = field(default_factory=list)
+    quant: object = None  # plan_cost.QuantModel of a quantised cell: each candidate's expected cost
+
+    def cost(self, items: list[str], n_samples: int | None = None) -> dict:
+        """Parity's own quantisation of `items` (plan_cost): the output's rel_l2 vs the fp32 reference
+        (the expected cost) and the provider's deviation from it (against the last run's outputs)."""
+        t0 = time.perf_counter()
+        feeds = self.feeds[:n_samples] if n_samples else self.feeds
+        q = self.quant.run(items, feeds)
+        self.seconds["quant_cost"] = self.seconds.get("quant_cost", 0.0) + time.perf_counter() - t0
+        r = output_error(q, self.refs[:len(feeds)], self.target)
+        return {"quant_cost": r["rel_l2"], "quant_tol_ratio": r["tol_ratio"],
+                "deviation": plan_cost.rel_l2(self.outs, q)}
 
     def run(self, reduced: bool, flip: list[str], n_samples: int | None = None, phase: str = "") -> dict:
         t0 = time.perf_counter()
         self.runner.mixed(reduced, [i for leaf in flip for i in self.units[leaf]])
         feeds = self.feeds[:n_samples] if n_samples else self.feeds
         outs = [dict(self.runner.infer_plain(f)) for f in feeds]
+        self.outs = outs  # the last run's outputs: the quantisation cost compares them with parity's
         self.runs += 1
         dt = time.perf_counter() - t0
         self.seconds[phase] = self.seconds.get(phase, 0.0) + dt
@@ -207,13 +222,20 @@ class Evaluator:
 
 
 def sensitivity(ev: Evaluator) -> list[dict]:
-    """Only one leaf at the cell's precision at a time (first sample), most sensitive first."""
+    """Only one leaf at the cell's precision at a time (first sample), most costly first: by the
+    quantisation's expected cost where parity computes it (ev.quant: int4, int8_dynamic; the
+    provider's rel_l2 beside it, and whether it exceeds that cost), else by the provider's rel_l2."""
     rows = []
     for leaf, items in ev.units.items():
         r = ev.run(False, [leaf], n_samples=1, phase="sensitivity")
-        rows.append({"layer": leaf, "rel_l2": r["rel_l2"], "tol_ratio": r["tol_ratio"],
-                     "max_abs": r["max_abs"], "n_items": len(items)})
-    return sorted(rows, key=lambda r: (-r["rel_l2"], r["layer"]))
+        row = {"layer": leaf, "rel_l2": r["rel_l2"], "tol_ratio": r["tol_ratio"],
+               "max_abs": r["max_abs"], "n_items": len(items)}
+        if ev.quant is not None:
+            row.update(ev.cost(items, n_samples=1))
+            row["exceeds_cost"] = plan_cost.flagged(row["quant_cost"], row["deviation"])
+        rows.append(row)
+    by = "quant_cost" if ev.quant is not None else "rel_l2"
+    return sorted(rows, key=lambda r: (-r[by], r["layer"]))
 
 
 def greedy(ev: Evaluator, ranking: list[str], max_keep: int) -> tuple[list[str], dict, list[dict]]:
@@ -328,6 +350,18 @@ def _summary(outcome: str, plan: dict, n: int, max_keep: int) -> str:
     return f"keep {len(keep)} of {n} {what} in float32 ({', '.join(keep)}): {change}, {verdict}"
 
 
+def _cost_summary(q: dict | None) -> str:
+    """The summary's sentence on the quantisation's expected cost (empty for a cell without one)."""
+    if not q:
+        return ""
+    s = (f"; expected {q['scheme']} cost at the output rel_l2 {q['output']:.3g} (parity's own quantisation) of the "
+         f"provider's {q['provider_rel_l2']:.3g}, the provider {q['provider_deviation']:.3g} from it")
+    if q["provider_exceeds_cost"] or q["exceeding"]:
+        s += (f"; the PROVIDER EXCEEDS the expected cost (deviation > {q['deviation_limit']:g} x cost: a bug, not "
+              f"precision) at {', '.join(q['exceeding']) or 'the output'}")
+    return s
+
+
 def _candidates(cls, p: dict, c: Cell) -> tuple[dict, dict, dict, str]:
     """(every leaf -> items, candidates -> items, candidates -> their leaves, "leaf" | "block"): the
     leaves holding something the backend runs at reduced precision (plan_units), grouped per
@@ -355,9 +389,12 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
     all_units, units, members, by = _candidates(cls, p, c)
     feeds, refs = _feeds(c.inputs), _refs(c.reference)
     ev, lat = Evaluator(cls(job), units, feeds, refs, t), {}
+    found = plan_cost.scheme(job, cls.settings(job))
+    ev.quant = plan_cost.QuantModel(Path(c.model_dir), found, cfg.capture.threads) if found else None
     try:
         full = ev.run(True, [], phase="full")
         lat["full"] = ev.latency(warmup, repeats)
+        expected = ev.cost([i for v in units.values() for i in v]) if ev.quant is not None else None
         fp32 = ev.run(False, [], phase="fp32")
         lat["fp32"] = ev.latency(warmup, repeats)
         sens, keep, steps = [], [], []
@@ -371,6 +408,8 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
             outcome = "planned" if last["passes"] else "not_reached"
     finally:
         ev.runner.deactivate()
+        if ev.quant is not None:
+            ev.quant.close()
     mixed, lat["mixed"] = full, lat["full"]
     if keep:
         mixed, lat["mixed"], ev.seconds["confirm"] = _confirm(cls, job, units, keep, feeds, refs, t, warmup, repeats)
@@ -380,14 +419,34 @@ def _search(p: dict, c: Cell, t: Target, head: dict) -> tuple[dict, dict]:
             "keep": keep, "keep_items": {k: units[k] for k in keep},
             **({"leaves": len(leaf_units), "keep_leaves": [x for k in keep for x in members[k]]} if by == "block" else {}),
             "passes": bool(mixed["passes"]) if outcome != "fp32_fails" else False,
-            "outputs": {"fp32": fp32, "full": full, "mixed": mixed}, "sensitivity": sens, "search": steps,
+            "outputs": {"fp32": fp32, "full": full, "mixed": mixed},
+            **({"quant_cost": _quant_cost(found, expected, full, sens)} if expected else {}),
+            "sensitivity": sens, "search": steps,
             "runs": ev.runs + (1 if keep else 0)}
-    plan["summary"] = _summary(outcome, plan, len(units), max_keep)
+    plan["summary"] = _summary(outcome, plan, len(units), max_keep) + _cost_summary(plan.get("quant_cost"))
     med = {k: v.get("median_ms") for k, v in lat.items()}
     ratio = {f"{a}_vs_{b}": (med[a] / med[b] if med[a] and med[b] else None)
              for a, b in (("full", "fp32"), ("mixed", "fp32"), ("mixed", "full"))}
     timing = {"latency": lat, "latency_ratio": ratio, "phases_s": ev.seconds, "runs": plan["runs"]}
     return plan, timing
+
+
+def _quant_cost(found: tuple, expected: dict, full: dict, sens: list[dict]) -> dict:
+    """plan.json's quant_cost: how much of the full model's output error is the quantisation's own
+    (parity's quantisation of every candidate, plan_cost) and the candidates whose provider error
+    exceeds their expected cost."""
+    scheme, opts = found
+    return {"scheme": scheme, "options": {k: opts[k] for k in sorted(opts) if k != "fault"},
+            "method": "parity.analysis.plan_cost: model.onnx with the weight MatMuls quantised by "
+                      "parity.models.quant_sim, onnxruntime float32; rel_l2 of the output vs the fp32 reference",
+            "output": expected["quant_cost"], "output_tol_ratio": expected["quant_tol_ratio"],
+            "provider_rel_l2": full["rel_l2"],
+            "expected_share": expected["quant_cost"] / full["rel_l2"] if full["rel_l2"] else None,
+            "provider_deviation": expected["deviation"],
+            "provider_exceeds_cost": plan_cost.flagged(expected["quant_cost"], expected["deviation"]),
+            "deviation_limit": plan_cost.DEVIATION_LIMIT,
+            "ranked_by": "quant_cost" if sens else None,
+            "exceeding": [r["layer"] for r in sens if r.get("exceeds_cost")]}
 
 
 def run_plan(p: dict, c: Cell) -> tuple[dict, str, dict]:
