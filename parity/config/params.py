@@ -65,7 +65,7 @@ SECTION_KEYS = {
     "fuzz": {"suites", "dtypes", "providers", "seed", "cases", "ops", "nonfinite", "empty", "max_numel",
              "timeout_s", "workers"},
     "train_step": {"models", "dtypes", "lr", "fp64", "limit", "device"},
-    "generate": {"models", "dtypes", "providers", "steps", "prompt_len", "prompt"},
+    "generate": {"models", "dtypes", "providers", "steps", "prompt_len", "prompt", "own_every"},
 }
 EXPORTERS = {"dynamo": (18, 25), "legacy": (13, 23)}
 MODEL_KEYS = {"arch", "input", "tolerances", "shapes"}  # shapes: parity/config/inputspec.py
@@ -605,6 +605,7 @@ def _generate(p: dict) -> None:
                               f"{src}). Valid: models with arch.source: hf")
     _num("generate.steps", g.get("steps", S.Generate.steps), lo=1, hi=4096, integer=True)
     _num("generate.prompt_len", g.get("prompt_len", S.Generate.prompt_len), lo=1, hi=4096, integer=True)
+    _num("generate.own_every", g.get("own_every", S.Generate.own_every), lo=0, hi=4096, integer=True)
     text = g.get("prompt")
     if text is not None:
         if not isinstance(text, str) or not text.strip():

@@ -282,6 +282,7 @@ class Generate:
     steps: int = _conf("generate", "steps")
     prompt_len: int = _conf("generate", "prompt_len")
     prompt: str | None = _conf("generate", "prompt")
+    own_every: int = _conf("generate", "own_every")
 
 
 @dataclass(frozen=True)

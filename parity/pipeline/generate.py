@@ -19,7 +19,8 @@ The own-error test of the per-layer cells runs too (own_check), at step 0 (the p
 step whose logits fail: on that step's full prefix without cache, every leaf re-run on the fp64
 reference's input to it, on the provider (decoder_layers.onnx cut at every leaf, parity.models.onnx_cut,
 as the capture's own-error pass) and on the baseline (torch hooks feeding the inputs), judged by the
-oracle; a leaf whose own error fails fails that step (`own_failed`, `own_worst_excess`). A small weight
+oracle; a leaf whose own error fails fails that step (`own_failed`, `own_worst_excess`);
+`generate.own_every: k` (default 0: off) runs it at every k-th step too (k, 2k, ... below `steps`). A small weight
 error late in the model hides in the logits' excess, whose yardstick is the whole model's accumulated
 rounding (tiny_llama's last down_proj x1.01 at fp16: logits excess 3.31 < k = 4, own excess 20.5).
 The first failing step is the first whose logits, own error or cache test fail; its drift origin is the first leaf
@@ -50,6 +51,7 @@ from parity.analysis import oracle
 from parity.backends import CaptureJob, fault
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import store
+from parity.core.status import Status
 from parity.core.io import read_json, write_json
 from parity.models import onnx_weights
 from parity.models.layers import LayerRecorder
@@ -213,7 +215,7 @@ def _ort_runner(p: dict, model: str, dtype: str, provider: str, export_dir: Path
     cls = OrtCpuRunner
     why = cls.availability(job)
     if why:
-        return None, ("UNAVAILABLE", why)
+        return None, (Status.UNAVAILABLE.value, why)
     spec = (pc.get("options") or {}).get("fault")
     if spec:
         m = onnx.load(str(export_dir / "decoder.onnx"), load_external_data=False)
@@ -221,7 +223,7 @@ def _ort_runner(p: dict, model: str, dtype: str, provider: str, export_dir: Path
         try:
             fault.check(m, spec, f"providers.{provider}.options.fault")
         except ValueError as e:
-            return None, ("EXPORT_FAIL", str(e))
+            return None, (Status.EXPORT_FAIL.value, str(e))
         job.provider_cfg = {**pc, "options": {**pc["options"], "fault": spec}}
     return cls(job), None
 
@@ -352,6 +354,12 @@ def own_check(p: dict, model: str, dtype: str, side: str, runner, export_dir: Pa
     origin = next((r["name"] for r in rows if not r["passed"]), None)
     return {"prefix_len": len(prefix), "kind": "own", "origin": origin, "layers": rows,
             "worst_excess": max((r["excess"] for r in rows), default=None)}
+
+
+def own_steps(first: int | None, steps: int, every: int) -> list[int]:
+    """The steps the own-error test runs at: 0 (the prompt), the first whose logits fail, and with
+    generate.own_every = k > 0 every k-th step below `steps` too."""
+    return sorted({0, *([first] if first else []), *(range(every, steps, every) if every else ())})
 
 
 def judge_own(rows: list[dict], step: int, own: dict) -> None:
@@ -498,7 +506,7 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
     res = {"model": model, "dtype": dtype, "provider": provider, "steps": steps, "prompt_len": plen}
     why = _unsupported(p, dtype, provider)
     if why:
-        return {**res, "status": "UNSUPPORTED", "reason": why, "verdict": "UNSUPPORTED"}
+        return {**res, "status": Status.UNSUPPORTED.value, "reason": why, "verdict": Status.UNSUPPORTED.value}
     side, runner = SIDES[p["providers"][provider]["runner"]], None
     if side == "ort":
         runner, bad = _ort_runner(p, model, dtype, provider, export_dir)
@@ -524,14 +532,14 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
             prov = base if side == "torch" else compare_run(
                 ort_step(session(runner, export_dir / "decoder.onnx"), info), ids, tokens, gold)
         except Exception as e:  # a backend failure is a result
-            return {**res, "status": "INFER_FAIL", "reason": f"{type(e).__name__}: {e}", "verdict": "INFER_FAIL"}
+            return {**res, "status": Status.INFER_FAIL.value, "reason": f"{type(e).__name__}: {e}",
+                    "verdict": Status.INFER_FAIL.value}
         finally:
             del gold
     rows = step_rows(prov, base, tokens, margins, p["dtypes"][dtype])
     first = next((r["step"] for r in rows if not r["passed"]), None)
-    own = {0: own_check(p, model, dtype, side, runner, export_dir, info, ids)}  # the prompt's own error
-    if first:  # and at the first step whose logits fail
-        own[first] = own_check(p, model, dtype, side, runner, export_dir, info, ids + tokens[:first])
+    own = {t: own_check(p, model, dtype, side, runner, export_dir, info, ids + tokens[:t])
+           for t in own_steps(first, steps, int(c.generate.own_every))}
     for t, o in own.items():
         judge_own(rows, t, o)
     cached = None  # the cache test: steps 0 and 1 with the cache on the provider (the torch side is the baseline)
@@ -540,9 +548,9 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
         judge_cache(rows, cached[0])
     fail = next((r["step"] for r in rows if not r["passed"]), None)
     div = next((r["step"] for r in rows if not r["agree"]), None)
-    res.update(status="OK", reason="", verdict="PASS" if fail is None else "FAIL", provider_is_baseline=side == "torch",
-               prompt=ids, tokens_ref=tokens, agreement=sum(r["agree"] for r in rows), first_divergence=div,
-               first_fail=fail, worst_excess=max(r["excess"] for r in rows), steps_detail=rows, origin=None)
+    res.update(status=Status.OK.value, reason="", verdict=(Status.PASS if fail is None else Status.FAIL).value,
+               provider_is_baseline=side == "torch", prompt=ids, tokens_ref=tokens, agreement=sum(r["agree"] for r in rows),
+               first_divergence=div, first_fail=fail, worst_excess=max(r["excess"] for r in rows), steps_detail=rows, origin=None)
     if decode_text is not None:  # the text of each side: the provider's top-1 at each step, on the reference's prefix
         res["text"] = {"prompt": decode_text(ids), "reference": decode_text(tokens),
                        "provider": decode_text([r["token"] for r in rows])}
