@@ -46,10 +46,12 @@ def export_model(p: dict, model: str, out: Path, built: dict | None = None) -> s
         raise ExportError(f"models.{model}.arch: {e}") from None
     if built is not None:
         built["net"] = net
-    example = _checked_example(p, model, net)
+    recorded: list = []  # the export example's output and leaf-call names, from its checking run
+    example = _checked_example(p, model, net, recorded)
     dynamic = inputspec.dynamic_axes(m)  # axes whose size differs between models.<m>.shapes
     try:
-        names, full = export_checked(net, example, [s["name"] for s in m["input"]], out, exporter, opset, dynamic)
+        names, full = export_checked(net, example, [s["name"] for s in m["input"]], out, exporter, opset, dynamic,
+                                     recorded or None)
     except ExportFailed as e:
         raise ExportError(f"EXPORT_FAIL with exporter={exporter} opset={opset} "
                           f"<export.exporter, export.opset>: {e}") from None
@@ -69,21 +71,23 @@ def export_model(p: dict, model: str, out: Path, built: dict | None = None) -> s
                f"{', ...' if len(uncalled) > 3 else ''})" if uncalled else ""))
 
 
-def _checked_example(p: dict, model: str, net):
+def _checked_example(p: dict, model: str, net, names: list | None = None):
     """The example the export traces (the largest shape with `models.<m>.shapes`), after checking
-    that the model takes every shape's inputs (a shape it cannot take is a config error)."""
+    that the model takes every shape's inputs (a shape it cannot take is a config error). `names`: gets
+    the names of the export example's run (layer_export.input_error), for the export."""
     m = p["models"][model]
     firsts, labels = samples({**p, "inputs": {"samples": 1}}, model), inputspec.labels(m)  # one per shape
+    export_label = inputspec.export_label(m)
     for label, first in zip(labels, firsts):
         example = example_inputs(m["input"], first)
-        bad = input_error(net, example)
+        bad = input_error(net, example, names if label == export_label else None)
         if bad and bad.startswith(NO_OUTPUT):
             raise ExportError(f"models.{model}: {bad} (parity compares the tensors a model returns)")
         if bad:
             shapes = ", ".join(str(list(x.shape)) for x in example)
             raise ExportError(f"models.{model}.{'input' if label is None else 'shapes.' + label}: the model does "
                               f"not accept inputs of shape {shapes}: {bad}")
-    return example_inputs(m["input"], firsts[labels.index(inputspec.export_label(m))])
+    return example_inputs(m["input"], firsts[labels.index(export_label)])
 
 
 def _layers_json(model: str, net, names: list, outputs: list, full, exporter: str, opset: int) -> dict:

@@ -8,7 +8,9 @@ their folders without importing torch (parity.pipeline.publish). Each file is wr
 publishes it would write it (own.parquet's reference path is relative to the baseline's folder), so the
 bytes are the same either way (tests/test_fold.py). Where no staging was made for it (an ONNX-file
 model, a model whose output is too small: the reference stage then says so), a stage computes its
-files itself.
+files itself. The fp32 baseline's per-layer and plain runs are the fp32 reference's run (same model,
+inputs, dtype, recorder): they are read back from fp32.parquet (baseline_torch.replaying), not run again;
+only its own-error passes run the model (issue 38, benchmarks/export_phases.py).
 
 The export does this for a model whose fp64 reference stays decoded (publish.keep_mb: weight-heavy
 models, the transformers): stacked on what the export leaves imported, a reference that streams (an
@@ -50,9 +52,12 @@ def reference_and_baseline(p: dict, model: str, net, inputs: Path, staging: Path
         gold = staging / "fp64.parquet"
         if gold.exists():  # the values just written, still decoded: no re-read
             gold_rows(gold, weight_bytes=weight_bytes).prime(kept.get("groups"))
+        # the fp32 values just written are the baseline's per-layer and plain runs' (baseline_torch.replaying),
+        # unless capture.threads sets a thread count the reference did not run with
+        replay = staging / "fp32.parquet" if not schema.of(p).capture.threads else None
         line += "\n" + torch_baseline(p, model, FOLD_DTYPE, FOLD_CFG, None, inputs, staging / FOLD_DIR, gold, net,
                                       base_dir=Path(baseline_for), base_path=reference_for / "fp64.parquet",
-                                      background=kept["background"])
+                                      background=kept["background"], replay=replay)
         stage_for(staging / FOLD_DIR, baseline_for, by)
     if staging != reference_for:
         stage_for(staging, reference_for, by)

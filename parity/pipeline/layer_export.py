@@ -22,18 +22,20 @@ from parity.models.onnx_graph import op_inventory, prune_outputs  # noqa: F401  
 
 
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
-                  dynamic: dict[str, dict[int, str]] | None = None) -> list[str]:
+                  dynamic: dict[str, dict[int, str]] | None = None, names: list[str] | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
-    `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec)."""
+    `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec);
+    `names`: those names, from a recorded run on `example` already made (input_error): not run again."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
     # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
     from parity.models.layers import LayerRecorder
 
     rec = LayerRecorder(model).eval()
-    with torch.no_grad():
-        rec(*example)
-    names = list(rec.names)
+    if names is None:
+        with torch.no_grad():
+            rec(*example)
+    names = list(rec.names if names is None else names)
     kwargs = dict(input_names=input_names, output_names=names, opset_version=opset)
     fastpath = torch.backends.mha.get_fastpath_enabled()
     if exporter == "dynamo":
@@ -120,19 +122,30 @@ class ExportFailed(Exception):
     """The exporter raised: EXPORT_FAIL (the message is the exporter's, first line)."""
 
 
-def input_error(model, example) -> str | None:
+def input_error(model, example, names: list | None = None) -> str | None:
     """Run the model eagerly once on the example inputs: None if it takes them, else the first
-    line of its error (a shape the model cannot take is a config error, not an export failure)."""
+    line of its error (a shape the model cannot take is a config error, not an export failure).
+    `names`: a list that gets the run's output names, leaf calls included (it runs in a LayerRecorder):
+    export_layers' names, so the export does not run the model once more (issue 38)."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
     # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
-    from parity.models.layers import flatten
+    from parity.models.layers import OUTPUT, LayerRecorder, flatten
 
+    rec = LayerRecorder(model).eval() if names is not None else None
     try:
         with torch.no_grad():
-            out = model(*example)
+            out = model(*example) if rec is None else rec(*example)
     except Exception as e:  # any error of the model's own forward on these inputs
         return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    finally:
+        if rec is not None:
+            rec.remove_hooks()
+    if rec is not None:  # outputs first in its names: none means no tensor came back (said as below)
+        if not rec.names or not (rec.names[0] == OUTPUT or rec.names[0].startswith(OUTPUT + ":")):
+            return input_error(model, example)
+        names[:] = rec.names
+        return None
     if out is None:
         return NO_OUTPUT + "None"
     if not flatten(out):
@@ -143,7 +156,7 @@ def input_error(model, example) -> str | None:
 NO_OUTPUT = "forward returned "  # input_error's message for a forward with nothing to compare
 
 
-def export_checked(model, example, input_names, out: Path, exporter: str, opset: int, dynamic=None):
+def export_checked(model, example, input_names, out: Path, exporter: str, opset: int, dynamic=None, names=None):
     """Export the per-layer graph to `out`/layers.onnx with its weights in `out`/weights.bin (each
     published only when export and check succeed); return (output names, the checked graph, weightless:
     its initializers refer to weights.bin). ExportFailed when the exporter raises. The exporter writes
@@ -156,7 +169,7 @@ def export_checked(model, example, input_names, out: Path, exporter: str, opset:
             with warnings.catch_warnings():
                 # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
                 warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
-                names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic)
+                names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic, names)
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
         full = constant_outputs_as_nodes(strip_paths(onnx_weights.load_graph(tmp)))
