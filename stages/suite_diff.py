@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from parity.config import params as config
+from parity.config import params as config, schema
 from parity.core import store
 from parity.core.io import read_json, write_json
 from parity.suites import diff, spec
@@ -24,8 +24,9 @@ def diff_cell(p: dict, suite: str, dtype: str, run_dir: Path) -> list[dict]:
             cid, _, name = t.name.partition("/")
             got.setdefault(stem, {}).setdefault(cid, {})[name] = t.array
     by = {stem: got.get(stem, {}) for stem in ("outputs", "reference", "gold", "floor")}
+    rule = schema.suite_rule(p, suite, dtype)  # the config: resolved once for the cell's cases
     return [diff.diff_case(p, suite, dtype, row, by["outputs"].get(row["id"], {}), by["reference"].get(row["id"], {}),
-                           gold=by["gold"].get(row["id"]), floor=by["floor"].get(row["id"]))
+                           gold=by["gold"].get(row["id"]), floor=by["floor"].get(row["id"]), rule=rule)
             for row in run["cases"]]
 
 

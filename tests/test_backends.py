@@ -15,8 +15,8 @@ import yaml
 from conftest import ROOT
 from parity.core import store
 from parity.backends import STATUSES, CaptureJob, Runner, load_runner, run_capture
-from parity.backends.base import CompileError
-from parity.backends.base import Unavailable as UnavailableError
+from parity.backends.runner import CompileError
+from parity.backends.runner import Unavailable as UnavailableError
 
 PROVIDERS = {p.stem: yaml.safe_load(p.read_text())[p.stem] for p in sorted((ROOT / "conf/providers").glob("*.yaml"))}
 ARCH = {"source": "parity", "name": "mlp", "kwargs": {"in_features": 16, "hidden": 32, "out_features": 8}}
@@ -174,8 +174,8 @@ def test_failures_are_statuses_with_reasons(cls, status, reason, tmp_path):
 def test_a_bad_runner_path_names_the_problem():
     with pytest.raises(ValueError, match="cannot be imported"):
         load_runner("parity.backends.nope:Runner")
-    with pytest.raises(ValueError, match="not a parity.backends.base.Runner"):
-        load_runner("parity.backends.base:CaptureJob")
+    with pytest.raises(ValueError, match="not a parity.backends.runner.Runner"):
+        load_runner("parity.backends.runner:CaptureJob")
     with pytest.raises(ValueError, match="not a parity backend .* declares no `import:`"):
         load_runner("parity.core.store:Tensor")  # outside the registry, undeclared: refused before importing
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from parity.backends import load_runner
-from parity.backends.base import OpJob, OpSkip
+from parity.backends.runner import OpJob, OpSkip
 from parity.suites import coverage, diff, onnxcase, onnximport, render
 
 MODULES = ("castlike", "identity", "celu", "roialign", "string_concat", "gemm", "affinegrid")

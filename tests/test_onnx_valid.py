@@ -183,7 +183,8 @@ def test_fp16_conversion_onnxruntime_cannot_load_is_infer_fail_naming_the_conver
     import onnx
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-    from parity.backends.base import CaptureJob, run_capture
+    from parity.backends.capture_driver import run_capture
+    from parity.backends.runner import CaptureJob
     from parity.backends.ort_cpu import OrtCpuRunner
 
     g = h.make_graph([h.make_node("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv"], axis=-1)], "ln",

@@ -106,7 +106,7 @@ def test_own_values_streamed_one_by_one_give_the_same_sums_and_file(tmp_path):
     whole-list computation gives, own.parquet its values; a repeated name keeps dict()'s place and value."""
     import numpy as np
 
-    from parity.backends.base import CaptureResult
+    from parity.backends.runner import CaptureResult
     from parity.pipeline.sink import StoreSink
 
     rng = np.random.default_rng(3)

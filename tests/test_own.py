@@ -18,7 +18,8 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from parity.core import store
-from parity.backends.base import CaptureJob, run_capture
+from parity.backends.capture_driver import run_capture
+from parity.backends.runner import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.backends.torch_compile import TorchCompileRunner
 from parity.backends.torch_cpu import TorchCpuRunner

@@ -34,7 +34,7 @@ def case(tmp_path_factory):
     """(clean model dir, samples, fp64 {(s, name): Tensor}, baseline own {(s, name): Tensor})."""
     import torch
 
-    from parity.backends.base import CaptureJob
+    from parity.backends.runner import CaptureJob
     from parity.backends.torch_cpu import TorchCpuRunner
     from parity.models import build
     from parity.models.layers import LayerRecorder

@@ -22,6 +22,7 @@ import torch
 
 from parity.config import schema
 from parity.core.status import Status
+from parity.core.verdict import decide
 from parity.core.ui import plain_table
 from parity.models import build
 
@@ -127,7 +128,7 @@ def check(model_cfg: dict, amp_dtype: str, seed: int = 0, lr: float = 1e-2, devi
     upd = [_rel(wam[n] - model.state_dict()[n].double(), w32[n] - model.state_dict()[n].double())
            for n in w32 if n in wam]
     return {"amp_dtype": amp_dtype, "device": device, "lr": lr, "seed": seed, "limit": lim,
-            "verdict": (Status.PASS if ok else Status.FAIL).value,
+            "verdict": decide({"status": Status.OK}, {"passed": ok}).status.value,  # the one verdict function
             "worst": {"name": worst["name"], "rel_l2": worst["rel_l2"]} if worst else None,
             "loss": {"fp32": l32, "amp": lam, "fp64": l64, "amp_rel": abs(lam - l32) / max(abs(l32), 1e-30)},
             "update_rel_l2_max": max(upd) if upd else 0.0, "scaler": info or None, "params": rows}

@@ -35,8 +35,7 @@ def load_runner(path: str, imports=None) -> type[Runner]:
     except (ImportError, AttributeError) as e:
         raise ValueError(f"runner '{path}' cannot be imported: {e}") from e
     if not (isinstance(obj, type) and issubclass(obj, Runner)):
-        raise ValueError(f"runner '{path}' is not a parity.backends.base.Runner subclass "
-                         "(parity.backends.runner.Runner)")
+        raise ValueError(f"runner '{path}' is not a parity.backends.runner.Runner subclass")
     return obj
 
 

@@ -52,8 +52,6 @@ from parity.config import schema
 
 INT4_MODES = ("int4_weight",)
 DEFAULTS = onnx_int4.DEFAULTS
-BLOCK_SIZES = (16, 32, 64, 128, 256)
-ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 QUANTIZER_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
 
 

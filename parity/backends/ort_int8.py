@@ -146,6 +146,14 @@ class OrtInt8Runner(OrtRunner):
         self._check_io(src, m, Path(path).name)
         return m.SerializeToString(), None
 
+    def quantized(self, path):
+        """(the graph at `path` as this cell runs it: fault applied, quantized; None: weights inline):
+        what the quantised oracle compares its own quantisation with (parity.pipeline.quant_reference.
+        static_check). Call deactivate() after."""
+        self._prepare()
+        data, _ = self._convert(path)
+        return onnx.ModelProto.FromString(data), None
+
     def _quantize(self, src, exclude=None, calibration_cache=None):
         """`src` (a ModelProto) quantized as this cell quantizes; `exclude`: node names left in float32
         (the quantizer's nodes_to_exclude); `calibration_cache`: a JSON file of calibrated tensor

@@ -31,6 +31,7 @@ import sys
 from datetime import datetime
 
 from parity.core import metrics as layout
+from parity.core.status import Status
 from parity.core.ui import at_least, plain_table
 
 GROUPS = ("models", "dtypes", "providers", "suites")  # conf/<group>/ multi-select: {option: {...}}
@@ -174,7 +175,7 @@ def _verdict(e: dict | None) -> str:
     if not e:
         return MISSING
     v = e.get("verdict") or MISSING
-    return f"{v} @{e['origin']}" if v == "FAIL" and e.get("origin") else v
+    return f"{v} @{e['origin']}" if v == Status.FAIL and e.get("origin") else v
 
 
 def view(rows: list[dict], all_params: bool = False, worst: bool = False) -> tuple[list[str], list[list[str]]]:

@@ -55,6 +55,7 @@ import yaml
 
 from parity.commands import results
 from parity.core import paths
+from parity.core.status import PASSING, Status
 from parity.core.ui import Progress, at_least
 
 GRACE_S = 10.0   # after forwarding SIGINT, how long a dvc group may take to stop before SIGTERM
@@ -286,7 +287,7 @@ class _CellLog:
             if ok:
                 v, origin = cell_verdict(self.metrics.get(cell, []))
                 self.verdicts[cell] = v or "ran"
-                state = (v or "ok") + (f" (drift origin {origin})" if v == "FAIL" and origin else "")
+                state = (v or "ok") + (f" (drift origin {origin})" if v == Status.FAIL and origin else "")
             else:
                 self.verdicts[cell] = "FAILED"
                 state = f"FAILED ({why})"
@@ -299,8 +300,8 @@ class _CellLog:
         by: dict[str, list[str]] = {}
         for c, v in self.verdicts.items():
             by.setdefault(v, []).append(c)
-        order = sorted(by, key=lambda v: (v != "PASS", v))
-        named = lambda v: v not in ("PASS", "BASELINE")  # noqa: E731  (cells named only when they did not pass)
+        order = sorted(by, key=lambda v: (v != Status.PASS, v))
+        named = lambda v: v not in PASSING  # noqa: E731  (cells named only when they did not pass)
         return ", ".join(f"{len(by[v])} {v}" + (f" ({', '.join(by[v])})" if named(v) else "") for v in order)
 
     def close(self) -> None:

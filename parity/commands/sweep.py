@@ -257,8 +257,8 @@ def experiment_row(metrics: dict[str, dict]) -> dict:
         if o:
             origins[o] = origins.get(o, 0) + 1
     verdicts = {c: results.verdict(m) for c, m in sorted(cells.items())}
-    return {"cells": verdicts, "passed": sum(v == "PASS" for v in verdicts.values()),
-            "failed": sum(v == "FAIL" for v in verdicts.values()),
+    return {"cells": verdicts, "passed": sum(v == status.S.PASS for v in verdicts.values()),
+            "failed": sum(v == status.S.FAIL for v in verdicts.values()),
             "not_run": sum(v not in status.VERDICTS for v in verdicts.values()),
             # issue 36 item 10: BASELINE (and NOT_EXERCISED) cells were in no count of the final table
             "baseline": sum(v == status.S.BASELINE for v in verdicts.values()),

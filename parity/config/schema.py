@@ -354,19 +354,36 @@ def section(cls, d: Mapping | None):
 def rule(p: Mapping, model: str, dtype: str, layers) -> tolerance.Rule:
     """The Rule of a cell of `model` at `dtype` (parity.core.tolerance.Rule), with the tolerance of every
     layer in `layers`: the settings read through of(p), so every default it applies is this module's."""
-    # lazy: numpy (ml_dtypes) for the dtype table, only where a cell is judged (light stages' --help)
-    from parity.core import dtypes
-
     c, dc, m = of(p), p["dtypes"][dtype], p["models"][model]
-    d, n = c.dtypes[dtype], int(c.inputs.samples)
-    fmt = dtypes.TABLE[tolerance.number_format(dc)]  # the config checked the names (parity.config.params)
+    n = int(c.inputs.samples)
     labels = list(m.get("shapes") or {})  # as parity.config.inputspec.sample_sets: n samples a label, in order
     sets = tuple((lab, range(i * n, (i + 1) * n)) for i, lab in enumerate(labels))
     tols = {name: tolerance.resolve(dc["tol"], f"dtypes.{dtype}.tol", m.get("tolerances"),
                                     f"models.{model}.tolerances", dtype, layer=name) for name in layers}
-    lim = tolerance.Limits(tolerance.unit_roundoff(dc), float(d.oracle.k), float(d.oracle.slack))
-    return tolerance.Rule(dtype, d.mode, c.diff.verdict, float(c.diff.max_mismatch), lim,
-                          d.mode in tolerance.BASELINE_MODES, bool(c.reference.fp64), fmt,
+    d = c.dtypes[dtype]
+    return _rule(dtype, dc, d.mode, d.oracle, c.diff, c.reference, tols, sets)
+
+
+def suite_rule(p: Mapping, suite: str, dtype: str) -> tolerance.Rule:
+    """The Rule of a suite cell (`suite` at `dtype`, parity.suites.diff): the Rule a model cell is judged
+    by, read through the same typed sections one at a time (a fuzz campaign judges one case at a time;
+    a test's or a probe's params may hold only these, a dtype without `oracle`: limits None, judged by
+    tolerance). Its tolerances are resolved per case and kind (parity.suites.spec.tolerance_for), so
+    the Rule names none."""
+    dc = p["dtypes"][dtype]
+    o = section(Oracle, dc["oracle"]) if dc.get("oracle") else None
+    return _rule(dtype, dc, mode(dc), o, section(Diff, p.get("diff")), section(Reference, p.get("reference")), {}, ())
+
+
+def _rule(dtype: str, dc: Mapping, precision: str, o: Oracle | None, diff: Diff, ref: Reference, tols: dict,
+          sets: tuple) -> tolerance.Rule:
+    # lazy: numpy (ml_dtypes) for the dtype table, only where a cell is judged (light stages' --help)
+    from parity.core import dtypes
+
+    fmt = dtypes.TABLE[tolerance.number_format(dc)]  # the config checked the names (parity.config.params)
+    lim = tolerance.Limits(tolerance.unit_roundoff(dc), float(o.k), float(o.slack)) if o is not None else None
+    return tolerance.Rule(dtype, precision, diff.verdict, float(diff.max_mismatch), lim,
+                          precision in tolerance.BASELINE_MODES, bool(ref.fp64), fmt,
                           fmt if fmt.u > dtypes.FP32.u else None, tols, sets)
 
 

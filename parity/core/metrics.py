@@ -80,7 +80,8 @@ def suite_entries(coverage: dict) -> dict:
 def summary(entries: dict[str, dict], suites: dict | None = None) -> dict:
     """summary.json from {cell: cell_entry} (and suite_entries): the totals, the cells, `suites`."""
     vs = [e.get("verdict") for e in entries.values()]
-    s = {"cells": len(vs), "passed": vs.count("PASS"), "failed": vs.count("FAIL")}
+    s = {"cells": len(vs), "passed": sum(v == status.Status.PASS for v in vs),
+         "failed": sum(v == status.Status.FAIL for v in vs)}
     s["not_run"] = sum(v not in RAN for v in vs)
     for key, v in EXTRA_TOTALS.items():  # only when some cell has that verdict
         if vs.count(v):

@@ -98,7 +98,7 @@ class Rule:
     precision: str                  # dtypes.<d>.mode
     verdict: str                    # diff.verdict asked for
     max_mismatch: float             # diff.max_mismatch
-    limits: Limits                  # dtypes.<d>.oracle with the unit roundoff
+    limits: Limits | None           # dtypes.<d>.oracle with the unit roundoff (None: a hand-made dtype without)
     baseline: bool                  # the trusted backend reproduces this precision (has_baseline)
     fp64: bool                      # reference.fp64: an fp64 run was asked for
     fmt: dtypes.Format              # the number format it computes in (parity.analysis.causes)

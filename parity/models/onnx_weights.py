@@ -150,10 +150,6 @@ def external_range(t: TensorProto, f: Path) -> tuple[int, int]:
     return off, n
 
 
-def _external_length(t: TensorProto, base: Path) -> int:
-    return external_range(t, external_path(t, base))[1]
-
-
 def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS) -> onnx.ModelProto:
     """Write `m`'s initializers of THRESHOLD bytes or more to `weights` (one file, graph order, each at
     an ALIGN-ed offset) and point them there as `location`; smaller ones become inline raw_data. A

@@ -62,8 +62,8 @@ def capture_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path
     lat = latency_stats(res.latency_ms)
     write_json(timing, {"cell": key, "status": res.status, "latency": timed, "warmup": res.warmup, **lat})
     quant = []
-    if res.status == "OK" and not by_shape and schema.mode(job.dtype_cfg) in ("int4_weight", "int8_dynamic"):
-        # lazy: int4 / int8 dynamic cells only: their quantised oracle (issue 35; the ONNX reference evaluator)
+    if res.status == "OK" and not by_shape and schema.mode(job.dtype_cfg) in ("int4_weight", "int8_dynamic", "int8_static"):
+        # lazy: int4 / int8 cells only: their quantised oracle (issue 35; the ONNX reference evaluator)
         from parity.pipeline import quant_reference
         quant = quant_reference.write(job, load(inputs), out, reference, settings)
     return _lines(key, res, n_layers, lat, status, settings, time.perf_counter() - t0) + quant

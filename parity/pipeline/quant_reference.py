@@ -38,26 +38,50 @@ import onnx
 import onnxruntime as ort
 
 from parity.backends import load_runner
+from parity.backends.loader import calibration_feeds
 from parity.core import store
 from parity.core.io import write_json
-from parity.models import onnx_int4, onnx_weights, quant_sim
+from parity.models import onnx_int4, onnx_weights, quant_sim, quant_static
 from parity.config import schema
 from parity.pipeline.onnx_fp64 import Golden
 from parity.pipeline.onnx_source import to_float64
 
 GOLD, FLOOR, INFO = "quant_fp64.parquet", "quant_fp32.parquet", "quant_oracle.json"
-MAX_WEIGHT_BYTES = 256 << 20  # the evaluator holds the graph in float64 in memory: small models only
+MAX_WEIGHT_BYTES = 256 << 20
+FAULT_EXTRA = ("__prefault", "__scale")  # the tensors options.fault adds to an output it scales  # the evaluator holds the graph in float64 in memory: small models only
 
 
 def scheme_of(job, settings: dict) -> tuple[str, dict] | None:
-    """(scheme, options) of a quantised cell (int4 | int8_dynamic), None for any other."""
+    """(scheme, options) of a quantised cell (int4 | int8_dynamic | int8_static), None for any other."""
     mode = schema.mode(job.dtype_cfg)
     opts = dict(job.provider_cfg.get("options") or {})
     if mode == "int4_weight":
         return "int4", onnx_int4.options(job.provider_cfg)
-    if mode == "int8_dynamic":
-        return "int8_dynamic", {**opts, "reduce_range": bool(settings.get("reduce_range"))}
+    if mode in ("int8_dynamic", "int8_static"):
+        return mode, {**opts, "reduce_range": bool(settings.get("reduce_range"))}
     return None
+
+
+def static_params(job, m, opts: dict) -> tuple[dict, list[str]]:
+    """(parity's int8_static quantisation of `m`: parity.models.quant_static.params, calibrated on the
+    cell's calibration samples; the nodes whose weight it quantises). ValueError where parity cannot
+    reproduce onnxruntime's quantiser (then the cell is judged by tolerance): a calibration other than
+    MinMax, an op whose QDQ placement parity does not simulate."""
+    method = opts.get("calibrate_method", "MinMax")
+    if method != "MinMax":
+        raise ValueError(f"calibrate_method {method}: parity calibrates MinMax only (Entropy and Percentile choose "
+                         "their range from onnxruntime's own histogram bins) <providers.*.options.calibrate_method>")
+    if job.calibration is None or not Path(job.calibration).exists():
+        raise ValueError("int8_static: no calibration samples (inputs.calibration)")
+    par = quant_static.params(m, calibration_feeds(job.calibration), opts,
+                              lambda t: onnx_int4.read(t, job.model_dir))
+    if par["unsupported"]:
+        raise ValueError(f"int8_static: parity does not simulate onnxruntime's QDQ placement for "
+                         f"{', '.join(par['unsupported'][:4])} ({len(par['unsupported'])} nodes of "
+                         f"{', '.join(sorted(quant_static.UNSUPPORTED))})")
+    nodes = [n.name for n in m.graph.node if n.op_type in ("MatMul", "Gemm", "Conv")
+             and any(i in par["is_weight"] for i in n.input)]
+    return par, nodes
 
 
 def quantised_nodes(m, scheme: str, opts: dict) -> list[str]:
@@ -94,8 +118,15 @@ def _write(job, feeds: list, out: Path, reference: Path | None, settings: dict) 
         return [f"{key}: no quantised oracle (weights {size / 2**20:.0f} MiB > {MAX_WEIGHT_BYTES >> 20} MiB: "
                 "the float64 evaluator is for small models); judged by tolerance"]
     m = onnx_weights.load_with_data(d / "layers.onnx")
-    nodes = quantised_nodes(m, scheme, opts)
-    sim = quant_sim.simulated(m, scheme, opts, d, nodes)
+    par = None
+    if scheme == "int8_static":  # the provider's graph first: which Softmax onnxruntime fuses is simulated
+        par, nodes = static_params(job, m, opts)
+        checks = packed_check(job, m, nodes, opts, par)
+        sim = quant_static.simulated(m, par, lambda t: onnx_int4.read(t, d))
+    else:
+        nodes = quantised_nodes(m, scheme, opts)
+        sim = quant_sim.simulated(m, scheme, opts, d, nodes)
+        checks = packed_check(job, m, nodes, opts) if scheme == "int4" else []
     ref64 = store.read_dict(reference) if reference is not None and Path(reference).exists() else {}
     gold, floor, graph = _runs(m, sim, feeds, ref64)
     shift, dev = _correction(graph, ref64)
@@ -111,7 +142,9 @@ def _write(job, feeds: list, out: Path, reference: Path | None, settings: dict) 
             "quantised_nodes": len(nodes), "layers": _layer_of(m, nodes),
             "checked_against_reference": bool(ref64), "graph_vs_reference": dev,
             "cost": cost, "cost_output": cost.get("output"),
-            "weights": packed_check(job, m, nodes, opts) if scheme == "int4" else []}
+            "weights": checks if par is None else checks["weights"]}
+    if par is not None:  # int8_static: the activations' calibrated parameters against the provider's too
+        info["activations"] = checks["activations"]
     write_json(out / INFO, info)
     return [_line(key, info)]
 
@@ -213,16 +246,17 @@ def _layer_of(m, nodes: list) -> dict:
     return res
 
 
-def packed_check(job, m, nodes: list, opts: dict) -> list[dict]:
+def packed_check(job, m, nodes: list, opts: dict, par: dict | None = None):
     """Each quantised weight's MatMulNBits initializers in the provider's layers graph (the runner's
     own conversion) against parity's quantisation of the graph's weight: the share of blocks whose
-    packed bytes, scales or zero points differ."""
+    packed bytes, scales or zero points differ. int8_static (`par`: parity's quantisation): every
+    quantised initializer and activation of the provider's QDQ graph (static_check)."""
     # the provider's own runner class, by name (no runner in the capture stage's import closure)
     runner = load_runner(job.provider_cfg["runner"], job.provider_cfg.get("import"))(job)
     if not hasattr(runner, "quantized"):
         return []
     try:
-        return _compare(runner, job, m, nodes, opts)
+        return _compare(runner, job, m, nodes, opts) if par is None else static_check(runner, job, m, par)
     finally:
         runner.deactivate()
 
@@ -254,6 +288,34 @@ def _compare(runner, job, m, nodes: list, opts: dict) -> list[dict]:
     return out
 
 
+def static_check(runner, job, m, par: dict) -> dict:
+    """{"weights": [per quantised initializer: {node, layer, tensor, scales, zero_points, packed (share
+    differing), matches}], "activations": {compared, differ, fused_softmax}} of the provider's QDQ graph
+    against parity's quantisation; sets par["fused_softmax"] (quant_static.fused_softmax: simulated
+    as onnxruntime's QLinearSoftmax kernel quantises). ValueError when the two place Q/DQ pairs on different tensors (the oracle
+    would then be another model: the cell is judged by tolerance, the line names them)."""
+    q, _ = runner.quantized(Path(job.model_dir) / "layers.onnx")
+    par["fused_softmax"] = quant_static.fused_softmax(q, (job.provider_cfg.get("options") or {}).get(
+        "graph_optimization_level", "all"))
+    prov = {k.removesuffix("__fault"): v for k, v in quant_static.provider_params(q).items()
+            if not k.endswith(FAULT_EXTRA)}  # options.fault's copies and Mul (parity.backends.fault), as the tensors they stand for
+    res = quant_static.compare(par, prov)
+    only = res["placement"]
+    if only["parity_only"] or only["provider_only"]:
+        raise ValueError(f"int8_static: Q/DQ placement differs from the provider's (parity only: "
+                         f"{only['parity_only'][:3]}, provider only: {only['provider_only'][:3]})")
+    consumer = {i: n.name for n in m.graph.node for i in n.input}
+    layer = _layer_of(m, [n for n in consumer.values() if n])
+    out = []
+    for t, rec in sorted(res["initializers"].items()):
+        node = consumer.get(t)
+        out.append({"node": node, "layer": layer.get(node, t), "tensor": t, **rec,
+                    "matches": not any(rec.values())})
+    act = res["activations"]
+    return {"weights": out, "activations": {"compared": act["compared"], "differ": act["differ"],
+                                            "fused_softmax": sorted(par["fused_softmax"])}}
+
+
 def _line(key: str, info: dict) -> str:
     bad = [w["layer"] for w in info["weights"] if not w.get("matches", False)]
     dev = info["graph_vs_reference"]
@@ -262,4 +324,15 @@ def _line(key: str, info: dict) -> str:
             + (f"; graph vs reference: largest rel_l2 {dev['rel_l2']:.2g} at {dev['layer']}" if info["checked_against_reference"]
                else "; not checked against a reference fp64 run")
             + (f"; packed weights differ from parity's at {', '.join(bad[:4])}" if bad else
-               ("; packed weights identical to parity's" if info["weights"] else "")))
+               ("; packed weights identical to parity's" if info["weights"] else ""))
+            + _act_line(info.get("activations")))
+
+
+def _act_line(act: dict | None) -> str:
+    """int8_static: the provider's calibrated activation parameters against parity's."""
+    if not act:
+        return ""
+    if act["differ"]:
+        return (f"; calibrated scale or zero point differs from parity's at {len(act['differ'])} of {act['compared']} "
+                f"activations (first {act['differ'][0]})")
+    return f"; calibrated scales and zero points identical to parity's at {act['compared']} activations"

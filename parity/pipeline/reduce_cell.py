@@ -17,6 +17,7 @@ from parity.backends.runner import CaptureJob
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.config import params as config
 from parity.core import modelfiles, store
+from parity.core.status import Status
 from parity.core.io import read_json, write_json
 from parity.models.onnx_weights import load_with_data
 import onnx
@@ -80,7 +81,7 @@ def reduce_cell(p: dict, model: str, dtype: str, provider: str, model_dir: Path,
                           provider=prov, provider_cfg=pcfg, model_dir=model_dir, seed=c.seed,
                           threads=c.capture.threads)
 
-    if verdict != "FAIL":
+    if verdict != Status.FAIL:
         res = {"cell": key, "status": "SKIPPED", "reason": f"verdict {verdict}: only FAIL cells are reduced"}
     elif cls is None or not hasattr(cls, "run_graph"):
         res = {"cell": key, "status": "SKIPPED",

@@ -7,11 +7,14 @@ import html
 import math
 
 from parity.core import svg
+from parity.core.status import Status
 from parity.suites.render import render_coverage_html
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
                    "UNSUPPORTED": "#6e7781", "EXPORT_FAIL": "#9a6700", "INFER_FAIL": "#9a6700", "COMPILE_FAIL": "#9a6700",
                    "MISSING": "#6e7781", "NOT_EXERCISED": "#bc4c00", "BASELINE": "#0969da"}
+# a layer's row shows the judge's decision (layers.json `passed`), not a verdict of its own
+LAYER_SHOWN = {True: "pass", False: Status.FAIL.value}
 
 
 def fmt(v, digits: int = 3) -> str:
@@ -239,7 +242,7 @@ def layer_rows(c: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for d in c["layers"]:
         o = d.get("oracle") or {}
-        r = [str(d["order"]), d["name"], mods.get(d["name"], ""), d.get("problem") or ("pass" if d["passed"] else "FAIL"),
+        r = [str(d["order"]), d["name"], mods.get(d["name"], ""), d.get("problem") or LAYER_SHOWN[bool(d["passed"])],
              mismatch(d), fmt(d["max_abs"]), fmt(d["max_rel"]), fmt(d["rel_l2"]), fmt(d["cosine"], 6), fmt(d["tol_ratio"])]
         r += [fmt(per_limit(c, o.get("excess"))), fmt(o.get("bits_lost"), 2)] if oracle else []
         r += [rule(d)] if multi else []
@@ -356,7 +359,7 @@ def markdown(title: str, summary: dict, cells: list[dict], env: dict, coverage: 
             lines.append(f"- `{c['key']}` precision: {precision_text(m)}")
         if metric(m, "baseline"):
             lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'baseline')}")
-        if verdict(c) != "FAIL":
+        if verdict(c) != Status.FAIL:
             if metric(m, "reason"):
                 lines.append(f"- `{c['key']}` {verdict(c)}: {metric(m, 'reason')}")
             continue
@@ -612,7 +615,7 @@ def cell_html(c: dict) -> str:
         else:
             h.append(svg_curve(c))
         head, rows = failing_rows(c)
-        if verdict(c) == "FAIL":
+        if verdict(c) == Status.FAIL:
             hist = svg_histogram(c)
             if hist:
                 h.append("<h3>Element errors</h3>" + hist)

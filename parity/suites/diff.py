@@ -1,6 +1,7 @@
 """Per-case verdicts of a suite cell (suite x dtype x provider). numpy only, never torch.
 
-A case the run stage marked OK becomes:
+A case the run stage marked OK becomes (the verdict decided by parity.core.verdict.decide, as a model
+cell's; this module lists the problems it found, each a kind of verdict.PROBLEMS and a reason):
   NAN_IN_REFERENCE  the reference has NaN where the provider does not (or the other way round with
                     the reference also holding NaN): no fair comparison
   NAN_IN_OUTPUT     the provider has NaN where the reference is finite
@@ -22,7 +23,9 @@ Verdicts, per tensor, as a model's layers are judged (`diff.verdict`, default or
              `diff.verdict: tolerance`; a tensor a rule of the suite's `tolerances:` matches (the
              per-suite fixed tolerance: a rule with atol/rtol, scoped by dtype, case, kind); integer
              outputs (exact); a case without a float64 run (onnx, gradcheck; `oracle_note` says why)
-The tolerance metrics (max_abs, rel_l2, tol_ratio) are reported in both modes.
+The tolerance metrics (max_abs, rel_l2, tol_ratio) are reported in both modes. What the config says
+about judging (diff.verdict, diff.max_mismatch, the dtype's oracle limits) is read once into the suite
+cell's `Rule` (parity.config.schema.suite_rule), the Rule a model cell is judged by.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from collections import Counter
 
 import numpy as np
 
-from parity.core import compare, status
+from parity.core import compare, status, tolerance
 from parity.config import schema
 from parity.core import oracle
+from parity.core.status import Status
+from parity.core.verdict import decide
 from parity.suites import spec
 
 STATUS_ORDER = status.CASE_ORDER  # the one vocabulary: parity.core.status
@@ -73,37 +78,36 @@ def _floors(row: dict, outs: dict, refs: dict, floor: dict | None) -> dict | Non
 
 
 def diff_case(p: dict, suite: str, dtype: str, row: dict, outs: dict, refs: dict, gold: dict | None = None,
-              floor: dict | None = None) -> dict:
+              floor: dict | None = None, rule: tolerance.Rule | None = None) -> dict:
     """row: the run stage's result row; outs/refs/gold/floor: tensor name -> array for this case (the
-    provider's, the fp32 reference's, the float64 run's, the trusted backend's at the cell's dtype)."""
+    provider's, the fp32 reference's, the float64 run's, the trusted backend's at the cell's dtype).
+    rule: the suite cell's (schema.suite_rule(p, suite, dtype), made here when not given)."""
     res = {"id": row["id"], "label": row["label"], "kind": row["kind"], "status": row["status"],
            "reason": row.get("reason", ""), "max_abs": None, "rel_l2": None, "tol_ratio": None,
            "grad_max_abs": None, "grad_tol_ratio": None, "tol_source": None, "grad_tol_source": None,
            "onnx_ops": row.get("onnx_ops"),
            **{k: row[k] for k in ("note", "drawn", "exercised") if row.get(k) is not None}}
-    if row["status"] != "OK":
+    if row["status"] != Status.OK:
         return res
     if row.get("gradcheck") is not None:
-        ok = row["gradcheck"]["passed"]
-        res.update(status="OK" if ok else "MISMATCH", reason="" if ok else "gradcheck: " + row["gradcheck"]["reason"])
+        gc = row["gradcheck"]
+        problems = [] if gc["passed"] else [("mismatch", "gradcheck: " + gc["reason"])]
+        v = decide(row, {"case": True, "problems": problems})
+        res.update(status=v.status, reason=v.reason)
         return res
-    dset = schema.section(schema.Diff, p.get("diff"))  # this section alone: diff_case runs per case
-    use_oracle = dset.verdict == "oracle" and bool(gold)
+    rule = rule or schema.suite_rule(p, suite, dtype)
+    use_oracle = rule.verdict == "oracle" and bool(gold) and rule.limits is not None
     ctx = {"gold": gold or {}, "floor": _floors(row, outs, refs, floor), "oracle": use_oracle,
-           "lim": oracle.limits(p["dtypes"][dtype]) if use_oracle else None,
+           "lim": rule.limits if use_oracle else None,
            "worst": {"out": (-1.0, None), "grad": (-1.0, None)}, "excess": {}}
-    problems, nan_both, mm = [], 0, float(dset.max_mismatch)
+    problems, nan_both = [], 0
     for name in row["outputs"]:
-        nan_both += _diff_tensor(p, suite, dtype, row["id"], name, outs.get(name), refs.get(name), mm,
-                                 ctx, problems)
+        nan_both += _diff_tensor(p, suite, dtype, row["id"], name, outs.get(name), refs.get(name),
+                                 rule.max_mismatch, ctx, problems)
     _summarise(res, row, ctx)
-    if problems:
-        order = {"NAN_IN_REFERENCE": 0, "NAN_IN_OUTPUT": 1, "MISMATCH": 2}
-        worst_status = min((s for s, _ in problems), key=order.get)
-        res.update(status=worst_status, reason="; ".join(r for _, r in problems[:3]) +
-                   (f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""))
-    else:
-        res.update(status="OK", reason=f"{nan_both} NaN at the same places on both sides" if nan_both else "")
+    evidence = f"{nan_both} NaN at the same places on both sides" if nan_both else ""
+    v = decide(row, {"case": True, "problems": problems, "evidence": evidence})  # the one verdict function
+    res.update(status=v.status, reason=v.reason)
     return res
 
 
@@ -134,10 +138,10 @@ def _diff_tensor(p, suite, dtype, cid, name, a, b, max_mismatch, ctx, problems) 
     """Judge one output or gradient (appending to `problems`); returns the NaN count both sides share."""
     kind = "grad" if name.startswith("grad:") else "out"
     if b is None or a is None:
-        problems.append(("MISMATCH", f"{name}: missing on the {'reference' if b is None else 'provider'}"))
+        problems.append(("mismatch", f"{name}: missing on the {'reference' if b is None else 'provider'}"))
         return 0
     if a.shape != b.shape:
-        problems.append(("MISMATCH", f"{name}: shape {list(a.shape)} vs reference {list(b.shape)}"))
+        problems.append(("mismatch", f"{name}: shape {list(a.shape)} vs reference {list(b.shape)}"))
         return 0
     atol, rtol, src, fixed = _fixed(p, suite, dtype, cid, kind, a, b)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -146,10 +150,10 @@ def _diff_tensor(p, suite, dtype, cid, name, a, b, max_mismatch, ctx, problems) 
     if na.any() or nb.any():
         if not np.array_equal(na, nb):
             if nb.any():
-                problems.append(("NAN_IN_REFERENCE", f"{name}: {int(nb.sum())} NaN in the reference, "
+                problems.append(("nan_reference", f"{name}: {int(nb.sum())} NaN in the reference, "
                                                      f"{int(na.sum())} in the output, at different places"))
             else:
-                problems.append(("NAN_IN_OUTPUT", f"{name}: {int(na.sum())} NaN in the output, none in the reference"))
+                problems.append(("nan_output", f"{name}: {int(na.sum())} NaN in the output, none in the reference"))
             return 0
     inf_ok = np.isinf(b64) & (a64 == b64)  # the same infinity on both sides: compared as equal
     a64, b64 = np.where(inf_ok, 0.0, a64)[keep], np.where(inf_ok, 0.0, b64)[keep]
@@ -169,13 +173,13 @@ def _diff_tensor(p, suite, dtype, cid, name, a, b, max_mismatch, ctx, problems) 
                     f"excess {j['excess']:.3g} > k {ctx['lim'][1]:g}")
             floor = ("floor u x rms: no trusted backend apart" if j["floor_rmse"] is None
                      else f"trusted backend's {j['floor_rmse']:.3g}")
-            problems.append(("MISMATCH", f"{name}: {what} (rmse vs fp64 {j['err_rmse']:.3g}, {floor}, "
+            problems.append(("mismatch", f"{name}: {what} (rmse vs fp64 {j['err_rmse']:.3g}, {floor}, "
                                          f"rms {j['ref_rms']:.3g} <dtypes.{dtype}.oracle>)"))
     elif not d.passed:
         if d.nan_actual + d.inf_actual > d.nan_expected + d.inf_expected:
-            problems.append(("MISMATCH", f"{name}: non-finite values the reference lacks"))
+            problems.append(("mismatch", f"{name}: non-finite values the reference lacks"))
         else:
-            problems.append(("MISMATCH", f"{name}: {d.n_outside}/{d.numel} elements outside tolerance, "
+            problems.append(("mismatch", f"{name}: {d.n_outside}/{d.numel} elements outside tolerance, "
                                          f"max_abs {d.max_abs:.3g}, tol_ratio {d.tol_ratio:.3g} "
                                          f"(atol {atol:g}, rtol {rtol:g} <{src}>)"))
     return int(nb.sum())
@@ -186,6 +190,6 @@ def summarize(rows: list[dict]) -> dict:
     grads = [r for r in rows if r.get("grad_tol_ratio") is not None]
     finite = [r["max_abs"] for r in rows if isinstance(r.get("max_abs"), float) and math.isfinite(r["max_abs"])]
     return {"cases": len(rows), "counts": {s: counts[s] for s in STATUS_ORDER if counts[s]},
-            "ok": counts["OK"], "grad_checked": len(grads),
-            "grad_ok": sum(1 for r in grads if r["status"] == "OK"),
+            "ok": counts[Status.OK], "grad_checked": len(grads),
+            "grad_ok": sum(1 for r in grads if r["status"] == Status.OK),
             "max_abs": max(finite) if finite else None}
