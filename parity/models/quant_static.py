@@ -305,6 +305,25 @@ def _qdq(nodes: list, inits: list, x: str, y: str, scale, zp, signed: bool, fuse
               helper.make_node("Sub", [p + "q", c["z"]], [p + "sub"]), helper.make_node("Mul", [p + "sub", c["s"]], [y])]
 
 
+def _dequantised_inits(par: dict) -> tuple[list, list]:
+    """(Mul nodes, their initializers): each quantised weight and bias as its integers (float32:
+    exact) x its scale, under the initializer's name."""
+    nodes, inits = [], []
+    for name, (s, z, q, axis) in par["weights"].items():
+        shape = [1] * q.ndim
+        if axis is not None:
+            shape[axis] = -1
+        inits += [numpy_helper.from_array((q - np.reshape(z, shape)).astype(np.float32), f"quant_static/{name}/q"),
+                  numpy_helper.from_array(np.reshape(np.asarray(s, np.float32), shape if axis is not None else []),
+                                          f"quant_static/{name}/s")]
+        nodes.append(helper.make_node("Mul", [f"quant_static/{name}/q", f"quant_static/{name}/s"], [name]))
+    for name, (s, q, _, _) in par["bias"].items():
+        inits += [numpy_helper.from_array(q.astype(np.float32), f"quant_static/{name}/q"),
+                  numpy_helper.from_array(np.asarray(s, np.float32), f"quant_static/{name}/s")]
+        nodes.append(helper.make_node("Mul", [f"quant_static/{name}/q", f"quant_static/{name}/s"], [name]))
+    return nodes, inits
+
+
 def simulated(m: onnx.ModelProto, par: dict, read) -> onnx.ModelProto:
     """A copy of `m` computing the quantised model `par` (params()): each quantised initializer
     replaced by its integers x its scale, each quantised activation by its quantise-dequantise. Weights inline."""
@@ -312,21 +331,8 @@ def simulated(m: onnx.ModelProto, par: dict, read) -> onnx.ModelProto:
     out.CopyFrom(m)
     g = out.graph
     inputs = {i.name for i in g.input}
-    nodes, inits = [], []
-    for name, (s, z, q, axis) in par["weights"].items():
-        shape = [1] * q.ndim
-        if axis is not None:
-            shape[axis] = -1
-        ints = (q - np.reshape(z, shape)).astype(np.float32)  # small integers: exact
-        inits += [numpy_helper.from_array(ints, f"quant_static/{name}/q"),
-                  numpy_helper.from_array(np.reshape(np.asarray(s, np.float32), shape if axis is not None else []),
-                                          f"quant_static/{name}/s")]
-        nodes.append(helper.make_node("Mul", [f"quant_static/{name}/q", f"quant_static/{name}/s"], [name]))
+    nodes, inits = _dequantised_inits(par)
     copies = {node: (src, name) for name, (_, _, src, node) in par["bias"].items() if name != src}
-    for name, (s, q, _, _) in par["bias"].items():
-        inits += [numpy_helper.from_array(q.astype(np.float32), f"quant_static/{name}/q"),
-                  numpy_helper.from_array(np.asarray(s, np.float32), f"quant_static/{name}/s")]
-        nodes.append(helper.make_node("Mul", [f"quant_static/{name}/q", f"quant_static/{name}/s"], [name]))
     acts = {t: par["act"][par["shared"].get(t, t)] if par["shared"].get(t, t) in par["act"] else None
             for t in list(par["act"]) + list(par["shared"])}
     renamed = {}

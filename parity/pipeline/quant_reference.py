@@ -13,7 +13,10 @@ exported graph would be in the oracle too. So the graph's own fp64 run, unquanti
 with the reference's fp64 values (fp64.parquet), and the oracle is corrected by the difference:
   oracle = fp64(quantised graph) - fp64(graph) + fp64 reference
 (the correction is 0 up to fp64 rounding when the graph is the reference's export; a weight or op
-changed in the graph shows as that difference, at its layer).
+changed in the graph shows as that difference, at its layer). Where the graph's value is a pure
+scale c of the reference's (a weight scaled in the checkpoint), oracle = fp64(quantised graph) / c'
++ (fp64 reference - fp64(graph) / c') with c' = graph / reference: the quantised weight scaled back,
+as parity's quantisation of the reference's own weight would give (_correction).
 
 The yardstick (the trusted backend's error at this precision): the same quantised graph run in
 float32 by onnxruntime with optimisation off, measured against the fp64 run. It is what a correct
@@ -48,7 +51,8 @@ from parity.pipeline.onnx_source import to_float64
 
 GOLD, FLOOR, INFO = "quant_fp64.parquet", "quant_fp32.parquet", "quant_oracle.json"
 MAX_WEIGHT_BYTES = 256 << 20
-FAULT_EXTRA = ("__prefault", "__scale")  # the tensors options.fault adds to an output it scales  # the evaluator holds the graph in float64 in memory: small models only
+FAULT_EXTRA = ("__prefault", "__scale")
+SCALE_MIN, SCALE_EXACT = 1e-4, 1e-5  # _correction: a graph value that is a pure scale of the reference's  # the tensors options.fault adds to an output it scales  # the evaluator holds the graph in float64 in memory: small models only
 
 
 def scheme_of(job, settings: dict) -> tuple[str, dict] | None:
@@ -130,8 +134,8 @@ def _write(job, feeds: list, out: Path, reference: Path | None, settings: dict) 
     ref64 = store.read_dict(reference) if reference is not None and Path(reference).exists() else {}
     gold, floor, graph = _runs(m, sim, feeds, ref64)
     shift, dev = _correction(graph, ref64)
-    gold = [{n: v + shift[k].get(n, 0.0) for n, v in g.items()} for k, g in enumerate(gold)]
-    floor = [{n: v + shift[k].get(n, 0.0) for n, v in f.items()} for k, f in enumerate(floor)]
+    gold = [{n: _corrected(v, shift[k].get(n)) for n, v in g.items()} for k, g in enumerate(gold)]
+    floor = [{n: _corrected(v, shift[k].get(n)) for n, v in f.items()} for k, f in enumerate(floor)]
     names = [o.name for o in m.graph.output]
     for path, runs in ((out / GOLD, gold), (out / FLOOR, floor)):  # the layers, then the gold's pre: inputs
         store.write(path, [t for k, r in enumerate(runs) for t in store.rows_from(k, list(r.items()))],
@@ -194,21 +198,47 @@ def _pre_values(values: dict, ref64: dict, k: int) -> dict:
 
 
 def _correction(graph: list, ref64: dict) -> tuple[list, dict]:
-    """(per sample {layer: fp64 reference - fp64 graph}, the largest deviation {layer, rel_l2}):
-    nothing where the reference has no fp64 value of a layer."""
-    shift, worst = [], {"layer": None, "rel_l2": 0.0}
+    """(per sample {layer: (c, fp64 reference - c x fp64 graph)}, the largest deviation {layer, rel_l2}):
+    the oracle of a layer is c x its quantised run + that remainder. c is 1 (the correction is the
+    difference), except where the graph's value is a pure scale of the reference's at a layer, over
+    every sample (|c - 1| > SCALE_MIN, residual after scaling <= SCALE_EXACT of its norm: a weight
+    edited in the checkpoint the export was written from): there the quantised run is scaled, as
+    quantising the reference's own weight would scale it (symmetric schemes: q(c w) = c q(w) exactly),
+    so the provider's error at that layer stays the weight's scale, not a scale blurred by the
+    quantisation's own error. Nothing where the reference has no fp64 value of a layer."""
+    worst = {"layer": None, "rel_l2": 0.0}
+    pairs: dict = {}
     for k, g in enumerate(graph):
-        s = {}
         for n, v in g.items():
             t = ref64.get((k, n))
-            if t is None or t.array.shape != v.shape:
-                continue
-            s[n] = t.array.astype(np.float64) - v
-            rel = float(np.linalg.norm(s[n]) / max(np.linalg.norm(t.array), 1e-300))
+            if t is not None and t.array.shape == v.shape:
+                pairs.setdefault(n, []).append((k, t.array.astype(np.float64), v))
+    shift = [{} for _ in graph]
+    for n, rows in pairs.items():
+        c = _pure_scale(rows)
+        for k, r, v in rows:
+            shift[k][n] = (c, r - c * v)
+            rel = float(np.linalg.norm(r - v) / max(np.linalg.norm(r), 1e-300))
             if rel > worst["rel_l2"]:
                 worst = {"layer": n, "rel_l2": rel}
-        shift.append(s)
     return shift, worst
+
+
+def _corrected(v: np.ndarray, fix: tuple | None) -> np.ndarray:
+    """c x v + remainder (_correction); v itself where the reference has no value of the layer."""
+    return v if fix is None else fix[0] * v + fix[1]
+
+
+def _pure_scale(rows: list) -> float:
+    """c when the reference's values (r) are c x the graph's (v) over every sample (module docstring
+    of _correction), else 1.0."""
+    gg = sum(float(np.vdot(v, v)) for _, _, v in rows)
+    rr = sum(float(np.vdot(r, r)) for _, r, _ in rows)
+    if gg <= 0 or rr <= 0:
+        return 1.0
+    c = sum(float(np.vdot(r, v)) for _, r, v in rows) / gg
+    res = np.sqrt(sum(float(np.sum((r - c * v) ** 2)) for _, r, v in rows) / rr)
+    return c if abs(c - 1.0) > SCALE_MIN and res <= SCALE_EXACT else 1.0
 
 
 def _cost(gold: list, ref32: dict, names: list) -> dict:
