@@ -1,4 +1,4 @@
-"""env: fingerprint every backend component, cheaply (no torch import). always_changed in dvc.yaml.
+"""env: fingerprint every backend component, cheaply (no torch import). env/dvc.yaml: always_changed, outs persist.
 
 Writes, under --out:
   <component>.json         versions / device identity of one component (parity.backends.fingerprint.COMPONENTS)
@@ -6,14 +6,13 @@ Writes, under --out:
   stage-<name>.json        what a shared stage depends on (parity.backends.fingerprint.STAGE_USES)
   host.json                OS, kernel, Python, CPU and thread counts: shown by the report, used by no stage
 and under --code, <model>.json: sha256 of an `import` model's source and of every file a model reads (ONNX
-external data, checkpoint shards and tokenizer, `weights:`; parity.core.modelfiles streams and remembers
-them), a dependency of that model's stages, so editing the user's model code or files re-runs exactly those
-(<model>.inputs.json: the tokenizer files inputs@ reads); provider-<provider>.json: the same for the
-provider's runner module and what it imports (the runner code of capture/engine/reduce/plan cells, so
-editing one runner re-runs only its provider's cells); suite-<suite>.json: the same for a suite's modules
-(parity.suites.code); stage-<stage>.json: each dvc.yaml stage's import closure (stages/closures.json).
-Identical machines give identical bytes: downstream stages re-run only when something they use changed.
-"""
+external data, checkpoint shards and tokenizer, `weights:`; parity.core.modelfiles streams and remembers them), a
+dependency of that model's stages, so editing the user's model code or files re-runs exactly those
+(<model>.inputs.json: the tokenizer files inputs@ reads); provider-<provider>.json: the same for the provider's
+runner module and what it imports (the runner code of capture/engine/reduce/plan cells, so editing one runner
+re-runs only its provider's cells); suite-<suite>.json: the same for a suite's modules (parity.suites.code);
+stage-<stage>.json: each dvc.yaml stage's import closure (stages/closures.json). Identical machines give identical
+bytes: downstream stages re-run only when something they use changed."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from pathlib import Path
 from parity.core import codedeps
 from parity.core import importmemo
 from parity.config import params as config
-from parity.core.io import write_json
+from parity.pipeline.envfiles import Outs
 from parity.suites import code as suite_code
 
 
@@ -37,25 +36,26 @@ def main(argv=None) -> int:
     else:  # stdlib only; the package's __init__ loads numpy + pyarrow: 0.25 s CPU per repro (issue 38)
         fingerprint = importmemo.load_alone("parity.backends.fingerprint")
     p = config.load_or_die(a.params)
-    out = Path(a.out)
+    out, code = Path(a.out), Path(a.code or out.parent / "code")
+    files, known = Outs(out, code), importmemo.load()  # known: parsed imports kept between runs (.dvc/tmp)
     declared = {k: v for pc in p["providers"].values() for k, v in config.runner_components(pc).items()}
     comps = fingerprint.collect([*config.COMPONENTS, *declared], declared)
     for name, fp in comps.items():
-        write_json(out / f"{name}.json", fp)
+        files.put(out / f"{name}.json", fp)
     for prov, pc in sorted(p["providers"].items()):
         fp = {c: comps[c] for c in sorted(pc["uses"])}
         if fingerprint.cluster_unavailable(prov):  # parity repro --cluster: no node offers it
             fp["cluster"] = fingerprint.cluster_unavailable(prov)
-        write_json(out / f"provider-{prov}.json", fp)
-    write_json(out / "host.json", fingerprint.host())
+        files.put(out / f"provider-{prov}.json", fp)
+    files.put(out / "host.json", fingerprint.host())
     for stage, uses in sorted(fingerprint.STAGE_USES.items()):
-        write_json(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
-    code, known = Path(a.code or out.parent / "code"), importmemo.load()  # parsed imports kept between runs
+        files.put(out / f"stage-{stage}.json", {c: comps[c] for c in uses})
     for name, c in [*codedeps.models_code(p["models"]).items(), *codedeps.inputs_code(p["models"]).items(),
                     *((f"provider-{k}", c) for k, c in codedeps.providers_code(p["providers"]).items()),  # runners
                     *((f"suite-{k}", c) for k, c in suite_code.suites_code(p).items()),  # a suite's modules
                     *((f"stage-{k}", c) for k, c in codedeps.stages_code(Path(codedeps.CLOSURES)).items())]:
-        write_json(code / f"{name}.json", c)  # each stage's closure: its one code dep (parity deps)
+        files.put(code / f"{name}.json", c)  # each stage's closure: its one code dep (parity deps)
+    files.prune()  # files of an earlier run not written now (a model/provider no longer in params)
     importmemo.save(known)
     print("\n".join(f"env: {name:12s} " + ", ".join(f"{k}={v}" for k, v in fp.items()) for name, fp in comps.items()))
     return 0
