@@ -122,8 +122,10 @@ def _pool_sync(src: Path, dst: Path, verify: bool) -> None:
 
 
 def _pooled(cmd: list[str]) -> bool:
-    """A command that can run stages (and so add run-cache entries)."""
-    return Path(cmd[0]).name in ("dvc", "parity") and ("repro" in cmd or "exp" in cmd)
+    """A command that can run stages (and so add run-cache entries): `dvc repro`, `dvc exp run`. Not
+    `parity repro` (cells at once): what the pool holds came from sequential runs, so a repo restored
+    from it stands for a sequential `dvc repro` (tests/test_parallel.py compares the two)."""
+    return Path(cmd[0]).name == "dvc" and ("repro" in cmd or "exp" in cmd)
 
 
 def run(cmd: list[str] | str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -184,6 +186,57 @@ class Repo:
         self.run(["git", "commit", "-qm", msg, "--allow-empty"])
 
 
+# What `dvc init -q` writes under .dvc/ (its .gitignore, an empty config, a tmp/ folder), read once per
+# process from one real `dvc init` and written into each new repo: a dvc process is ~1 s of CPU, and the
+# suite builds over a hundred repos (issue 38). Not .dvc/tmp/btime: DVC creates it on its first
+# command in the repo (it dates the repo for DVC's site cache; a copy would date every repo alike).
+_DVC_INIT: dict[str, bytes | None] = {}
+
+
+def _dvc_init(path: Path) -> None:
+    """Write what `dvc init -q` writes into the git repo `path` (holding the project's .dvcignore)."""
+    if not _DVC_INIT:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="parity-dvc-init-") as td:
+            t = Path(td)
+            shutil.copy2(ROOT / ".dvcignore", t / ".dvcignore")
+            run("git init -q", t)
+            run("dvc init -q", t)
+            assert (t / ".dvcignore").read_bytes() == (ROOT / ".dvcignore").read_bytes()  # left as it was
+            made = {str(f.relative_to(t)): None if f.is_dir() else f.read_bytes()
+                    for f in sorted((t / ".dvc").rglob("*")) if f.name != "btime"}
+            _DVC_INIT.update(made)
+    for rel, data in _DVC_INIT.items():
+        if data is None:
+            (path / rel).mkdir(parents=True, exist_ok=True)
+        else:
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / rel).write_bytes(data)
+
+
+# params.yaml as `parity compose` writes it, by the digest of the repo it composed in (conf/'s bytes, every
+# other file's name and size): a Hydra composition in a fresh process is ~1.2 s of CPU, and most new repos
+# compose the same few conf trees (issue 38). A repo not seen before in this process is composed by the
+# real command.
+_COMPOSED: dict[str, bytes] = {}
+
+
+def _compose(repo: Repo) -> None:
+    """Write the repo's params.yaml as `parity compose` does (the real command once per distinct repo)."""
+    h = hashlib.md5()
+    for f in sorted(repo.path.rglob("*")):
+        rel = f.relative_to(repo.path)
+        if f.is_file() and rel.parts[0] not in (".git", ".dvc"):
+            h.update(f"{rel}\0{f.stat().st_size}\0".encode() + (f.read_bytes() if rel.parts[0] == "conf" else b""))
+    key = h.hexdigest()
+    if key in _COMPOSED:
+        (repo.path / "params.yaml").write_bytes(_COMPOSED[key])
+        return
+    repo.run([f"{BIN}/parity", "compose"])
+    _COMPOSED[key] = (repo.path / "params.yaml").read_bytes()
+
+
 def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), providers=("torch_cpu", "ort_cpu"),
               compose=True, pool=True) -> Repo:
     path.mkdir(parents=True, exist_ok=True)
@@ -197,7 +250,7 @@ def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), provide
     (path / ".gitignore").write_text("/artifacts/\n__pycache__/\n")
     repo = Repo(path)
     repo.run("git init -q")
-    repo.run("dvc init -q")
+    _dvc_init(path)  # what `dvc init -q` writes
     # what `dvc config hydra.enabled true`, `dvc config core.autostage true` and `dvc config cache.type
     # <the project's link type>` write, written here (three dvc processes, ~2 s of CPU per repo: issue 38)
     dvc_config = "[hydra]\n    enabled = true\n[core]\n    autostage = true\n"
@@ -215,7 +268,7 @@ def make_repo(path: Path, models=("tiny_mlp",), dtypes=("fp32", "fp16"), provide
     repo.set_defaults(models=models, dtypes=dtypes, providers=providers)
     repo.edit("conf/config.yaml", "repeats: 10", "repeats: 2")
     if compose:
-        repo.run([f"{BIN}/parity", "compose"])
+        _compose(repo)  # what `parity compose` writes
     repo.commit("init")
     return repo
 
@@ -253,6 +306,10 @@ def repo(tmp_path) -> Repo:
     return make_repo(tmp_path / "repo")
 
 
+# resolved once: a test that changes directory must not send the next lines elsewhere
+CPU_LOG = os.path.abspath(os.environ["PARITY_TEST_CPU"]) if os.environ.get("PARITY_TEST_CPU") else None
+
+
 def _cpu() -> float:
     """CPU seconds (user+sys) of this process and every child it has waited for (stages, dvc, git)."""
     import resource
@@ -265,7 +322,7 @@ def _cpu() -> float:
 def pytest_runtest_protocol(item, nextitem):
     """PARITY_TEST_CPU=<file>: append each test's CPU seconds (setup, call and teardown, its
     subprocesses included) to <file>, one `seconds<TAB>nodeid` line: where the suite's CPU goes."""
-    out = os.environ.get("PARITY_TEST_CPU")
+    out = CPU_LOG
     t0 = _cpu() if out else 0.0
     yield
     if out:

@@ -50,7 +50,10 @@ def prepro(repo, *args, **kw):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     base = tmp_path_factory.mktemp("parallel")
-    seq, par = make_repo(base / "seq", pool=False), make_repo(base / "par", pool=False)  # both really run
+    # par really runs every stage; seq is what a sequential `dvc repro` gives: its stages run, or restored
+    # from the run-cache pool (filled only by sequential `dvc repro` / `dvc exp run` of other tests' repos
+    # with the same commands, deps and params: the same bytes, and ~35 s of CPU less: issue 38)
+    seq, par = make_repo(base / "seq"), make_repo(base / "par", pool=False)
     seq.repro()
     return seq, par
 
