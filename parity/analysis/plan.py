@@ -188,10 +188,13 @@ class Evaluator:
         t0 = time.perf_counter()
         feeds = self.feeds[:n_samples] if n_samples else self.feeds
         q = self.quant.run(items, feeds)
-        self.seconds["quant_cost"] = self.seconds.get("quant_cost", 0.0) + time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.seconds["quant_cost"] = self.seconds.get("quant_cost", 0.0) + dt
         r = output_error(q, self.refs[:len(feeds)], self.target)
-        return {"quant_cost": r["rel_l2"], "quant_tol_ratio": r["tol_ratio"],
-                "deviation": plan_cost.rel_l2(self.outs, q)}
+        out = {"quant_cost": r["rel_l2"], "quant_tol_ratio": r["tol_ratio"], "deviation": plan_cost.rel_l2(self.outs, q)}
+        print(f"plan: parity's quantisation of {len(items)} nodes: expected cost rel_l2 {out['quant_cost']:.3g}, "
+              f"the provider {out['deviation']:.3g} from it, {dt:.1f}s", file=sys.stderr, flush=True)
+        return out
 
     def run(self, reduced: bool, flip: list[str], n_samples: int | None = None, phase: str = "") -> dict:
         t0 = time.perf_counter()
