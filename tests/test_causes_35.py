@@ -131,6 +131,19 @@ def test_a_failed_layer_is_never_precision():
     assert c.label != "precision" and "within" not in c.summary.split(";")[0]
     if c.label == "unknown":
         assert c.evidence["within_limit"] is not None and "verdict fails it" in c.summary
+        assert "0.1953% of the elements differ" in c.summary  # one element of 512: "a few elements"
+
+
+def test_a_tolerance_below_one_rounding_is_named_not_called_a_few_elements():
+    """fp16 at atol = rtol = 0 (README's history flow) fails every rounded element: the cause says the limit
+    is tighter than one rounding and how many elements differ (99.9%), not only "a few elements"."""
+    rng = np.random.default_rng(11)
+    b = rng.normal(size=(1, 64, 64))
+    a = b.astype(np.float16).astype(np.float64)
+    c = classify(a, b, "fp16", failed=True)
+    assert c.label == "unknown" and "tighter than one rounding" in c.summary
+    share = float(c.summary.split("; ")[-1].split("%")[0])
+    assert share > 99.0, c.summary
 
 
 def test_origin_cause_passes_the_verdict_to_the_cause():

@@ -435,9 +435,12 @@ def _unknown(a, b, d, rel: float, f: dict, within: float | None = None) -> Cause
     ad = np.abs(d)
     worst = int(ad.argmax()) if ad.size else 0
     max_abs = float(ad.ravel()[worst]) if ad.size else 0.0
+    differ = float(np.count_nonzero(ad)) / ad.size if ad.size else 0.0
     why = ("no layout, scale, offset or channel pattern" if within is None else
-           f"the verdict fails it though its rel_l2 is within the dtype's limit {within:.3g}: the failure is in "
-           f"a few elements (largest error {max_abs:.3g}) or a tighter limit than rel_l2's")
+           f"its rel_l2 is the size of this dtype's rounding (below {within:.3g}), yet the verdict fails it: "
+           f"the verdict's limit is tighter than one rounding (a tolerance of atol = rtol = 0 does that), or "
+           f"the failure sits in a few elements (largest error {max_abs:.3g}; {100 * differ:.4g}% of the "
+           f"elements differ at all)")
     return Cause("unknown", f"unknown: rel_l2 {rel:.3g}, cosine {cos:.6g}, max_abs {max_abs:.3g}; {why}",
                  {"rel_l2": rel, "cosine": cos, "max_abs": max_abs, "within_limit": within,
                   "worst_index": [int(i) for i in np.unravel_index(worst, b.shape)] if b.size else [],
