@@ -15,14 +15,19 @@ counted) and the 1-min load average before each side. Ratios are per round (A_i 
   noop     A: `dvc repro` with nothing changed (the env stage runs: always_changed). B: `dvc status`.
            With --before CLONE (the same pipeline on the code before a change, run there too), that
            clone's no-op `dvc repro` is a third side of the same rounds: before and after, one loop.
-  cold     not here: export-validator is not on PyPI (benchmarks/peers.py --export-validator PATH runs
-           it from a checkout, wall time only).
+  cold     A: `dvc repro -f diff@<cell>` (every upstream stage forced: DVC's log checked against the stages
+           `dvc repro -f --dry` lists). B: export-validator's pipeline (`cli export` then `cli compare`, two
+           processes timed together) for resnet18 on seeded random weights, as benchmarks/peers.py runs it.
+           export-validator is not on PyPI: give its checkout (--export-validator PATH, e.g. a clone of
+           github.com/SAY-5/export-validator at d5c37b3); it is installed once into a venv of its own
+           (--ev-venv; `pip install -e` + parity's torch/torchvision versions, from the pip index and
+           find-links as configured) and never copied into this repository.
 
 --repo is a scratch clone that has been run (`dvc repro`), e.g. the 8-cell default; <cell> must be in it.
 Nothing asserts a timing.
 
-    python benchmarks/load_peers.py --repo /tmp/x [--runs 5] [--only capture,direct,noop] [--before /tmp/y]
-                                    [--peer-venv DIR] [--json OUT]
+    python benchmarks/load_peers.py --repo /tmp/x [--runs 5] [--only capture,direct,noop,cold] [--before /tmp/y]
+                                    [--peer-venv DIR] [--export-validator PATH] [--ev-venv DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -43,14 +48,15 @@ import bench  # noqa: E402 - ENV, stage(), ran_stage(), versions()
 import peers  # noqa: E402 - plain_onnx()
 
 PEER_PINS = ("polygraphy==0.53.6", "onnxruntime", "onnx", "numpy")  # versions: parity's own, below
+ROWS = ("capture", "direct", "noop", "cold")
 
 
-def timed(cmd: list[str] | str, cwd: Path, what: str) -> tuple[dict, str]:
+def timed(cmd: list[str] | str, cwd: Path, what: str, env: dict | None = None) -> tuple[dict, str]:
     """One whole process: wall, cpu (user+sys of its tree), load1 before; a failure stops the benchmark."""
     load1 = os.getloadavg()[0]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=cwd, env=bench.ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    r = subprocess.run(cmd, cwd=cwd, env=env or bench.ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, shell=isinstance(cmd, str))
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -163,20 +169,60 @@ def row_noop(repo: Path, runs: int, before: Path | None) -> dict:
     return res
 
 
+def row_cold(repo: Path, runs: int, checkout: Path, venv: Path, work: Path) -> dict:
+    """A cold cell (every stage up to diff@<cell> forced) / export-validator's export + compare."""
+    py = peers.ev_venv(checkout.resolve(), venv)
+    home, out_dir = work / "torch-home", work / "ev-out"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("EXPORT_VALIDATOR_BINARY", "PYTHONPATH")}
+    env.update(TORCH_HOME=str(home), HF_HUB_OFFLINE="1")
+    timed([str(py), "-c", peers.WEIGHTS, str(home), str(peers.SEED)], work, "writing the random weights", env)
+    (work / "ev_cli.py").write_text(peers.EV_CLI)
+    cli, m = f"{py} {work / 'ev_cli.py'}", peers.MODEL
+    onnx, lmap = out_dir / f"{m}.onnx", out_dir / f"{m}_layer_map.json"
+    b_cmd = (f"{cli} export --model {m} --out {onnx} --layer-map {lmap} && {cli} compare --model {m} --onnx {onnx} "
+             f"--layer-map {lmap} --report-base {out_dir / f'{m}_fp32'} --tolerance 1e-4 --backend auto")
+    target = f"diff@{peers.CELL}"
+    a_cmd = ["dvc", "repro", "-f", target]
+    expected = peers.ran(timed([*a_cmd, "--dry"], repo, "dvc repro --dry")[1])
+
+    def side_a():
+        r, out = timed(a_cmd, repo, " ".join(a_cmd))
+        if missing := [s for s in expected if not bench.ran_stage(out, s)]:
+            sys.exit(f"load_peers: {' '.join(a_cmd)} did not run {missing}:\n{out[-2000:]}")
+        return r
+
+    def side_b():
+        r, out = timed(b_cmd, out_dir, "export-validator's pipeline", env)
+        if "compared via" not in out:
+            sys.exit(f"load_peers: export-validator printed no 'compared via' line:\n{out[-2000:]}")
+        return r
+    res = paired(runs, {"A": side_a, "B": side_b})
+    res["commands"] = {"A": " ".join(a_cmd) + f" ({len(expected)} stages: {', '.join(expected)})", "B": b_cmd}
+    res["export_validator"] = {"checkout": str(checkout), "commit": peers.head(checkout, dirty_note=False)}
+    show(f"cold cell / export-validator {res['export_validator']['commit']} (own venv)", res, res["commands"])
+    return res
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, required=True, help="a scratch clone, already run (`dvc repro`)")
     ap.add_argument("--runs", type=int, default=5, help="measured pairs after one warm-up pair")
-    ap.add_argument("--only", default="capture,direct,noop", help="comma-separated subset of capture,direct,noop")
+    ap.add_argument("--only", default="capture,direct,noop", help=f"comma-separated subset of {','.join(ROWS)}")
     ap.add_argument("--peer-venv", type=Path, default=Path(tempfile.gettempdir()) / "parity-polygraphy-venv",
                     help="Polygraphy's own venv (created once if missing; default: %(default)s)")
     ap.add_argument("--before", type=Path, help="noop: a second scratch clone (the code before a change, run "
                     "too), whose no-op `dvc repro` is timed in the same rounds")
+    ap.add_argument("--export-validator", type=Path, metavar="PATH", help="cold: an export-validator checkout")
+    ap.add_argument("--ev-venv", type=Path, default=Path(tempfile.gettempdir()) / "parity-export-validator-venv",
+                    help="export-validator's own venv (created once if it cannot import it; default: %(default)s)")
     ap.add_argument("--json", type=Path, help="also write every figure here")
     a = ap.parse_args()
     only = [s.strip() for s in a.only.split(",") if s.strip()]
-    if bad := [s for s in only if s not in ("capture", "direct", "noop")]:
-        sys.exit(f"load_peers: --only: unknown {bad}; valid: capture, direct, noop")
+    if bad := [s for s in only if s not in ROWS]:
+        sys.exit(f"load_peers: --only: unknown {bad}; valid: {', '.join(ROWS)}")
+    if "cold" in only and not (a.export_validator and (a.export_validator / "pyproject.toml").is_file()):
+        sys.exit("load_peers: --only cold needs --export-validator PATH (a checkout with its pyproject.toml)")
     repo = a.repo.resolve()
     if repo == bench.HERE or not (repo / "artifacts" / "diff" / peers.CELL).is_dir():
         sys.exit(f"load_peers: --repo {repo}: not a scratch clone with artifacts/diff/{peers.CELL} "
@@ -187,7 +233,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="parity-load-peers-") as work:
         poly = polygraphy_side(repo, a.peer_venv, Path(work)) if {"capture", "direct"} & set(only) else None
         rows = {"capture": lambda: row_capture(repo, a.runs, poly), "direct": lambda: row_direct(repo, a.runs, poly),
-                "noop": lambda: row_noop(repo, a.runs, a.before and a.before.resolve())}
+                "noop": lambda: row_noop(repo, a.runs, a.before and a.before.resolve()),
+                "cold": lambda: row_cold(repo, a.runs, a.export_validator, a.ev_venv, Path(work))}
         for name in only:
             out[name] = rows[name]()
     if a.json:
