@@ -1,5 +1,5 @@
 """baseline@model-dtype: the trusted backend (torch CPU eager) at one dtype, on the same inputs as
-every cell: per-layer values to Parquet. The fp64 oracle (parity.analysis.oracle) measures each
+every cell: per-layer values to Parquet. The fp64 oracle (parity.core.oracle) measures each
 cell's error against fp64 relative to this baseline's error at the same precision, so one baseline
 serves every provider of that model and dtype.
 

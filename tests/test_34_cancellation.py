@@ -48,7 +48,7 @@ def test_the_golden_run_measures_each_sums_condition_number():
     from numpy.lib.stride_tricks import sliding_window_view
 
     from parity.pipeline.onnx_fp64 import Golden
-    from parity.pipeline.onnx_source import to_float64
+    from parity.models.onnx_source import to_float64
 
     m = _graph()
     golden = Golden(m, to_float64(m), conditions=True)

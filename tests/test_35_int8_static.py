@@ -21,7 +21,7 @@ from onnxruntime.quantization.calibrate import CalibrationDataReader
 
 from parity.models import quant_static
 from parity.pipeline import onnx_fp64, quant_reference
-from parity.pipeline.onnx_source import to_float64
+from parity.models.onnx_source import to_float64
 
 K, H, N = 32, 48, 16
 

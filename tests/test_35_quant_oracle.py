@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from parity.models import onnx_int4, quant_sim
 from parity.pipeline import onnx_fp64
-from parity.pipeline.onnx_source import to_float64
+from parity.models.onnx_source import to_float64
 
 
 def _mlp(k: int = 96, h: int = 80, n: int = 48, seed: int = 0) -> onnx.ModelProto:

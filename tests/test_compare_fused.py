@@ -245,7 +245,7 @@ def test_results_are_byte_identical_run_to_run():
 
 
 def old_sq_add(actual, gold):
-    """parity.analysis.oracle.Sq.add's sums before the blocked compare: (err, ref, nonfinite)."""
+    """parity.core.oracle.Sq.add's sums before the blocked compare: (err, ref, nonfinite)."""
     g = np.asarray(gold, dtype=np.float64).ravel()
     d = np.asarray(actual, dtype=np.float64).ravel() - g
     fin = np.isfinite(d)

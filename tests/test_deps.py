@@ -118,8 +118,7 @@ def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path,
 
 
 ORT_ONLY = {"parity/backends/ort_cpu.py", "parity/backends/fault.py",
-            "parity/models/onnx_cut.py", "parity/pipeline/onnx_reference.py", "parity/pipeline/onnx_source.py",
-            "parity/models/onnx_source.py"}
+            "parity/models/onnx_cut.py", "parity/pipeline/onnx_reference.py", "parity/models/onnx_source.py"}
 
 
 def _cpu_providers(root: Path) -> dict:
@@ -152,7 +151,7 @@ def test_closures_are_no_wider_than_the_work():
     for name in model_stages:
         assert "parity/suites/spec.py" not in want[name], name
     assert not ORT_ONLY & set(want["reference"])
-    assert ORT_ONLY - {"parity/pipeline/onnx_source.py", "parity/models/onnx_source.py"} <= set(want["reference_onnx"])
+    assert ORT_ONLY - {"parity/models/onnx_source.py"} <= set(want["reference_onnx"])
 
 
 def test_model_code_dep_is_on_every_stage_that_builds_the_model():

@@ -11,7 +11,7 @@ import numpy as np
 
 from conftest import BIN, Repo, make_repo
 from parity.core import compare, dtypes, metrics, status
-from parity.analysis import oracle
+from parity.core import oracle
 from parity.core.verdict import decide
 
 U32 = dtypes.FP32.u

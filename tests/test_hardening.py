@@ -316,7 +316,7 @@ def test_36_11_layer_names_on_the_axis_never_overlap_and_the_rule_is_stated(n):
     every name while they fit 11 px apart, else every n-th with the rule written under the chart."""
     import re
 
-    from parity.pipeline import report_svg as svg
+    from parity.core import svg
 
     names = [f"layer{i // 4}.{i % 4}.downsample.0" for i in range(n)]
     cv = svg.Curve(names=names, series=[svg.Series("excess/limit", "#000", [0.1] * n)], limit=1.0, limit_label="l",

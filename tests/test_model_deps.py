@@ -239,7 +239,7 @@ SPOILED = {
 def test_external_data_outside_the_folder_or_past_its_file_is_refused(tmp_path, kind):
     from parity.core import codedeps
     from parity.models import onnx_weights
-    from parity.pipeline.onnx_source import OnnxSourceError, load_checked
+    from parity.models.onnx_source import OnnxSourceError, load_checked
 
     (tmp_path / "model").mkdir()
     p = _simple(tmp_path / "model")
@@ -262,7 +262,7 @@ def test_external_data_linked_into_the_dvc_cache_loads(tmp_path, cache_dir):
     import onnx
 
     from parity.models import onnx_weights
-    from parity.pipeline.onnx_source import load_checked
+    from parity.models.onnx_source import load_checked
 
     repo = tmp_path / "repo"
     (repo / ".dvc").mkdir(parents=True)

@@ -143,7 +143,7 @@ def rows(text: str) -> list[dict]:
 
 def judged(layers: list, own: list, mode: str, k: float = 4.0) -> SimpleNamespace:
     """A judged cell as layers.csv reads it: its layers' ratios to the limit computed by the judge."""
-    from parity.analysis import oracle
+    from parity.core import oracle
 
     return SimpleNamespace(layers=layers, own=own, mode=mode, ratios=oracle.ratios(layers, own, mode, k))
 
@@ -218,7 +218,7 @@ def test_make_installs_the_cpu_torch_build_only_when_asked_and_says_what_the_def
     cpu = dry("TORCH_INDEX=https://download.pytorch.org/whl/cpu")
     assert ("pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu "
             "torch==2.13.0 torchvision==0.28.0") in cpu  # the pins as pyproject.toml has them
-    assert cpu.index("--index-url") < cpu.index("install --progress-bar off -e")  # then the rest, torch already satisfied
+    assert cpu.index("--index-url") < cpu.index("install --progress-bar off --no-compile -e")  # then the rest, torch already satisfied
 
 
 @pytest.mark.skipif(not MAKE, reason="needs make")

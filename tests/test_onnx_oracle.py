@@ -103,7 +103,7 @@ def test_constants_and_zero_element_values_are_never_layers(tmp_path):
     import onnx
 
     from parity.pipeline import onnx_reference
-    from parity.pipeline.onnx_source import instrument
+    from parity.models.onnx_source import instrument
 
     m = mixed_graph()
     layers, _, names, _ = instrument(m)
@@ -122,7 +122,7 @@ def test_constants_and_zero_element_values_are_never_layers(tmp_path):
 def test_topological_repair_waits_for_what_a_branch_reads():
     """A file whose If precedes the producer of the value its branches read is repaired with the
     producer first (the If's own input, `cond`, is ready long before)."""
-    from parity.pipeline.onnx_source import topo_sorted
+    from parity.models.onnx_source import topo_sorted
 
     m = mixed_graph()
     nodes = list(m.graph.node)
@@ -182,7 +182,7 @@ def test_batchnorm9_with_momentum_is_inference():
     from onnx import TensorProto as T, helper as h
 
     from parity.pipeline.onnx_fp64 import Golden
-    from parity.pipeline.onnx_source import to_float64
+    from parity.models.onnx_source import to_float64
 
     rng = np.random.default_rng(2)
     c = 3

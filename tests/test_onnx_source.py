@@ -1,4 +1,4 @@
-"""Models given as ONNX files (arch.source: onnx; parity/pipeline/onnx_source.py): a graph built with
+"""Models given as ONNX files (arch.source: onnx; parity/models/onnx_source.py): a graph built with
 onnx.helper (no torch) runs through the real pipeline on ort_cpu at fp32 and fp16 with per-node results,
 torch providers say UNSUPPORTED, and the five kinds of bad file fail with a message naming the file and
 the problem, writing nothing."""
@@ -230,7 +230,7 @@ def test_a_negative_dim_value_is_a_dynamic_axis_not_a_size():
     refused ("has shape [-1, 3, 48, 192], the spec [1, 3, 48, 192]"); any size is accepted there."""
     from onnx import TensorProto, helper
 
-    from parity.pipeline.onnx_source import OnnxSourceError, check_inputs
+    from parity.models.onnx_source import OnnxSourceError, check_inputs
 
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 48, 192])],

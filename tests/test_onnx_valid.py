@@ -124,7 +124,7 @@ def test_negative_ints_need_a_vocabulary_to_be_refused_and_bool_inits(tmp_path, 
 def test_ir_version_named_when_the_opset_is_too_new_too(tmp_path):
     import onnx
 
-    from parity.pipeline import onnx_source
+    from parity.models import onnx_source
 
     m = where_reduce_cumsum(ir_version=14)
     m.opset_import[0].version = 28

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_repo
 from parity.core import dtypes
-from parity.analysis import oracle
+from parity.core import oracle
 from test_drift_origin import weight_of
 
 U16 = dtypes.FP16.u

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import BIN, make_repo
-from parity.analysis import causes, oracle
+from parity.analysis import causes
+from parity.core import oracle
 from parity.core import dtypes
 
 U32 = dtypes.FP32.u

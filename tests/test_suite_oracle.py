@@ -1,4 +1,4 @@
-"""Suites judged by the fp64 oracle as models are (parity.suites.diff, parity.analysis.oracle.judge):
+"""Suites judged by the fp64 oracle as models are (parity.suites.diff, parity.core.oracle.judge):
 a case one fp16 roundoff off passes where the fixed tolerance called it a MISMATCH, a real fault
 still fails, a suite's `tolerances:` rule (or `diff.verdict: tolerance`) keeps the fixed tolerance,
 and an opdiff suite's toy LayerNorm cases pass at fp16 through `import-opdiff` and the worker pool

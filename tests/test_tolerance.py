@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.analysis import oracle
+from parity.core import oracle
 
 ROOT = Path(__file__).resolve().parents[1]
 # a read with its default restated (the config keys, not the result field "verdict" of metrics)

@@ -92,7 +92,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from parity.core import dtypes, store
-from parity.analysis import cause_patterns as patterns, oracle
+from parity.analysis import cause_patterns as patterns
+from parity.core import oracle
 from parity.core.compare import dot as _dot
 
 LABELS = ("overflow", "underflow", "cancellation", "range", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",

@@ -1,6 +1,6 @@
 """The oracle's squared-error sums, computed where the values are made and stored beside them.
 
-The oracle verdict (parity.analysis.oracle) needs, per layer and sample, the squared error of the
+The oracle verdict (parity.core.oracle) needs, per layer and sample, the squared error of the
 values against the fp64 reference, the number of non-finite errors, the element count and the
 squared fp64 values: sums that do not depend on any tolerance or diff setting. The capture and
 baseline stages hold the values and the fp64 reference in memory anyway (the reference feeds the

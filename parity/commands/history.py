@@ -312,7 +312,7 @@ def _check_filter(kind: str, wanted, cells: list[str], pos: int) -> None:
 
 
 def evidence(m: dict) -> str | None:
-    """Why a (flattened) cell metrics is NOT_EXERCISED or BASELINE (parity.analysis.oracle.precision)."""
+    """Why a (flattened) cell metrics is NOT_EXERCISED or BASELINE (parity.core.oracle.precision)."""
     if m.get("verdict") == status.Status.NOT_EXERCISED:
         return m.get("precision.evidence")
     if m.get("verdict") == status.Status.BASELINE:

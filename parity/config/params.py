@@ -273,7 +273,7 @@ def _dtypes(p: dict) -> None:
         _check_keys(f"dtypes.{name}", d, {"torch", "tol", "mode", "oracle"}, required=("torch", "tol", "oracle"))
         _check_keys(f"dtypes.{name}.oracle", d["oracle"], {"k", "slack"}, required=("k",))
         _num(f"dtypes.{name}.oracle.k", d["oracle"]["k"], lo=1)
-        if "slack" in d["oracle"]:  # 0 unless given (parity.analysis.oracle.limits)
+        if "slack" in d["oracle"]:  # 0 unless given (parity.core.oracle.limits)
             _num(f"dtypes.{name}.oracle.slack", d["oracle"]["slack"], lo=0)
         mode = d.get("mode", S.Dtype.mode)  # conf/dtypes files all state it (dvc.yaml's capture reads the param)
         if d["torch"] not in TORCH_DTYPES:

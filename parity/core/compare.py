@@ -63,7 +63,7 @@ class LayerDiff:
     passed: bool = True            # by the cell's verdict mode (diff.verdict)
     problem: str = ""  # set when the layer could not be compared (missing, shape mismatch)
     passed_tolerance: bool = True  # the assert_close-style check, whatever the mode
-    oracle: dict | None = None     # fp64 oracle metrics (parity.analysis.oracle.judge), when judged
+    oracle: dict | None = None     # fp64 oracle metrics (parity.core.oracle.judge), when judged
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -258,7 +258,7 @@ def sum_sq(x: np.ndarray) -> float:
 def sum_sq_max(x: np.ndarray) -> tuple[float, float]:
     """(sum(x * x), max |x| over the finite values, 0 when none) in one float64 pass, block by block:
     the fp64 oracle's sums of a reference value and its largest magnitude (the scale floor,
-    parity.analysis.oracle)."""
+    parity.core.oracle)."""
     x = np.ravel(x)
     step = min(CHUNK, max(int(x.size), 1))
     buf = _work(2, step)
@@ -281,7 +281,7 @@ def sum_sq_max(x: np.ndarray) -> tuple[float, float]:
 def sq_error(actual: np.ndarray, expected: np.ndarray) -> tuple[float, int]:
     """(sum of (actual - expected)^2 over the elements where that difference is finite, how many
     differences are NaN/Inf where `expected` is finite), in float64 block by block. The fp64
-    oracle's error sums (parity.analysis.oracle.Sq)."""
+    oracle's error sums (parity.core.oracle.Sq)."""
     a, b = np.ravel(actual), np.ravel(expected)
     step = min(CHUNK, max(int(a.size), 1))
     buf = _work(2, step)

@@ -12,7 +12,7 @@ contain '-', the totals never do):
 
   baseline, not_exercised   totals of the cells with those verdicts, only when there are some
   verdict  PASS, FAIL, NOT_EXERCISED (within the limit, but no layer shows the rounding of the
-           cell's precision: parity.analysis.oracle.precision), BASELINE (the oracle's baseline backend,
+           cell's precision: parity.core.oracle.precision), BASELINE (the oracle's baseline backend,
            judged against itself), or the status of a cell that did not run (UNSUPPORTED, ...)
   worst    the cell's worst error over what its verdict allows (1 is the limit: the oracle's
            excess / k over every layer and own error; tolerance mode: the worst tol_ratio)

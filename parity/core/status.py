@@ -22,7 +22,7 @@ are those strings).
   NOT_RUN / MISSING no result yet (stage not run; the report's cell without metrics.json)
   PASS / FAIL       a model cell's verdict (every layer within its tolerance or oracle limit, or not)
   NOT_EXERCISED     a reduced-precision cell within its limit whose layers show no rounding of that
-                    precision: the provider ran fp32 kernels (parity.analysis.oracle.precision); `strict:
+                    precision: the provider ran fp32 kernels (parity.core.oracle.precision); `strict:
                     true` fails it
   BASELINE          a cell whose provider is the oracle's baseline backend at that dtype (torch_cpu
                     against the torch CPU eager baseline): judged against itself, it cannot fail

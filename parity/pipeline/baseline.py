@@ -1,5 +1,5 @@
 """The trusted backend (torch CPU eager) at one dtype, on the same inputs as every cell: the fp64
-oracle's yardstick (parity.analysis.oracle), shared by every provider of that model and dtype. The
+oracle's yardstick (parity.core.oracle), shared by every provider of that model and dtype. The
 torch run is parity.pipeline.baseline_torch; the fp32 one is made with the reference
 (parity.pipeline.fold) and published by parity.pipeline.publish.publish_fold."""
 

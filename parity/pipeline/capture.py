@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from parity.analysis.oracle import has_baseline
+from parity.core.oracle import has_baseline
 from parity.backends import CaptureJob, fingerprint, load_runner
 from parity.backends.capture_driver import latency_stats, onnx_file_unsupported, write_own
 from parity.backends.runner import CaptureResult

@@ -27,7 +27,7 @@ from parity.core.io import write_json, write_text
 
 # layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/pipeline/plot_layers.json): `ratio` is what the
 # verdict judges over its limit (oracle: excess / k; tolerance: tol_ratio; as the judge computed it,
-# parity.analysis.oracle.ratios), so 1 is the limit in both; `own_ratio` the same for the layer's own
+# parity.core.oracle.ratios), so 1 is the limit in both; `own_ratio` the same for the layer's own
 # error. Every number is finite (a log axis and Vega's scales need it): a non-finite or larger ratio is
 # drawn at PLOT_CAP and `note` says so; a zero ratio (exact) is left empty with the note "0 (exact)" (the
 # template draws it as a square a decade below the smallest value).
@@ -89,7 +89,7 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
         "output": _output_metrics(head),
         "plain_output": _output_metrics(plain),  # the shipped graph (model.onnx), no extra outputs
     }
-    if status["status"] == "OK":  # the worst error over the verdict's limit (parity.analysis.oracle.worst_ratio)
+    if status["status"] == "OK":  # the worst error over the verdict's limit (parity.core.oracle.worst_ratio)
         m["worst_ratio"] = summary["worst_ratio"]
     if cd.mode != "oracle" and status["status"] == "OK":
         m["verdict_mode_reason"] = cd.mode_reason
@@ -97,7 +97,7 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
         m["precision"] = summary["precision"]
     if summary.get("baseline"):
         m["baseline"] = summary["baseline"]
-    if summary.get("notes"):  # the oracle's notes (parity.analysis.oracle.judge)
+    if summary.get("notes"):  # the oracle's notes (parity.core.oracle.judge)
         m["notes"] = summary["notes"]
     if summary.get("quant"):  # the quantisation's cost, not judged (diffcell.quant_summary)
         m["quant"] = summary["quant"]
@@ -139,7 +139,7 @@ def _ratio(v) -> tuple[str, str]:
 
 def plot_csv(cd: diffcell.CellDiff) -> str:
     """layers.csv: one row per layer in execution order, the verdict's ratio to its limit (1) first
-    (the judge's, parity.analysis.oracle.ratios)."""
+    (the judge's, parity.core.oracle.ratios)."""
     own = {r["layer"]: r["excess"] for r in cd.own if r["kind"] == "leaf"}
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

@@ -1,6 +1,6 @@
 """The diff of one cell: every layer of a capture against the fp32 reference (tolerance metrics,
 parity.core.compare) and against the fp64 run relative to the trusted baseline at the cell's dtype (the
-oracle, parity.analysis.oracle), plus each layer's own error where the capture measured it. numpy only.
+oracle, parity.core.oracle), plus each layer's own error where the capture measured it. numpy only.
 
 Verdict modes (`diff.verdict`):
   oracle     (default) a layer passes when its error vs fp64 is within k times the trusted backend's
@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from parity.core import compare, store, tolerance
-from parity.analysis import cancellation, causes, oracle, sums
+from parity.analysis import cancellation, causes, sums
+from parity.core import oracle
 from parity.core.io import read_json
 
 OWN = "own.parquet"

@@ -8,7 +8,7 @@ KV cache on every side (parity.pipeline.decoder.DecoderStep: the same step on to
 Runtime). Step 0 is the prompt's prefill (past 0); step t > 0 feeds one token with the cache of the
 steps before it. Three runs, one model in memory at a time:
   reference  torch float64 with its cache: the oracle's golden logits and the greedy tokens
-  baseline   torch CPU eager at the cell's dtype: the oracle's yardstick (parity.analysis.oracle)
+  baseline   torch CPU eager at the cell's dtype: the oracle's yardstick (parity.core.oracle)
   provider   ort_cpu: decoder.onnx (past/present key-value inputs and outputs) through the provider's
              runner (its options, dtype conversion and fault); torch_cpu: the baseline itself
 Baseline and provider are teacher-forced on the reference's tokens, so every step compares logits of
@@ -47,7 +47,7 @@ import numpy as np
 import onnx
 import torch
 
-from parity.analysis import oracle
+from parity.core import oracle
 from parity.backends import CaptureJob, fault
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import store

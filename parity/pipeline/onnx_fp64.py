@@ -51,7 +51,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator, op_run
 from onnx.reference.ops.op_batch_normalization import BatchNormalization_9, _batchnorm_test_mode
 
-from parity.pipeline.onnx_source import implicit_inputs
+from parity.models.onnx_source import implicit_inputs
 
 ORT64, ORT32, EVAL32 = "onnxruntime float64", "onnxruntime float32", "evaluator float32"
 SUMS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # nodes whose outputs are sums of products

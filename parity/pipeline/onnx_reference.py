@@ -1,5 +1,5 @@
 """reference@model and the oracle's trusted baseline for a model given as an ONNX file: the per-node
-graph (parity.pipeline.onnx_source.instrument) on ORT CPU with graph optimisation disabled, through the
+graph (parity.models.onnx_source.instrument) on ORT CPU with graph optimisation disabled, through the
 same OrtCpuRunner as the providers, and the fp64 golden run from the ONNX reference evaluator on the
 graph cast to float64 (onnxruntime has no float64 Conv), node by node with fallbacks
 (parity.pipeline.onnx_fp64). Why this reference: onnx_source's docstring.
@@ -30,7 +30,7 @@ from parity.core import store
 from parity.models.onnx_weights import with_data
 from parity.config import schema
 from parity.pipeline import onnx_fp64
-from parity.pipeline.onnx_source import (NOOPT, ORT_RUNNER, OnnxSourceError, arch_path, instrument, load_checked,
+from parity.models.onnx_source import (NOOPT, ORT_RUNNER, OnnxSourceError, arch_path, instrument, load_checked,
                                          to_float64, write_graphs)
 from parity.pipeline.tiny_output import TinyOutput, refusal, tiny_outputs
 

@@ -47,7 +47,7 @@ from parity.core.io import write_json
 from parity.models import onnx_int4, onnx_weights, quant_sim, quant_static
 from parity.config import schema
 from parity.pipeline.onnx_fp64 import Golden
-from parity.pipeline.onnx_source import to_float64
+from parity.models.onnx_source import to_float64
 
 GOLD, FLOOR, INFO = "quant_fp64.parquet", "quant_fp32.parquet", "quant_oracle.json"
 MAX_WEIGHT_BYTES = 256 << 20

@@ -77,7 +77,7 @@ def extra_totals(summary: dict) -> str:
 
 
 def precision_text(m: dict) -> str:
-    """'3 of 3 layers show fp16 rounding (...)' of a reduced-precision cell (parity.analysis.oracle.precision)."""
+    """'3 of 3 layers show fp16 rounding (...)' of a reduced-precision cell (parity.core.oracle.precision)."""
     return (metric(m, "precision") or {}).get("evidence") or ""
 
 

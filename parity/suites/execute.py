@@ -13,7 +13,7 @@ rounding of its inputs. Results are plain dicts:
   reason       why, for anything but OK
   outputs      [(name, float32/int ndarray)]  forward outputs (out:i) then grads (grad:...)
   reference    the same names from the fp32 reference (pair tests: side A on the same backend)
-  gold         the same names in float64 (the fp64 oracle's truth, parity.analysis.oracle): the case
+  gold         the same names in float64 (the fp64 oracle's truth, parity.core.oracle): the case
                on torch_cpu eager in float64 on the cell's rounded inputs and parameters (pair tests:
                side A; cases with `reference:`, the user's float64 reference); absent when that run
                fails (`oracle_note` says why) or the case has no torch side (onnx, gradcheck)

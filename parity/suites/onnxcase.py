@@ -23,7 +23,7 @@ What the harness does so that a valid test runs as given (each says so in the ca
 
 At a dtype other than fp32, `exercised` says whether the op really computed at that precision: the
 converted graph's outputs against the plain graph's (fp32) on the same inputs, and on the inputs
-rounded to the dtype (parity.core.dtypes.SHOWS, the rule of parity.analysis.oracle.precision: rel_l2 >=
+rounded to the dtype (parity.core.dtypes.SHOWS, the rule of parity.core.oracle.precision: rel_l2 >=
 u/16 shows the rounding).
 Imported by the suite workers only (onnx, onnxruntime, numpy)."""
 
