@@ -9,13 +9,9 @@ baseline's), made in this process on the model it built, staged for reference@mo
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
-
-# set before torch loads libgomp: idle OpenMP threads sleep, not spin (same arithmetic; 1/3 the CPU at load)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from parity.config import params as config
 from parity.core import memory

@@ -378,8 +378,7 @@ JUDGED = {"PASS", "FAIL", "NOT_EXERCISED", "BASELINE", "MISMATCH", "NAN_IN_OUTPU
 VERDICT_HOME = {"parity/core/verdict.py", "parity/core/status.py"}
 # files that still make a verdict of their own, each to be routed through parity.core.verdict.decide
 # (owner and issue named); the test fails when one no longer does (take it off) or a new one appears
-VERDICT_PENDING: dict[str, str] = {
-    "parity/pipeline/generate.py": "the generation cell's verdict (another helper's file, issue 37 item 1)"}
+VERDICT_PENDING: dict[str, str] = {}
 
 
 def _verdict_mentions(tree: ast.Module) -> list[ast.AST]:

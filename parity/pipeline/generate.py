@@ -52,6 +52,7 @@ from parity.backends import CaptureJob, fault
 from parity.backends.ort_cpu import OrtCpuRunner
 from parity.core import store
 from parity.core.status import Status
+from parity.core.verdict import decide
 from parity.core.io import read_json, write_json
 from parity.models import onnx_weights
 from parity.models.layers import LayerRecorder
@@ -548,7 +549,7 @@ def run_cell(p: dict, model: str, dtype: str, provider: str, export_dir: Path) -
         judge_cache(rows, cached[0])
     fail = next((r["step"] for r in rows if not r["passed"]), None)
     div = next((r["step"] for r in rows if not r["agree"]), None)
-    res.update(status=Status.OK.value, reason="", verdict=(Status.PASS if fail is None else Status.FAIL).value,
+    res.update(status=Status.OK.value, reason="", verdict=decide({"status": Status.OK}, {"passed": fail is None}).status.value,
                provider_is_baseline=side == "torch", prompt=ids, tokens_ref=tokens, agreement=sum(r["agree"] for r in rows),
                first_divergence=div, first_fail=fail, worst_excess=max(r["excess"] for r in rows), steps_detail=rows, origin=None)
     if decode_text is not None:  # the text of each side: the provider's top-1 at each step, on the reference's prefix
