@@ -19,8 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from parity.core import codedeps
-from parity.core import importmemo
+from parity.core import codedeps, importmemo
 from parity.config import params as config
 from parity.pipeline.envfiles import Outs
 from parity.suites import code as suite_code
@@ -36,7 +35,8 @@ def main(argv=None) -> int:
     else:  # stdlib only; the package's __init__ loads numpy + pyarrow: 0.25 s CPU per repro (issue 38)
         fingerprint = importmemo.load_alone("parity.backends.fingerprint")
     p = config.load_or_die(a.params)
-    out, code = Path(a.out), Path(a.code or out.parent / "code")
+    out = Path(a.out)
+    code = Path(a.code) if a.code else out.parent / "code"
     files, known = Outs(out, code), importmemo.load()  # known: parsed imports kept between runs (.dvc/tmp)
     declared = {k: v for pc in p["providers"].values() for k, v in config.runner_components(pc).items()}
     comps = fingerprint.collect([*config.COMPONENTS, *declared], declared)
