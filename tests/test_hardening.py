@@ -182,8 +182,8 @@ def test_36_8_a_corrupt_closures_file_and_a_module_that_does_not_parse_are_one_l
                                 "(char 7)): run `parity deps --write` to make it again"), p.stderr
     (root / "parity/core/broken.py").write_text("import os\ndef f(:\n")
     env_py = root / "stages/env.py"
-    env_py.write_text(env_py.read_text().replace("from parity.core import codedeps\n",
-                                                 "from parity.core import broken, codedeps  # noqa\n"))
+    env_py.write_text(env_py.read_text().replace("from parity.core import codedeps, importmemo\n",
+                                                 "from parity.core import broken, codedeps, importmemo  # noqa\n"))
     p = subprocess.run([f"{BIN}/parity", "deps", "--write"], cwd=root, env=e, capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().startswith("parity deps: ") and p.stderr.strip().endswith(
