@@ -23,6 +23,15 @@ PROJECT_FILES = ["dvc.yaml", "env", "conf", "stages", "parity", "hydra_plugins",
 # prints it ("Running stage 'env/dvc.yaml:env'") and how `dvc status --json` / `dvc repro -s` name it.
 ENV = "env/dvc.yaml:env"
 
+# a tiny transformer block (MatMul weights to quantise): the int4 / int8 / plan pipeline tests' model
+TINY_TB = """\
+tiny_tb:
+  arch: {source: parity, name: transformer_block, kwargs: {d_model: 64, n_heads: 4, d_ff: 128}}
+  input:
+    - {name: input, shape: [2, 16, 64], dtype: float32, init: normal, mean: 0.0, std: 1.0}
+  tolerances: []
+"""
+
 TINY_MLP = """\
 tiny_mlp:
   arch:

@@ -11,15 +11,8 @@ import json
 
 import pytest
 
-from conftest import BIN, make_repo
+from conftest import BIN, TINY_TB, make_repo
 
-TINY_TB = """\
-tiny_tb:
-  arch: {source: parity, name: transformer_block, kwargs: {d_model: 64, n_heads: 4, d_ff: 128}}
-  input:
-    - {name: input, shape: [2, 16, 64], dtype: float32, init: normal, mean: 0.0, std: 1.0}
-  tolerances: []
-"""
 CELL = "tiny_tb-int8_static-ort_int8"
 
 

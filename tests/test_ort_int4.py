@@ -14,16 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, make_repo, run
+from conftest import BIN, ROOT, TINY_TB, make_repo, run
 
 CELL = "tiny_tb-int4_weight-ort_int4"
-TINY_TB = """\
-tiny_tb:
-  arch: {source: parity, name: transformer_block, kwargs: {d_model: 64, n_heads: 4, d_ff: 128}}
-  input:
-    - {name: input, shape: [2, 16, 64], dtype: float32, init: normal, mean: 0.0, std: 1.0}
-  tolerances: []
-"""
 QUANTIZED = {"qkv", "out", "fc1", "fc2"}  # the block's Linear layers: its weight MatMuls
 TIGHT = ("dtypes.int4_weight.tol.atol=0.05", "dtypes.int4_weight.tol.rtol=0.05")
 

@@ -18,16 +18,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import BIN, make_repo
+from conftest import BIN, TINY_TB, make_repo
 
 CELL = "tiny_tb-int4_weight-ort_int4"
-TINY_TB = """\
-tiny_tb:
-  arch: {source: parity, name: transformer_block, kwargs: {d_model: 64, n_heads: 4, d_ff: 128}}
-  input:
-    - {name: input, shape: [2, 16, 64], dtype: float32, init: normal, mean: 0.0, std: 1.0}
-  tolerances: []
-"""
 QUANTIZED = {"qkv", "out", "fc1", "fc2"}
 
 
