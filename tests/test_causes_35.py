@@ -217,3 +217,21 @@ def test_a_failed_bit_identical_layer_is_unknown_not_a_fit():
     b = np.random.default_rng(12).normal(size=(1, 8, 16))
     c = classify(b.copy(), b, "fp32", failed=True)
     assert c.label == "unknown" and c.evidence["within_limit"] is not None
+
+
+def test_a_fault_only_in_the_plain_graph_is_not_read_as_0_failing():
+    """A fault only in model.onnx fails plain:output while every layer passes: the cell's line said
+    "3 layers compared, 0 failing" beside FAIL. It now names the output that fails."""
+    from parity.core.status import layer_counts
+    from parity.pipeline import report_render as r
+
+    m = {"verdict": "FAIL", "verdict_mode": "oracle", "layers": 3, "layers_failed": 0, "drift_origin": "plain:output",
+         "output": {"passed": True}, "plain_output": {"passed": False, "excess": 603.0}}
+    assert layer_counts(m) == "3 layers compared, 0 failing; the shipped graph's output (model.onnx) fails"
+    cell = {"key": "mlp-fp32-ort_cpu", "model": "mlp", "dtype": "fp32", "provider": "ort_cpu", "metrics": m,
+            "layers": [], "k": 4.0, "timing": {}}
+    assert "0 failing; the shipped graph&#x27;s output (model.onnx) fails" in r.verdict_prose(cell)
+    m["output"]["passed"] = False
+    assert layer_counts(m).endswith("; the output and the shipped graph's output (model.onnx) fail")
+    passing = dict(m, verdict="PASS", output={"passed": True}, plain_output={"passed": True})
+    assert layer_counts(passing) == "3 layers compared, 0 failing"

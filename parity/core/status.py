@@ -76,3 +76,13 @@ VERDICTS = _values(S.PASS, S.FAIL, S.NOT_EXERCISED, S.BASELINE)
 PASSING = _values(S.PASS, S.BASELINE)
 # a ran cell that `strict: true` fails besides FAIL (the precision asked for was not computed)
 STRICT_FAILS = _values(S.NOT_EXERCISED)
+
+
+def layer_counts(m: dict) -> str:
+    """'N layers compared, K failing' of a model cell's metrics, and the outputs that fail: a cell's layer
+    count leaves its outputs out, so a fault only in the shipped graph (model.onnx: `plain_output`) used to
+    read "0 failing" beside FAIL. Used by the diff log, the report's verdict line and its matrix hover."""
+    outs = [label for key, label in (("output", "the output"), ("plain_output", "the shipped graph's output (model.onnx)"))
+            if (m.get(key) or {}).get("passed") is False]
+    return (f"{m.get('layers')} layers compared, {m.get('layers_failed')} failing"
+            + (f"; {' and '.join(outs)} fail{'s' if len(outs) == 1 else ''}" if outs else ""))

@@ -166,7 +166,7 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
              if ratio is not None else "worst excess/limit=-") + (f" at {m['worst_layer']}" if m.get("worst_layer") else "")
     origin = m.get("drift_origin_where") or m.get("drift_origin")
     cause = (m.get("drift_origin_cause") or {}).get("summary")
-    return (f"{m['verdict']}{per} [{cd.mode}]: {m['layers']} layers compared, {m['layers_failed']} failing, "
+    return (f"{m['verdict']}{per} [{cd.mode}]: {status.layer_counts(m)}, "
             + (f"drift_origin={origin}{' (' + cause + ')' if cause else ''}, " if origin else "")
             + f"{worst}, output max_abs={m['output'].get('max_abs', 0):.3e}"
             + (f" bits_lost={m['output']['bits_lost']:.1f}" if m['output'].get('bits_lost') is not None else "")

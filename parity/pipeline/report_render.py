@@ -7,7 +7,7 @@ import html
 import math
 
 from parity.core import svg
-from parity.core.status import Status
+from parity.core.status import Status, layer_counts
 from parity.suites.render import render_coverage_html
 
 VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "UNAVAILABLE": "#6e7781",
@@ -484,8 +484,7 @@ def matrix_html(cells: list[dict]) -> str:
                     lines.append(f"from <code>{e(metric(met, 'drift_origin'))}</code>")
                 if c.get("latency_ratio"):
                     lines.append(f"{c['latency_ratio']:.2f}x latency")
-                tip = metric(met, "reason") or (f"{metric(met, 'layers_failed')}/{metric(met, 'layers')} layers "
-                                                f"over tolerance" if metric(met, "layers") is not None else v)
+                tip = metric(met, "reason") or (counts(met) if metric(met, "layers") is not None else v)
                 h.append(f"<td class='m' data-verdict='{e(v)}' style='background:{VERDICT_COLOURS.get(v, '#6e7781')}' "
                          f"title='{e(c['key'])}: {e(str(tip))}'><a href='#{e(c['key'])}'>{'<br>'.join(lines)}</a></td>")
         h.append("</tr>")
@@ -562,13 +561,17 @@ def html_table(head: list[str], rows: list[list[str]], css: str, code_col: int =
     return "".join(h) + "</table>"
 
 
+def counts(m: dict) -> str:
+    """The layer and output counts of a cell's metrics (status.layer_counts), read through `metric`."""
+    return layer_counts({k: metric(m, k) for k in ("layers", "layers_failed", "output", "plain_output")})
+
+
 def verdict_prose(c: dict) -> str:
     """The cell's verdict line (HTML): the mode, the layer counts, its worst excess/limit, and the drift
     origin and worst layer only where there are some (a passing cell has neither: no "drift origin -")."""
     e, m = html.escape, c["metrics"]
     mode, why = metric(m, "verdict_mode") or "tolerance", metric(m, "verdict_mode_reason")
-    parts = [f"Verdict by <b>{e(mode)}</b>{' (' + e(why) + ')' if why else ''}: {metric(m, 'layers')} layers "
-             f"compared, {metric(m, 'layers_failed')} failing"]
+    parts = [f"Verdict by <b>{e(mode)}</b>{' (' + e(why) + ')' if why else ''}: {e(counts(m))}"]
     if results_ratio(m) is not None:
         parts.append(f"worst {svg.RATIO} {e(fmt(results_ratio(m)))} (1 is the limit)")
     origin = metric(m, "drift_origin_where") or metric(m, "drift_origin")
