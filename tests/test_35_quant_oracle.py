@@ -252,3 +252,17 @@ def test_an_unedited_export_keeps_the_additive_correction():
     _, _, graph = qr._runs(m, sim, feeds, ref64)
     shift, _ = qr._correction(graph, ref64)
     assert all(c == 1.0 for c, _ in shift[0].values()), {n: c for n, (c, _) in shift[0].items()}
+
+
+def test_a_quantised_head_is_named_by_its_module_not_only_output():
+    """The packed-weight list named a decoder's lm_head `output` (the MatMul writes the model's output):
+    a model output is now followed by the module whose weight it is (the node's name_scopes)."""
+    from parity.pipeline.quant_reference import _layer_of
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="up"),
+             helper.make_node("MatMul", ["h", "w"], ["output"], name="head")]
+    onnx.helper.set_metadata_props(nodes[1], {"pkg.torch.onnx.name_scopes": "['', 'model', 'model.lm_head']"})
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", "h", "output")]
+    m = helper.make_model(helper.make_graph(nodes, "g", [vi[0]], vi[1:], [w]))
+    assert _layer_of(m, ["up", "head"]) == {"up": "h", "head": "output (lm_head)"}

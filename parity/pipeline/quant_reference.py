@@ -44,7 +44,7 @@ from parity.backends import load_runner
 from parity.backends.loader import calibration_feeds
 from parity.core import store
 from parity.core.io import write_json
-from parity.models import onnx_int4, onnx_weights, quant_sim, quant_static
+from parity.models import onnx_cut, onnx_int4, onnx_weights, quant_sim, quant_static
 from parity.config import schema
 from parity.pipeline.onnx_fp64 import Golden
 from parity.models.onnx_source import to_float64
@@ -259,7 +259,8 @@ def _cost(gold: list, ref32: dict, names: list) -> dict:
 
 
 def _layer_of(m, nodes: list) -> dict:
-    """Quantised node -> the layer (graph output) its MatMul writes, or the node itself."""
+    """Quantised node -> the layer (graph output) its MatMul writes, or the node itself; a model output is
+    followed by the module that writes it (its node's name_scopes), as "output (lm_head)"."""
     outs = {o.name for o in m.graph.output}
     by = {n.name: n for n in m.graph.node}
     consumers: dict = {}
@@ -273,6 +274,9 @@ def _layer_of(m, nodes: list) -> dict:
             nxt = [c for c in consumers.get(o, []) if c.op_type == "Add"]
             o = nxt[0].output[0] if len(nxt) == 1 else o
         res[name] = o if o in outs else name
+        if onnx_cut.is_output(res[name]):  # the model's own output (a head): name the module too, "output (lm_head)"
+            mods = [c.removeprefix(onnx_cut.PREFIX) for c in onnx_cut.scopes(by[name]) if c.startswith(onnx_cut.PREFIX)]
+            res[name] += f" ({mods[-1]})" if mods else ""
     return res
 
 
