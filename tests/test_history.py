@@ -180,3 +180,15 @@ def test_compare_says_what_is_true_when_no_reachable_remote_holds_the_metrics(tw
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert f"nor in the remote 'mine' ({empty})" in p.stderr, p.stderr
     assert "--all-commits" not in p.stderr and "`make run`, then `git commit dvc.lock env/dvc.lock`" in p.stderr
+
+
+def test_show_lists_accepted_layers_nearest_the_limit_first_by_the_column_it_shows():
+    """`parity show` sorted the layers outside tolerance but passing the oracle by tol_ratio, a number its
+    table does not show: they are now ordered by the excess column (tol_ratio where there is no excess)."""
+    from parity.commands.show import nearest_first
+
+    rows = [{"layer": "a", "excess": 0.5, "tol_ratio": 90.0}, {"layer": "b", "excess": 3.1, "tol_ratio": 2.0},
+            {"layer": "c", "excess": 1.2, "tol_ratio": 40.0}]
+    assert [r["layer"] for r in nearest_first(rows)] == ["b", "c", "a"]
+    rows = [{"layer": "a", "excess": None, "tol_ratio": 1.5}, {"layer": "b", "excess": None, "tol_ratio": 7.0}]
+    assert [r["layer"] for r in nearest_first(rows)] == ["b", "a"]

@@ -47,8 +47,8 @@ def collect(cell: str, root: str = ".", all_layers: bool = False) -> dict:
     bad, bad_own = results.failing(doc)
     fail_rows = [results.mismatch(d) for d in bad]
     failing_names = {r["layer"] for r in fail_rows}
-    accepted = sorted((results.mismatch(d) for d in results.outside_tolerance(doc) if d["name"] not in failing_names),
-                      key=lambda r: -(r["tol_ratio"] or 0.0))
+    accepted = nearest_first([results.mismatch(d) for d in results.outside_tolerance(doc)
+                              if d["name"] not in failing_names])
     n_accepted = len(accepted)
     if not all_layers:
         accepted = accepted[:SHOWN]
@@ -66,6 +66,12 @@ def collect(cell: str, root: str = ".", all_layers: bool = False) -> dict:
         "outside_tolerance": accepted, "outside_tolerance_total": n_accepted,
         "precision": results.precision(m), "baseline": results.baseline(m),
     }
+
+
+def nearest_first(rows: list[dict]) -> list[dict]:
+    """Mismatch rows nearest the verdict's limit first: by the excess the table shows (oracle verdict),
+    else by tol_ratio (tolerance verdict, where excess is None)."""
+    return sorted(rows, key=lambda r: -(r["excess"] if r["excess"] is not None else r["tol_ratio"] or 0.0))
 
 
 def _rows(rows: list[dict]) -> list[list[str]]:
