@@ -172,11 +172,13 @@ class OrtRunner(Runner):
     plan_items = "onnx_nodes"
 
     def _plan_source(self):
-        """model.onnx (weightless), loaded once for every mixed() call: value_info of initializers
+        """model.onnx (weightless; with options.fault, faulted), loaded once for every mixed() call: value_info of initializers
         dropped (the dynamo exporter records them; converters then insert casts twice or fail on stale
         shapes) and shapes inferred once, so each conversion can skip shape inference."""
         if getattr(self, "_plan_src", None) is None:
             m = onnx_weights.load_graph(self.job.model_dir / "model.onnx")
+            if self._fault():  # options.fault acts on every graph the provider runs, the plan's too
+                m = fault.inject(m, self._fault(), self.job.model_dir)
             inits = {t.name for t in m.graph.initializer}
             keep = [v for v in m.graph.value_info if v.name not in inits]
             del m.graph.value_info[:]
