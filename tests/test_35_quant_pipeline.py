@@ -2,7 +2,7 @@
 pre-norm transformer block (4 weight MatMuls), real onnxruntime. An int4 cell (ort_int4) and an int8
 dynamic cell (ort_int8) are judged against the float64 run of the model quantised by parity: unfaulted
 they PASS by the oracle with the quantisation's cost reported apart from the verdict; a 10% error in
-fc1's weight FAILs at fc1 (for int4 the packed weights name it too), where the fixed int4 tolerance
+fc1's weight FAILs at fc1 (the provider's quantised weights, checked against parity's, name it too), where the fixed int4 tolerance
 against fp32 let a 30% error through."""
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def test_quantised_cells_pass_by_the_oracle_and_report_the_cost_apart(repo):
         assert m["verdict"] == "PASS" and m["verdict_mode"] == "oracle", m
         q = m["quant"]
         assert q["scheme"] == scheme and q["weights_differ"] == [] and q["cost_output"] > 1e-3, q
+        checked = read(repo, f"capture/{cell}/quant_oracle.json")["weights"]
+        assert len(checked) == 4 and all(w["matches"] for w in checked), checked  # every weight, byte for byte
         assert m["precision"]["exercised"], m["precision"]
         layers = {r["name"]: r for r in read(repo, f"diff/{cell}/layers.json")["layers"]}
         # each quantised layer's cost is on its record, the norm before any of them costs nothing
@@ -66,5 +68,10 @@ def test_a_ten_percent_weight_error_fails_at_its_layer(repo):
         m = read(repo, f"diff/{cell}/metrics.json")
         assert m["verdict"] == "FAIL" and m["drift_origin"] == "fc1", m
         assert "limit" not in (m["drift_origin_cause"]["summary"] or ""), m["drift_origin_cause"]
-    # the int4 provider's packed weights against parity's quantisation name the layer too
-    assert read(repo, f"diff/{INT4}/metrics.json")["quant"]["weights_differ"] == ["fc1"]
+    # each provider's quantised weights against parity's quantisation name the layer too (int4's packed
+    # MatMulNBits blocks; int8_dynamic's MatMulInteger integers and scales)
+    for cell in (INT4, INT8):
+        assert read(repo, f"diff/{cell}/metrics.json")["quant"]["weights_differ"] == ["fc1"], cell
+    rec = next(w for w in read(repo, f"capture/{INT8}/quant_oracle.json")["weights"] if w["layer"] == "fc1")
+    # a per-tensor scale of a weight x1.1 is x1.1 while its integers stay as they were: the scale names it
+    assert rec["scales"] == 1.0 and rec["packed"] == 0.0 and not rec["matches"], rec

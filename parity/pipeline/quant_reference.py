@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 import onnxruntime as ort
 
 from parity.backends import load_runner
@@ -130,7 +131,7 @@ def _write(job, feeds: list, out: Path, reference: Path | None, settings: dict) 
     else:
         nodes = quantised_nodes(m, scheme, opts)
         sim = quant_sim.simulated(m, scheme, opts, d, nodes)
-        checks = packed_check(job, m, nodes, opts) if scheme == "int4" else []
+        checks = packed_check(job, m, nodes, opts, scheme=scheme)
     ref64 = store.read_dict(reference) if reference is not None and Path(reference).exists() else {}
     gold, floor, graph = _runs(m, sim, feeds, ref64)
     shift, dev = _correction(graph, ref64)
@@ -280,17 +281,20 @@ def _layer_of(m, nodes: list) -> dict:
     return res
 
 
-def packed_check(job, m, nodes: list, opts: dict, par: dict | None = None):
+def packed_check(job, m, nodes: list, opts: dict, par: dict | None = None, scheme: str = "int4"):
     """Each quantised weight's MatMulNBits initializers in the provider's layers graph (the runner's
     own conversion) against parity's quantisation of the graph's weight: the share of blocks whose
-    packed bytes, scales or zero points differ. int8_static (`par`: parity's quantisation): every
+    packed bytes, scales or zero points differ. int8_dynamic: each MatMulInteger weight's integers,
+    scales and zero points (_compare_int8). int8_static (`par`: parity's quantisation): every
     quantised initializer and activation of the provider's QDQ graph (static_check)."""
     # the provider's own runner class, by name (no runner in the capture stage's import closure)
     runner = load_runner(job.provider_cfg["runner"], job.provider_cfg.get("import"))(job)
     if not hasattr(runner, "quantized"):
         return []
     try:
-        return _compare(runner, job, m, nodes, opts) if par is None else static_check(runner, job, m, par)
+        if par is not None:
+            return static_check(runner, job, m, par)
+        return (_compare_int8 if scheme == "int8_dynamic" else _compare)(runner, job, m, nodes, opts)
     finally:
         runner.deactivate()
 
@@ -318,6 +322,36 @@ def _compare(runner, job, m, nodes: list, opts: dict) -> list[dict]:
             per_block = diff.reshape(w.shape[0], w.shape[1], -1).any(-1) if diff.ndim == 3 else diff
             rec[k] = float(per_block.mean())
         rec["matches"] = all(rec[k] == 0.0 for k in want)
+        out.append(rec)
+    return out
+
+
+def _compare_int8(runner, job, m, nodes: list, opts: dict) -> list[dict]:
+    """int8_dynamic: each weight MatMul's integers in the provider's graph (quantize_dynamic's
+    `<weight>_quantized`, `_scale`, `_zero_point`; a Gemm's transposed weight under its Gemm's name;
+    options.fault's copy `<weight>__fault`) against parity's quantisation (quant_sim.int8_weight):
+    the share of weight elements whose integer minus zero point, and of scales, that differ."""
+    q, _ = runner.quantized(Path(job.model_dir) / "layers.onnx")
+    qinits = {t.name: t for t in q.graph.initializer}
+    inits, src, layer = {t.name: t for t in m.graph.initializer}, {n.name: n for n in m.graph.node}, _layer_of(m, nodes)
+    unsigned = opts.get("weight_type") == "QUInt8"
+    out = []
+    for name in nodes:
+        w_name = src[name].input[1]
+        orig = w_name.removesuffix(f"_t_{name}")  # gemm_to_matmul's transposed copy of a Gemm's weight
+        base = next((b for b in (orig, orig + "__fault") if b + "_quantized" in qinits), None)
+        if base is None:
+            out.append({"node": name, "layer": layer[name], "missing": True})
+            continue
+        got_q, got_s, got_zp = (numpy_helper.to_array(qinits[base + s]) for s in ("_quantized", "_scale", "_zero_point"))
+        w = onnx_int4.read(inits[w_name], job.model_dir).astype(np.float32)
+        ints, scale = quant_sim.int8_weight(w, bool(opts.get("per_channel")), bool(opts.get("reduce_range")), unsigned)
+        got = got_q.astype(np.float32) - got_zp.astype(np.float32)
+        same_shape = got.shape == ints.shape and got_s.size == scale.size
+        rec = {"node": name, "layer": layer[name],
+               "packed": float((got != ints).mean()) if same_shape else 1.0,
+               "scales": float((got_s.ravel() != scale.ravel()).mean()) if same_shape else 1.0}
+        rec["matches"] = rec["packed"] == 0.0 and rec["scales"] == 0.0
         out.append(rec)
     return out
 
