@@ -106,12 +106,14 @@ def imported_names(path: Path, modname: str) -> set[str]:
     (`parity deps` walks the same modules for every stage)."""
     data = path.read_bytes()
     key = (str(path), modname, hashlib.sha256(data).hexdigest())
-    if key not in _NAMES:
-        _NAMES[key] = _imported_names(path, modname, data)
-    return set(_NAMES[key])
+    if key not in NAMES_MEMO:
+        NAMES_MEMO[key] = _imported_names(path, modname, data)
+    return set(NAMES_MEMO[key])
 
 
-_NAMES: dict[tuple[str, str, str], frozenset[str]] = {}  # (file, module, sha256 of its bytes) -> names
+# (file, module, sha256 of its bytes) -> the names it imports; public: parity.core.importmemo keeps it
+# between env-stage runs (load / save)
+NAMES_MEMO: dict[tuple[str, str, str], frozenset[str]] = {}
 
 
 def _imported_names(path: Path, modname: str, data: bytes) -> frozenset[str]:

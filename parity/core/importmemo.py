@@ -48,14 +48,14 @@ def load(store: str | Path = STORE) -> int:
         memo = {(f, m, h): frozenset(names) for f, m, h, names in rows}
     except (OSError, ValueError, TypeError):
         return 0
-    codedeps._NAMES.update(memo)
+    codedeps.NAMES_MEMO.update(memo)
     return len(memo)
 
 
 def save(known: int, store: str | Path = STORE) -> None:
     """Write the memo to `store` (atomically, where its folder exists: .dvc/tmp in a DVC repository)
     if it holds more than the `known` entries load read, keeping only entries of files as they are now."""
-    store, memo = Path(store), codedeps._NAMES
+    store, memo = Path(store), codedeps.NAMES_MEMO
     if len(memo) <= known or not store.parent.is_dir():
         return
     now: dict[str, str | None] = {}
