@@ -33,7 +33,8 @@ Faults (value: default):
   softmax_axis     a Softmax node's axis := value (default: -2 if it was the last axis, else -1)
   transpose        a Transpose after the leaf, --perm (0,1,3,2); the leaf's output is transposed
   output_offset    an Add after the leaf: + value (5e-5)
-  fp16_round       a Cast to float16 and back after the leaf: its output rounded to fp16 in an fp32 graph
+  fp16_round       a Cast to float16 and back after the leaf: its output rounded to fp16 in an fp32 graph;
+                   --format bf16: rounded to bf16 (narrower than an fp16 cell's own format)
   channel_swap     a Gather after the leaf: two output channels swapped, --channels (0,1), --axis (1 for
                    rank >= 3, else the last axis)
   hardsigmoid_sigmoid  the leaf's HardSigmoid becomes Sigmoid
@@ -345,9 +346,16 @@ def output_offset(g: Graph, target: str, value=None, **_) -> dict:
     return {"node": node.name, "value_name": out, "value": value, "change": f"Add after {out}: + {value:g}"}
 
 
-def fp16_round(g: Graph, target: str, **_) -> dict:
+NARROW = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}
+
+
+def fp16_round(g: Graph, target: str, fmt=None, **_) -> dict:
+    """A Cast to fp16 (or `fmt` bf16: a narrower format than an fp16 cell's) and back after the leaf."""
+    fmt = fmt or "fp16"
+    if fmt not in NARROW:
+        raise FaultError(f"--format {fmt!r}: expected one of {', '.join(NARROW)}")
     out = g.real_value(target)
-    half = g.insert_after(out, "Cast", [], "fp16_round", to=onnx.TensorProto.FLOAT16)
+    half = g.insert_after(out, "Cast", [], "fp16_round", to=NARROW[fmt])
     mid = g.fresh(f"{out}.fp16")
     half.output[0] = mid
     back = helper.make_node("Cast", [mid], [out], name=g.fresh("fp16_round_Cast"),
@@ -356,7 +364,7 @@ def fp16_round(g: Graph, target: str, **_) -> dict:
     pos = list(g.g.node).index(half)
     g.g.node.insert(pos + 1, back)
     g.producer[mid], g.producer[out] = g.g.node[pos], g.g.node[pos + 1]
-    return {"node": half.name, "value_name": out, "change": f"Cast to float16 and back after {out}"}
+    return {"node": half.name, "value_name": out, "format": fmt, "change": f"Cast to {fmt} and back after {out}"}
 
 
 def channel_swap(g: Graph, target: str, channels=None, axis=None, **_) -> dict:
@@ -589,6 +597,7 @@ def main(argv=None) -> int:
     ap.add_argument("--perm", help="transpose: comma-separated permutation (0,1,3,2)")
     ap.add_argument("--channels", help="channel_swap: the two channels, comma-separated (0,1)")
     ap.add_argument("--token", type=int, help="mask_leak: the token whose mask row is opened (10)")
+    ap.add_argument("--format", choices=list(NARROW), help="fp16_round: the format rounded to (fp16)")
     ap.add_argument("--plain-only", action="store_true",
                     help="the fault in model.onnx only; layers.onnx stays as exported")
     ap.add_argument("--out", required=True, help="directory to write (may be --model-dir itself)")
@@ -598,7 +607,8 @@ def main(argv=None) -> int:
     channels = [int(i) for i in a.channels.split(",")] if a.channels else None
     try:
         change = inject_dir(a.model_dir, a.out, a.fault, a.target, plain_only=a.plain_only, value=a.value,
-                            channel=a.channel, axis=a.axis, perm=perm, channels=channels, token=a.token)
+                            channel=a.channel, axis=a.axis, perm=perm, channels=channels, token=a.token,
+                            fmt=a.format)
     except (FaultError, FileNotFoundError) as e:
         print(f"faults: {e}", file=sys.stderr)
         return 2
