@@ -1,6 +1,6 @@
 """diff@model-dtype-provider: per-layer comparison of a capture against the torch fp32 reference
 (tolerance metrics) and against the fp64 run relative to the trusted baseline at the cell's dtype
-(the oracle verdict, the default: parity.pipeline.diffcell). numpy only.
+(the oracle verdict, the default: parity.pipeline.diff). numpy only.
 
 Writes, under --out: metrics.json (verdict and its mode, drift_origin with its cause, worst layer,
 worst_ratio, output-level metrics; a plain output: the report's summary.json is the DVC metric,
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from parity.config import params as config
+from parity.config import params as config, schema
 from parity.core import memory
 from parity.core.io import Corrupt
 
@@ -39,9 +39,9 @@ def main(argv=None) -> int:
 
     reuse_pool()  # decoded row groups' buffers reused (store.reuse_pool): bert_base's diff -0.5 s
     try:
-        print(diff_and_write(p, a.model, a.dtype, a.provider, Path(a.capture), Path(a.reference),
-                             Path(a.baseline) if a.baseline else None, Path(a.model_dir) if a.model_dir else None,
-                             Path(a.out)))
+        print(diff_and_write(schema.rule(p, a.model, a.dtype), config.cell_key(a.model, a.dtype, a.provider),
+                             Path(a.capture), Path(a.reference), Path(a.baseline) if a.baseline else None,
+                             Path(a.model_dir) if a.model_dir else None, Path(a.out)))
     except Corrupt as e:  # a capture/reference Parquet that does not parse: named, with how to recover it
         print(f"diff@{a.model}-{a.dtype}-{a.provider}: {e}", file=sys.stderr)
         return 1

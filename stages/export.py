@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 from parity.config import params as config
-from parity.core import memory
+from parity.core import memory, modelfiles
+from parity.models.onnx_source import OnnxSourceError
 from parity.pipeline import memsize
 from parity.pipeline.export import ExportError, export_model
+from parity.pipeline.onnx_export import export_file
 from parity.pipeline.publish import keep_mb
 
 
@@ -39,9 +41,11 @@ def main(argv=None) -> int:
         fold = False
         print(f"export@{a.model}: the reference streams (too large to stay decoded): reference@ makes it")
     built: dict = {}
-    try:
-        line = export_model(p, a.model, Path(a.out), built)
-    except ExportError as e:
+    m = p["models"][a.model]
+    try:  # an ONNX file is checked and instrumented, no torch; a torch model is exported
+        line = (export_file(a.model, m, Path(a.out)) if modelfiles.is_onnx_file(m)
+                else export_model(p, a.model, Path(a.out), built))
+    except (ExportError, OnnxSourceError) as e:
         print(f"export@{a.model}: {e}", file=sys.stderr)
         return 1
     print(f"export@{a.model}: {line}")

@@ -11,8 +11,8 @@ import pytest
 
 from parity.analysis import causes
 from parity.analysis.causes import classify
-from parity.pipeline.diffcell import CellDiff
-from parity.core import compare, dtypes, store
+from parity.pipeline.diff import CellDiff
+from parity.core import compare, dtypes, oracle, store
 
 U16 = 2.0 ** -11
 
@@ -157,7 +157,8 @@ def test_origin_cause_passes_the_verdict_to_the_cause():
     cd = CellDiff({"status": "OK"}, layers=[d], summary={"drift_origin": name}, mode="tolerance")
     act = {(0, name): store.Tensor(0, name, 0, a)}
     ref = {(0, store.reference_name(name)): store.Tensor(0, store.reference_name(name), 0, b)}
-    cause = causes.origin_cause(cd, act, ref, None, None, (U16, 4.0, 0.0), dtypes.facts("fp16"))
+    cause = causes.origin_cause(cd, act, ref, None, None, lambda rec: oracle.limit_rel(rec, U16, 4.0, 0.0),
+                                dtypes.facts("fp16"))
     assert cause["label"] != "precision", cause["summary"]
     assert "<= limit" not in cause["summary"]
 

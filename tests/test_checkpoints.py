@@ -373,6 +373,7 @@ def test_text_inputs_match_transformers_tokenisation_and_cycle_the_prompts(tmp_p
     transformers' own tokenizer gives at max_length padding (on the right, whatever the tokenizer's
     padding_side) and truncation, and without a pad token; sample s holds prompt s (cycling); a tokenizer whose ids exceed the model's
     vocabulary is refused naming the folder."""
+    from parity.config import inputspec
     from parity.pipeline import inputfiles, inputs
 
     prompts = ["the cat sat on the mat", "a big green tree was over the house and the river in the sun", "moon"]
@@ -384,7 +385,7 @@ def test_text_inputs_match_transformers_tokenisation_and_cycle_the_prompts(tmp_p
              "input": [{"name": "input_ids", "shape": [10], "dtype": "int64", "init": "text", "prompts": prompts},
                        {"name": "mask", "shape": [10], "dtype": "int32", "init": "text", "key": "attention_mask"},
                        {"name": "token_type_ids", "shape": [10], "dtype": "int64", "init": "text"}]}
-        got = inputfiles.model_samples(m, 0, 4, inputs.generate)
+        got = inputfiles.model_samples(inputspec.plan(m, 4), 0, inputs.generate)
         # without a pad token it pads with its EOS token (transformers would refuse to pad: given one here)
         want = _tokenised(folder, prompts + prompts[:1], 10, pad_token=None if pad else "</s>")
         for key, name in (("input_ids", "input_ids"), ("attention_mask", "mask"), ("token_type_ids", "token_type_ids")):
@@ -394,8 +395,9 @@ def test_text_inputs_match_transformers_tokenisation_and_cycle_the_prompts(tmp_p
     small = tmp_path / "rightTruebert"
     (small / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 8}))
     with pytest.raises(inputfiles.InputError, match=r"gives token id \d+, outside the model's vocabulary \[0, 8\)"):
-        inputfiles.model_samples({"arch": {"source": "hf", "path": str(small)}, "input": [
-            {"name": "input_ids", "shape": [10], "dtype": "int64", "init": "text", "prompts": prompts}]}, 0, 1, inputs.generate)
+        inputfiles.model_samples(inputspec.plan({"arch": {"source": "hf", "path": str(small)}, "input": [
+            {"name": "input_ids", "shape": [10], "dtype": "int64", "init": "text", "prompts": prompts}]}), 0,
+            inputs.generate)
 
 
 def test_the_inputs_stage_tokenises_without_torch(tmp_path):
@@ -403,10 +405,10 @@ def test_the_inputs_stage_tokenises_without_torch(tmp_path):
     folder = tmp_path / "ck"
     save_tokenizer(folder)
     (folder / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 64}))
-    code = (f"import sys; from parity.pipeline import inputfiles, inputs\n"
+    code = (f"import sys; from parity.pipeline import inputfiles, inputs; from parity.config import inputspec\n"
             f"m = {{'arch': {{'source': 'hf', 'path': {str(folder)!r}}}, 'input': [{{'name': 'input_ids', "
             f"'shape': [1, 8], 'dtype': 'int64', 'init': 'text', 'prompts': ['the cat']}}]}}\n"
-            f"s = inputfiles.model_samples(m, 0, 1, inputs.generate)\n"
+            f"s = inputfiles.model_samples(inputspec.plan(m), 0, inputs.generate)\n"
             f"print(s[0]['input_ids'].tolist(), [k for k in ('torch', 'transformers') if k in sys.modules])")
     import sys
 

@@ -96,8 +96,8 @@ def test_deps_check_names_what_is_missing_and_extra_and_write_fixes_it(tmp_path,
     those stages' entries, and a second --write changes nothing."""
     root = _code_tree(tmp_path / "repo")
     diff_py, dvc_yaml, saved = root / "stages/diff.py", root / "dvc.yaml", root / stagedeps.CLOSURES
-    diff_py.write_text(diff_py.read_text().replace("from parity.config import params as config\n",
-                                                   "from parity.config import params as config\nfrom parity.core import ui\n", 1))
+    diff_py.write_text(diff_py.read_text().replace("from parity.core import memory\n",
+                                                   "from parity.core import memory\nfrom parity.core import ui\n", 1))
     closures = json.loads(saved.read_text())
     saved.write_text(json.dumps({**closures, "report": [*closures["report"], "parity/commands/sweep.py"]}, indent=1) + "\n")
     code = "      - artifacts/code/stage-suite_coverage.json\n"

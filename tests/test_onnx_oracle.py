@@ -235,7 +235,7 @@ def test_no_golden_run_at_all_makes_the_fp32_run_the_yardstick(tmp_path):
     """When no node-by-node run works, fp64.parquet holds the fp32 reference (metadata `yardstick`):
     a reduced-precision cell is judged by the oracle against it, an fp32 cell by tolerance, and both
     reasons say so."""
-    from parity.pipeline.diffcell import verdict_mode
+    from parity.pipeline.diff import verdict_mode
     from parity.core import store
     from parity.pipeline import onnx_reference
 
@@ -321,7 +321,7 @@ def test_pipeline_judges_fp16_by_the_oracle_with_a_node_that_fell_back(tmp_path)
 def test_a_plain_golden_run_keeps_the_plain_reason(tmp_path):
     """The diff reads the fp64 file's metadata by key (`yardstick`, `note`): a golden run without
     them keeps the plain reason 'diff.verdict: oracle'."""
-    from parity.pipeline.diffcell import verdict_mode
+    from parity.pipeline.diff import verdict_mode
     from parity.core import store
 
     ref = tmp_path / "ref"

@@ -109,12 +109,12 @@ def test_negative_ints_need_a_vocabulary_to_be_refused_and_bool_inits(tmp_path, 
     (tmp_path / "data/inputs").mkdir(parents=True)
     np.save(tmp_path / "data/inputs/ix.npy", np.array([-2, 1], np.int64))
     spec = {"name": "ix", "shape": [2], "dtype": "int64", "init": "file", "path": "data/inputs/ix.npy"}
-    assert inputfiles.load_file(spec, {"source": "onnx"}, 1).tolist() == [[-2, 1]]
+    assert _load_file(spec, {"source": "onnx"}, 1).tolist() == [[-2, 1]]
     with pytest.raises(inputfiles.InputError, match=r"values span \[-2, 1\], outside \[0, 100\)"):
-        inputfiles.load_file({**spec, "name": "input_ids"}, {"source": "hf", "kwargs": {"vocab_size": 100}}, 1)
+        _load_file({**spec, "name": "input_ids"}, {"source": "hf", "kwargs": {"vocab_size": 100}}, 1)
     np.save(tmp_path / "data/inputs/m.npy", np.array([0, 2], np.int64))
     with pytest.raises(inputfiles.InputError, match="bool input holds 0/1"):
-        inputfiles.load_file({"name": "m", "shape": [2], "dtype": "bool", "init": "file",
+        _load_file({"name": "m", "shape": [2], "dtype": "bool", "init": "file",
                               "path": "data/inputs/m.npy"}, {}, 1)
     m = {"arch": {"source": "onnx", "path": "m.onnx"}, "input": [{"name": "m", "shape": [2], "dtype": "bool"}]}
     with pytest.raises(ValueError, match=r"input\[0\].init: a bool input takes init randint"):
@@ -151,7 +151,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     import onnx
     from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
-    from parity.pipeline import diffcell
+    from parity.pipeline import diff
     from parity.config import schema
     from parity.pipeline import onnx_reference
 
@@ -172,7 +172,7 @@ def test_no_fp64_reason_is_the_real_one(tmp_path):
     base = tmp_path / "base"
     base.mkdir()
     (base / "status.json").write_text('{"status": "OK"}')
-    mode, why = diffcell.verdict_mode(schema.rule(p, "c", "fp32", []), out, base)
+    mode, why = diff.verdict_mode(schema.rule(p, "c", "fp32", []), out, base)
     assert mode == "oracle" and "reference.fp64: false" not in why and "(FusedMatMul) ran on onnxruntime" in why, why
 
 
@@ -207,3 +207,12 @@ def test_fp16_conversion_onnxruntime_cannot_load_is_infer_fail_naming_the_conver
     r = res["float16"]
     # the plain graph opens first (run_capture's order): either graph's name
     assert r.status == "INFER_FAIL" and "converted to float16" in r.reason and ".onnx" in r.reason, r.reason
+
+
+def _load_file(spec: dict, arch: dict, n: int):
+    """inputfiles.load_file with the bound and id-ness the model's InputPlan gives the spec."""
+    from parity.config import inputspec
+    from parity.pipeline import inputfiles
+
+    plan = inputspec.plan({"arch": arch, "input": [spec]})
+    return inputfiles.load_file(spec, n, plan.bounds[0], plan.ids[0])

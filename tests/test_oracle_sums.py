@@ -16,7 +16,7 @@ from conftest import make_repo
 from parity.config import schema
 from parity.core import store
 from parity.analysis import sums
-from parity.pipeline import diffcell
+from parity.pipeline import diff
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def _diff(p, cell, root, without_sums, tmp):
             dst = tmp / src.relative_to(root)
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(sums.FILE))
         cap, base = tmp / cap.relative_to(root), tmp / base.relative_to(root)
-    cell = diffcell.load(cap, root / "artifacts/reference" / model, base)
-    cd = diffcell.diff_cell(schema.rule(p, model, dtype, cell.names), cell)
+    cell = diff.load(cap, root / "artifacts/reference" / model, base)
+    cd = diff.diff_cell(schema.rule(p, model, dtype, cell.names), cell)
     return json.dumps({"layers": [d.as_dict() for d in cd.layers], "own": cd.own, "summary": cd.summary,
                        "mode": cd.mode}, sort_keys=True)
 
@@ -90,10 +90,10 @@ def test_each_shape_of_a_two_shape_model_judges_the_same_from_sums(tmp_path):
                     shutil.copytree(src, d / src.relative_to(r.path), ignore=shutil.ignore_patterns(sums.FILE),
                                     dirs_exist_ok=True)
                 cap, base = d / cap.relative_to(r.path), d / base.relative_to(r.path)
-            values = diffcell.load(cap, r.path / "artifacts/reference/transformer_seq", base)
+            values = diff.load(cap, r.path / "artifacts/reference/transformer_seq", base)
             rule = schema.rule(p, "transformer_seq", "fp32", values.names)
             assert [idx for _, idx in rule.sample_sets] == [idx for _, idx in sets]  # as the inputs stage numbers them
-            cd = diffcell.diff_cell(rule, values, samples=rng, status=status)
+            cd = diff.diff_cell(rule, values, samples=rng, status=status)
             assert cd.mode == "oracle" and cd.own
             got.append(json.dumps({"layers": [x.as_dict() for x in cd.layers], "own": cd.own,
                                    "summary": cd.summary}, sort_keys=True))

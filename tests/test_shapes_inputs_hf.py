@@ -216,15 +216,15 @@ def test_file_formats_and_token_bounds(tmp_path, monkeypatch):
                 "path": f"data/inputs/{f}", **extra}
         if f == "col.parquet":
             spec["shape"] = [8]
-            got = inputfiles.load_file(spec, arch, 2)
+            got = _load_file(spec, arch, 2)
             assert np.array_equal(got, ids.reshape(2, 8)), f
         else:
-            assert np.array_equal(inputfiles.load_file(spec, arch, 2), ids), f
+            assert np.array_equal(_load_file(spec, arch, 2), ids), f
     spec = {"name": "input_ids", "shape": [1, 8], "dtype": "int64", "init": "file", "path": "data/inputs/ids.npy"}
     with pytest.raises(inputfiles.InputError, match=r"data/inputs/ids.npy\): values span \[\d+, \d+\], outside \[0, 10\)"):
-        inputfiles.load_file(spec, {**arch, "kwargs": {"vocab_size": 10}}, 2)
+        _load_file(spec, {**arch, "kwargs": {"vocab_size": 10}}, 2)
     with pytest.raises(inputfiles.InputError, match="holds 2 samples, inputs.samples asks for 3"):
-        inputfiles.load_file(spec, arch, 3)
+        _load_file(spec, arch, 3)
 
 
 def test_shape_and_input_config_errors_at_compose():
@@ -245,3 +245,12 @@ def test_shape_and_input_config_errors_at_compose():
     bert = composed("models=[bert_base]")
     msg = config_error(bert, lambda q: q["models"]["bert_base"]["input"][0].update(init="randint", high=40000))
     assert msg.startswith("models.bert_base.input[0].high: 40000 exceeds models.bert_base.arch.kwargs.vocab_size 30522")
+
+
+def _load_file(spec: dict, arch: dict, n: int):
+    """inputfiles.load_file with the bound and id-ness the model's InputPlan gives the spec."""
+    from parity.config import inputspec
+    from parity.pipeline import inputfiles
+
+    plan = inputspec.plan({"arch": arch, "input": [spec]})
+    return inputfiles.load_file(spec, n, plan.bounds[0], plan.ids[0])

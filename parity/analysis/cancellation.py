@@ -98,7 +98,7 @@ def cause(name: str, rel: float, frel: float, kappa: float, fmt, first: str, fir
 
 def refine(cd, reference_dir: Path, fmt, limits) -> None:
     """Move a failing oracle cell's drift origin to the cancelling sum it follows from, with its cause
-    (module docstring). `cd`: parity.pipeline.diffcell.CellDiff; `limits`: (u, k, slack)."""
+    (module docstring). `cd`: parity.pipeline.diff.CellDiff; `limits`: (u, k, slack)."""
     origin = cd.summary.get("drift_origin")
     if cd.mode != "oracle" or not origin or cd.summary.get("passed") is not False or fmt.name not in FLOATS:
         return

@@ -93,7 +93,6 @@ import numpy as np
 
 from parity.core import dtypes, store
 from parity.analysis import cause_patterns as patterns
-from parity.core import oracle
 from parity.core.compare import dot as _dot
 
 LABELS = ("overflow", "underflow", "cancellation", "range", "layout", "precision", "narrow_format", "op_substitution", "softmax_temperature", "scale",
@@ -516,13 +515,14 @@ def param_range(settings: dict | None, name: str, numeric: dict | None = None) -
                   "numeric": {k: numeric.get(k) for k in ("label", "summary")} if numeric else None})
 
 
-def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, limits: tuple,
+def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, limit_of,
                  fmt: dtypes.Format) -> dict | None:
-    """Why a cell's drift origin differs (`cd`: parity.pipeline.diffcell.CellDiff; act, ref, gold,
+    """Why a cell's drift origin differs (`cd`: parity.pipeline.diff.CellDiff; act, ref, gold,
     own: its captured, fp32, fp64 and own values by (sample, name)): its own values against fp64 when
     the origin is an own-error record, else its captured values against fp64 (oracle) or fp32
-    (tolerance). The precision limit is the oracle's (`limits`: u, k, slack): k times the trusted
-    backend's error, as a rel_l2. `fmt`: the number format the cell computes in."""
+    (tolerance). The precision limit is the oracle's: `limit_of(record)` gives a judged record's limit
+    (k times the trusted backend's error) as a rel_l2 (parity.core.oracle.limit_rel at the cell's u, k,
+    slack). `fmt`: the number format the cell computes in."""
     name = cd.summary["drift_origin"]
     rec = next((r for r in cd.own if r["name"] == name), None)
     if rec is not None and own is not None and gold is not None:
@@ -536,7 +536,7 @@ def origin_cause(cd, act: dict, ref: dict, gold: dict | None, own: dict | None, 
     pairs = [(values[s, name].array, expected[s, exp_name].array) for s in samples]
     if not pairs:
         return None
-    limit = oracle.limit_rel(rec, *limits) if rec else None  # the verdict's own limit, as a rel_l2
+    limit = limit_of(rec) if rec else None  # the verdict's own limit, as a rel_l2
     failed = not rec["passed"] if rec and "passed" in rec else \
         any(not d.passed for d in cd.layers if d.name == name)  # the verdict failed it: never `precision`
     return classify_samples(pairs, fmt, limit=limit, inputs=_inputs(gold, name, samples), name=name,

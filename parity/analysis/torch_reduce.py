@@ -7,7 +7,7 @@ value and handed over as a bundle whose expectation is torch's.
 The check: each leaf call of the graph fed from torch's fp64 input to it (`pre:<call>`, cast to
 float32), the ops between leaves fed from torch's leaf outputs (parity.models.onnx_cut, the capture's
 own-error cut, run by the ORT runner's infer_own), over every sample; each own value judged like the
-diff judges own error (parity.pipeline.diffcell.own_sums): against the fp64 run, with the cell's
+diff judges own error (parity.pipeline.diff.own_sums): against the fp64 run, with the cell's
 baseline (torch CPU eager at the cell's dtype, own.parquet) as the floor, u = float32's unit roundoff
 (the exported graph computes in float32 here whatever the cell's dtype), k and slack from
 `dtypes.<d>.oracle`. The first failing value (the diff's drift origin when it is among them) is the
@@ -133,7 +133,7 @@ def _sq(values: dict, name: str, gold: dict, gold_name: str, n: int):
 
 def check(runner, m, samples, base_own: dict, gold: dict, k: float, slack: float) -> tuple[list, dict, object]:
     """(oracle records of every own value of `m` in execution order, as the diff judges own error
-    (parity.pipeline.diffcell.own_sums): against fp64, the baseline's own error the floor; the
+    (parity.pipeline.diff.own_sums): against fp64, the baseline's own error the floor; the
     own values; the leaf analysis)."""
     own, lv = own_values(runner, m, samples)
     recs = []

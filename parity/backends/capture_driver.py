@@ -215,16 +215,6 @@ def _own(runner: Runner, job: CaptureJob, feeds: list[dict[str, np.ndarray]], re
     res.own_skipped = runner.own_skipped()
 
 
-def write_own(path: Path, res: CaptureResult, key: str) -> dict:
-    """own.parquet from the runner's own values (removed when there are none); the status entry."""
-    if res.status != "OK" or res.own is None:
-        path.unlink(missing_ok=True)
-        return {"measured": False, "reason": res.own_reason or res.reason or res.status}
-    rows = [store.Tensor(k, n, i, v) for k, named in enumerate(res.own) for i, (n, v) in enumerate(named)]
-    store.write(path, rows, {"cell": key, "kind": "own"})
-    return {"measured": True, "skipped": res.own_skipped}
-
-
 def latency_stats(ms: list[float]) -> dict:
     if not ms:
         return {}

@@ -167,7 +167,7 @@ def cell_files(root: str | Path = ".") -> dict[str, CellFiles]:
     return out
 
 
-CAPTURE_VALUES = "layers.parquet"   # parity.pipeline.diffcell reads the same names
+CAPTURE_VALUES = "layers.parquet"   # parity.pipeline.diff reads the same names
 REFERENCE_VALUES = "fp32.parquet"
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from parity.config import schema
@@ -100,6 +101,52 @@ def export_label(m: dict) -> str | None:
     return max(labels(m), key=lambda lab: (numel(lab), -labels(m).index(lab)))
 
 
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "config.json")  # what init: text reads
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """A model's `input:` and `shapes:` resolved once, for the samples and the export: per label its
+    specs (token ranges resolved) and sample numbers, the export's label and dynamic axes, each shape as messages name it,
+    each input's value bound, and what `init: text` reads from the checkpoint folder. Made by `plan`;
+    the modules that draw, load, tokenise and export read it and nothing of the config."""
+    inputs: list
+    labels: list
+    specs: dict
+    sample_sets: list
+    export_label: str | None
+    dynamic: dict
+    shown: dict
+    bounds: list
+    ids: list
+    vocab: int | None
+    vocab_where: str
+    text: dict = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [s["name"] for s in self.inputs]
+
+
+def plan(m: dict, n: int = 1) -> InputPlan:
+    """The model's InputPlan for `n` samples a shape (`inputs.samples`; sample_sets numbers them);
+    config-level reads only: the checkpoint's config.json and, with `init: text`, its tokenizer's json files."""
+    arch = m.get("arch") or {}
+    labs = labels(m)
+    src = text_source(m) if any(s.get("init") == "text" for s in m["input"]) else {}
+    if src:
+        folder = Path(str(arch.get("path")))
+        src = {**src, "folder": str(folder), "files": {f: _json_object(folder / f) for f in TOKENIZER_FILES}}
+    return InputPlan(inputs=list(m["input"]), labels=labs, specs={lab: specs_for(m, lab) for lab in labs},
+                     sample_sets=sample_sets(m, n),
+                     export_label=export_label(m), dynamic=dynamic_axes(m),
+                     shown={lab: describe(m, lab) for lab in labs},
+                     bounds=[vocab_bound(s, arch) for s in m["input"]],
+                     ids=[vocab_bound(s, arch) is not None or (arch.get("source") == "hf" and s["name"] == "input_ids")
+                          for s in m["input"]],
+                     vocab=model_vocab(arch), vocab_where=vocab_where(arch), text=src)
+
+
 ITEMSIZE = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2}
 
 
@@ -122,8 +169,14 @@ def checkpoint_config(arch: dict) -> dict:
     a folder without a readable one (validation says so)."""
     if arch.get("source") != "hf" or not isinstance(arch.get("path"), str):
         return {}
+    return _json_object(Path(arch["path"]) / "config.json")
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object file's content, {} when it is missing or not one (the config layer reads a
+    checkpoint's own json files itself: parity.core.io.json_object is the same rule for the layers above)."""
     try:
-        got = json.loads((Path(arch["path"]) / "config.json").read_text())
+        got = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return got if isinstance(got, dict) else {}

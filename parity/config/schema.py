@@ -351,17 +351,33 @@ def section(cls, d: Mapping | None):
     return _make(cls, d)
 
 
-def rule(p: Mapping, model: str, dtype: str, layers) -> tolerance.Rule:
+def rule(p: Mapping, model: str, dtype: str, layers=None) -> tolerance.Rule:
     """The Rule of a cell of `model` at `dtype` (parity.core.tolerance.Rule), with the tolerance of every
-    layer in `layers`: the settings read through of(p), so every default it applies is this module's."""
+    layer in `layers` (None: of each layer when first looked up, LayerTolerances: the diff stage makes the
+    Rule before it reads the layer names): the settings read through of(p), so every default it applies is
+    this module's."""
     c, dc, m = of(p), p["dtypes"][dtype], p["models"][model]
     n = int(c.inputs.samples)
     labels = list(m.get("shapes") or {})  # as parity.config.inputspec.sample_sets: n samples a label, in order
     sets = tuple((lab, range(i * n, (i + 1) * n)) for i, lab in enumerate(labels))
-    tols = {name: tolerance.resolve(dc["tol"], f"dtypes.{dtype}.tol", m.get("tolerances"),
-                                    f"models.{model}.tolerances", dtype, layer=name) for name in layers}
+    tols = LayerTolerances(lambda name: tolerance.resolve(dc["tol"], f"dtypes.{dtype}.tol", m.get("tolerances"),
+                                                          f"models.{model}.tolerances", dtype, layer=name))
+    for name in layers or ():
+        tols[name]  # noqa: B018  resolved now: a bad rule fails here, as before
     d = c.dtypes[dtype]
     return _rule(dtype, dc, d.mode, d.oracle, c.diff, c.reference, tols, sets)
+
+
+class LayerTolerances(dict):
+    """layer -> (atol, rtol, source key) of a model cell, each resolved on its first look-up."""
+
+    def __init__(self, resolve):
+        super().__init__()
+        self._resolve = resolve
+
+    def __missing__(self, name: str):
+        got = self[name] = self._resolve(name)
+        return got
 
 
 def suite_rule(p: Mapping, suite: str, dtype: str) -> tolerance.Rule:

@@ -12,7 +12,7 @@ case, read here and nowhere else.
 - The `Rule` of a cell: all of the above resolved once, frozen, with the tolerance of each of its
   layers, the number format it computes in (parity.core.dtypes) and the sample sets of its input
   shapes; built from the typed config by parity.config.schema.rule. The diff of a cell
-  (parity.pipeline.diff, parity.pipeline.diffcell) reads the config through its Rule only.
+  (parity.pipeline.diff) reads the config through its Rule only.
 
 The config loader (parity.config.params) imports this module to validate diff.verdict, and must load
 no numpy (a light stage's --help: tests/test_light_stages.py): the dtype table (parity.core.dtypes, from
@@ -76,7 +76,7 @@ def unit_roundoff(dtype_cfg: dict) -> float:
 
 def limits(dtype_cfg: dict) -> Limits:
     """(u, k, slack) of a conf dtype (`dtypes.<d>.oracle`): what every oracle verdict, a model's
-    layer (parity.pipeline.diffcell), a suite case (parity.suites.diff), a generation step, a
+    layer (parity.pipeline.diff), a suite case (parity.suites.diff), a generation step, a
     reduction or the report's limit line, is judged by. The one place these keys are read."""
     o = dtype_cfg["oracle"]
     return Limits(unit_roundoff(dtype_cfg), float(o["k"]), float(o.get("slack", DEFAULT_SLACK)))

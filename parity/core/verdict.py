@@ -11,7 +11,7 @@ suite cell). Code elsewhere reads a decided verdict (compares it with a `Status`
 one (tests/test_house.py::test_one_function_decides_a_cells_verdict).
 What feeds it is computed below it, once: every layer judged against the cell's `Rule`
 (parity.core.tolerance) by tolerance (parity.core.compare.compare_layer) and by the fp64 oracle
-(parity.core.oracle.judge), and the cell's summary (parity.pipeline.diffcell.summarize:
+(parity.core.oracle.judge), and the cell's summary (parity.pipeline.diff.summarize:
 `passed`, `drift_origin`; `baseline` and `precision` from parity.core.oracle).
 
 The order of the rules (parity.core.status says what each verdict means):

@@ -103,11 +103,3 @@ def _calibrate_bn(model, shape, seed: int) -> None:
     for m, mom in zip(bns, saved):
         m.momentum = mom
     model.float().eval()
-
-
-def example_inputs(input_specs: list[dict], arrays: dict):
-    """Torch tensors (in spec order) from the numpy arrays of one sample."""
-    # lazy: torch +1.84 s (BENCHMARKS 22) in every stage importing parity.models.onnx_weights/onnx_cut (ORT)
-    import torch
-
-    return tuple(torch.from_numpy(arrays[s["name"]].copy()) for s in input_specs)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from parity.analysis import sums
 from parity.core.oracle import has_baseline
-from parity.backends.capture_driver import write_own
+from parity.pipeline.sink import write_own
 from parity.core import modelfiles, store
 from parity.pipeline.baseline_torch import BASELINE_PROVIDER, done, torch_baseline
 from parity.pipeline.inputs import load

@@ -1,5 +1,5 @@
 """What the diff stage writes of a cell (parity.pipeline.diff), from its judged shapes
-(parity.pipeline.diffcell.judge): metrics.json (verdict and its mode, drift_origin with its cause,
+(parity.pipeline.diff.judge): metrics.json (verdict and its mode, drift_origin with its cause,
 worst layer, worst_ratio, output-level metrics), layers.json (every layer's metrics, the causes, the
 oracle's own errors) and layers.csv (the DVC plot), and the stage's summary line.
 
@@ -22,7 +22,6 @@ from pathlib import Path
 
 from parity.core import compare, status, store
 from parity.core.verdict import decide
-from parity.pipeline import diffcell
 from parity.core.io import write_json, write_text
 
 # layers.csv, the DVC plot (dvc.yaml `plots:`, drawn by parity/pipeline/plot_layers.json): `ratio` is what the
@@ -54,7 +53,7 @@ def write(shapes: list, layers_json: dict, key: str, out: Path) -> str:
     return line
 
 
-def layers_json_of(cd: diffcell.CellDiff, key: str, shapes: list) -> dict:
+def layers_json_of(cd, key: str, shapes: list) -> dict:
     """layers.json: the deciding shape's layers at the top, every shape's under `shapes`."""
     extra = {} if shapes[0][0] is None else {"shape": next(lab for lab, c in shapes if c is cd), "shapes": {
         lab: {"layers": [d.as_dict() for d in c.layers], "own": c.own} for lab, c in shapes}}
@@ -74,7 +73,7 @@ def _output_metrics(d) -> dict:
     return m
 
 
-def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
+def metrics_of(cd, layers_json: dict) -> dict:
     """metrics.json of a cell."""
     status, summary = cd.status, cd.summary
     outputs = cd.outputs
@@ -99,7 +98,7 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
         m["baseline"] = summary["baseline"]
     if summary.get("notes"):  # the oracle's notes (parity.core.oracle.judge)
         m["notes"] = summary["notes"]
-    if summary.get("quant"):  # the quantisation's cost, not judged (diffcell.quant_summary)
+    if summary.get("quant"):  # the quantisation's cost, not judged (diff.quant_summary)
         m["quant"] = summary["quant"]
     origin = summary.get("drift_origin")
     if origin:
@@ -111,9 +110,9 @@ def metrics_of(cd: diffcell.CellDiff, layers_json: dict) -> dict:
 
 def where(name: str, layers_json: dict) -> str:
     """A readable place: 'Softmax, MatMul between qkv and out' for the ops between leaves."""
-    if not name.startswith(diffcell.BETWEEN):
+    if not name.startswith(store.BETWEEN):
         return name
-    leaf = name[len(diffcell.BETWEEN):]
+    leaf = name[len(store.BETWEEN):]
     reg = (layers_json.get("regions") or {}).get(leaf) or {}
     ops = [o for o in reg.get("ops", []) if o not in ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity",
                                                       "Constant", "Shape", "Gather", "Concat", "Slice", "Split")]
@@ -137,7 +136,7 @@ def _ratio(v) -> tuple[str, str]:
     return ("", "0 (exact)") if v <= 0 else (repr(v), "")
 
 
-def plot_csv(cd: diffcell.CellDiff) -> str:
+def plot_csv(cd) -> str:
     """layers.csv: one row per layer in execution order, the verdict's ratio to its limit (1) first
     (the judge's, parity.core.oracle.ratios)."""
     own = {r["layer"]: r["excess"] for r in cd.own if r["kind"] == "leaf"}
@@ -155,7 +154,7 @@ def plot_csv(cd: diffcell.CellDiff) -> str:
     return buf.getvalue()
 
 
-def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
+def summary_line(m: dict, cd) -> str:
     per = "".join(f" [{lab}: {x['verdict']}]" for lab, x in (m.get("shapes") or {}).items())  # models.<m>.shapes
     if m["status"] != "OK":
         return m["verdict"] + (f": {m['reason']}" if m.get("reason") else "") + per
@@ -175,7 +174,7 @@ def summary_line(m: dict, cd: diffcell.CellDiff) -> str:
 
 
 def _quant_cost(q: dict | None) -> str:
-    """The quantisation's expected cost, apart from the verdict (diffcell.quant_summary)."""
+    """The quantisation's expected cost, apart from the verdict (diff.quant_summary)."""
     if not q:
         return ""
     differ = q.get("weights_differ") or []

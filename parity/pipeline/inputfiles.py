@@ -29,33 +29,34 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 from parity.config import schema
-from parity.config.inputspec import export_label, model_vocab, sample_sets, specs_for, text_source, vocab_bound
-from parity.config.inputspec import NO_TOKENIZER, vocab_where
+from parity.config.inputspec import NO_TOKENIZER, InputPlan
 from parity.core import store
-from parity.core.io import json_object
 
 
 class InputError(ValueError):
     """A bad input file or value range: the message names the key and the file."""
 
 
-def model_samples(m: dict, seed: int, n: int, generate) -> list[dict]:
-    """Every sample of the model, sample set after sample set: {input name: array}. `generate(spec,
-    seed, sample, index)` draws a synthetic input; `init: file` inputs come from their file."""
-    files = {i: load_file(s, m.get("arch") or {}, n) for i, s in enumerate(m["input"]) if s.get("init") == "file"}
-    text = TextInputs(m) if any(s.get("init") == "text" for s in m["input"]) else None
+def model_samples(plan: InputPlan, seed: int, generate) -> list[dict]:
+    """Every sample of the model (its parity.config.inputspec.plan), sample set after sample set: {input
+    name: array}. `generate(spec, seed, sample, index)` draws a synthetic input; `init: file` inputs come
+    from their file, `init: text` ones from the checkpoint's tokenizer."""
+    n = len(plan.sample_sets[0][1])
+    files = {i: load_file(s, n, plan.bounds[i], plan.ids[i]) for i, s in enumerate(plan.inputs) if s.get("init") == "file"}
+    text = TextInputs(plan) if plan.text else None
     out = []
-    for lab, idx in sample_sets(m, n):
-        specs = specs_for(m, lab)
+    for lab, idx in plan.sample_sets:
+        specs = plan.specs[lab]
         for j, k in enumerate(idx):
             out.append({s["name"]: files[i][j] if i in files else text.sample(s, j) if s.get("init") == "text"
                         else generate(s, seed, k, i) for i, s in enumerate(specs)})
     return out
 
 
-def load_file(spec: dict, arch: dict, n: int):
+def load_file(spec: dict, n: int, bound: int | None = None, ids: bool = False):
     """The first n samples of a file input, as an [n, *shape] array of the spec's dtype (InputError
-    naming the file and the problem otherwise)."""
+    naming the file and the problem otherwise). `bound`: the exclusive upper bound of its values
+    (InputPlan.bounds); `ids`: it holds token ids (InputPlan.ids), so negative values are refused too."""
     path, name = Path(spec["path"]), spec["name"]
     key = spec.get("key", name)
     where = f"input '{name}' (init: file, path: {path})"
@@ -90,8 +91,7 @@ def load_file(spec: dict, arch: dict, n: int):
     if dt.kind in "iu":
         if a.dtype.kind == "f" and not np.array_equal(a, np.round(a)):
             raise InputError(f"{where}: non-integer values for an {dt} input")
-        bound = vocab_bound(spec, arch)  # only token ids have a range: negative axes/indices are valid ONNX
-        ids = bound is not None or (arch.get("source") == "hf" and name == "input_ids")
+        # only token ids have a range: negative axes/indices are valid ONNX
         lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
         if ids and (lo < 0 or (bound is not None and hi >= bound)):
             raise InputError(f"{where}: values span [{lo}, {hi}], outside [0, {bound}) "
@@ -132,15 +132,14 @@ def _read_array(path: Path, key: str):
     return np.array(col)
 
 
-def model_calibration(m: dict, seed: int, c: int, generate) -> list[dict]:
+def model_calibration(plan: InputPlan, seed: int, c: int, generate) -> list[dict]:
     """INT8 calibration samples at the export label's shapes; a file input cycles through its file."""
-    lab = export_label(m)
-    specs = specs_for(m, lab)
+    specs = plan.specs[plan.export_label]
     files = {}
-    for i, s in enumerate(m["input"]):
+    for i, s in enumerate(plan.inputs):
         if s.get("init") == "file" and c:
-            files[i] = load_file(s, m.get("arch") or {}, _count(s))  # every sample the file holds
-    text = TextInputs(m) if c and any(s.get("init") == "text" for s in m["input"]) else None
+            files[i] = load_file(s, _count(s), plan.bounds[i], plan.ids[i])  # every sample the file holds
+    text = TextInputs(plan) if c and plan.text else None
     return [{s["name"]: files[i][k % len(files[i])] if i in files else text.sample(s, k) if s.get("init") == "text"
              else generate(s, seed, k, i, calibration=True) for i, s in enumerate(specs)} for k in range(c)]
 
@@ -159,12 +158,12 @@ class TextInputs:
     """A model's text inputs: its prompts and its checkpoint's tokenizer, each prompt batch encoded once
     (input_ids and the mask of one sample come from the same encoding)."""
 
-    def __init__(self, m: dict):
-        self.arch = m.get("arch") or {}
-        src = text_source(m)
+    def __init__(self, plan: InputPlan):
+        src = plan.text
+        self.folder, self.vocab, self.vocab_where = src["folder"], plan.vocab, plan.vocab_where
         self.where = (f"input (init: text, path: {src['path']})" if "path" in src else "input (init: text, prompts)")
         self.prompts = read_prompts(Path(src["path"])) if "path" in src else list(src["prompts"])
-        self.encoder = tokenizer(Path(str(self.arch["path"])))
+        self.encoder = tokenizer(Path(self.folder), src["files"])
         self._cache: dict[tuple, dict] = {}
 
     def sample(self, spec: dict, j: int) -> np.ndarray:
@@ -179,11 +178,11 @@ class TextInputs:
 
     def _encode(self, prompts: list[str], length: int) -> dict:
         out = self.encoder(prompts, length)
-        vocab = model_vocab(self.arch)
+        vocab = self.vocab
         ids = out["input_ids"]
         if vocab is not None and ids.size and int(ids.max()) >= vocab:
-            raise InputError(f"{self.where}: the tokenizer in {self.arch['path']} gives token id {int(ids.max())}, "
-                             f"outside the model's vocabulary [0, {vocab}) ({vocab_where(self.arch)}): a tokenizer of "
+            raise InputError(f"{self.where}: the tokenizer in {self.folder} gives token id {int(ids.max())}, "
+                             f"outside the model's vocabulary [0, {vocab}) ({self.vocab_where}): a tokenizer of "
                              f"another model?")
         return out
 
@@ -203,12 +202,13 @@ def read_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def tokenizer(folder: Path):
+def tokenizer(folder: Path, files: dict):
     """encode(prompts, S) -> {input_ids, attention_mask, token_type_ids: int64 [len(prompts), S]}, by
-    the checkpoint's own tokenizer (its tokenizer.json, through the `tokenizers` library)."""
+    the checkpoint's own tokenizer (its tokenizer.json, through the `tokenizers` library). `files`: its
+    tokenizer_config.json, special_tokens_map.json and config.json, read (InputPlan.text)."""
     if not (folder / "tokenizer.json").is_file():
         raise InputError(f"input (init: text): {folder}: no tokenizer.json ({NO_TOKENIZER})")
-    return _fast_tokenizer(folder)
+    return _fast_tokenizer(folder, files)
 
 
 def _special(name: str, *configs: dict) -> str | None:
@@ -221,10 +221,10 @@ def _special(name: str, *configs: dict) -> str | None:
     return None
 
 
-def pad_token(folder: Path, token_to_id, id_to_token) -> tuple[int, str]:
+def pad_token(files: dict, token_to_id, id_to_token) -> tuple[int, str]:
     """(id, text) the tokenizer pads with: its pad token, else config.json's pad_token_id, else its
-    EOS token (or config.json's eos_token_id), else id 0."""
-    tc, sm, cfg = (json_object(folder / f) for f in ("tokenizer_config.json", "special_tokens_map.json", "config.json"))
+    EOS token (or config.json's eos_token_id), else id 0. `files`: tokenizer.files' json read."""
+    tc, sm, cfg = (files.get(f) or {} for f in ("tokenizer_config.json", "special_tokens_map.json", "config.json"))
     for name, key in (("pad_token", "pad_token_id"), ("eos_token", "eos_token_id")):
         tok = _special(name, tc, sm)
         if tok is not None and token_to_id(tok) is not None:
@@ -236,7 +236,7 @@ def pad_token(folder: Path, token_to_id, id_to_token) -> tuple[int, str]:
     return 0, id_to_token(0) or ""
 
 
-def _fast_tokenizer(folder: Path):
+def _fast_tokenizer(folder: Path, files: dict):
     from tokenizers import Tokenizer  # lazy: +0.03 s, only a model with text inputs
 
     path = folder / "tokenizer.json"
@@ -244,8 +244,8 @@ def _fast_tokenizer(folder: Path):
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - the library says what is wrong with the file
         raise InputError(f"input (init: text): {path}: cannot be read by the tokenizers library: {e}") from None
-    tc = json_object(folder / "tokenizer_config.json")
-    pid, ptok = pad_token(folder, tok.token_to_id, tok.id_to_token)
+    tc = files.get("tokenizer_config.json") or {}
+    pid, ptok = pad_token(files, tok.token_to_id, tok.id_to_token)
     pad_side = "right"  # not tc["padding_side"]: see the module docstring
     trunc_side = tc.get("truncation_side") if tc.get("truncation_side") in ("left", "right") else "right"
 

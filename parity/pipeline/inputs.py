@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from parity.config import schema
+from parity.config import inputspec, schema
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,7 +48,7 @@ def samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     from parity.pipeline import inputfiles
 
     c = schema.of(p)
-    return inputfiles.model_samples(p["models"][model], c.seed, c.inputs.samples, generate)
+    return inputfiles.model_samples(inputspec.plan(p["models"][model], c.inputs.samples), c.seed, generate)
 
 
 def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
@@ -56,7 +56,7 @@ def calibration_samples(p: dict, model: str) -> list[dict[str, np.ndarray]]:
     from parity.pipeline import inputfiles
 
     c = schema.of(p)
-    return inputfiles.model_calibration(p["models"][model], c.seed, c.inputs.calibration, generate)
+    return inputfiles.model_calibration(inputspec.plan(p["models"][model]), c.seed, c.inputs.calibration, generate)
 
 
 def load(path) -> list[dict[str, np.ndarray]]:

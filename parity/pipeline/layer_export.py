@@ -17,41 +17,66 @@ from pathlib import Path
 import onnx
 
 from parity.core.io import atomic_path
+from parity.core.store import OUTPUT, is_output
 from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_graph import op_inventory, prune_outputs  # noqa: F401  (export, decoder, tests)
 
 
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
-                  dynamic: dict[str, dict[int, str]] | None = None, names: list[str] | None = None) -> list[str]:
+                  dynamic: dict[str, dict[int, str]] | None = None, shapes: list | None = None,
+                  types: dict | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
     `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec);
-    `names`: those names, from a recorded run on `example` already made (input_error): not run again."""
+    `shapes`: [(label, example)] of every input shape, in order, each run once first (InputRefused when the
+    model does not take one; the one that is `example` runs in the recorder, giving the names, so the export
+    does not run the model once more: issue 38); `types`: gets each leaf module's type name."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
     # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
-    from parity.models.layers import LayerRecorder
+    from parity.models.layers import LayerRecorder, flatten, module_types
 
-    rec = LayerRecorder(model).eval()
-    if names is None:
-        with torch.no_grad():
-            rec(*example)
-    names = list(rec.names if names is None else names)
-    kwargs = dict(input_names=input_names, output_names=names, opset_version=opset)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
+    kwargs = dict(input_names=input_names, opset_version=opset, **(dynamic_axes(input_names, dynamic, exporter)
+                                                                   if dynamic else {}))
     if exporter == "dynamo":
         kwargs.update(dynamo=True, external_data=True, verbose=False)  # weights beside it: no 2 GiB limit
     else:
         kwargs.update(dynamo=False)
-        torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
-    if dynamic:
-        kwargs.update(dynamic_axes(input_names, dynamic, exporter))
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    if types is not None:
+        types.update(module_types(model))
+    rec = LayerRecorder(model).eval()
     try:
+        with torch.no_grad():
+            for label, ex in shapes or [(None, example)]:
+                try:  # the recorder's hooks are idle outside its own forward: the bare model runs
+                    out = rec(*ex) if ex is example else model(*ex)
+                except Exception as e:  # any error of the model's own forward on these inputs
+                    raise InputRefused(label, ex, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+                if (not rec.names or rec.names[0] != OUTPUT and not rec.names[0].startswith(OUTPUT + ":")) \
+                        if ex is example else not flatten(out):  # no tensor came back: nothing to compare
+                    raw = model(*ex) if ex is example else out
+                    raise InputRefused(label, ex, NO_OUTPUT + ("None" if raw is None else
+                                                                f"no tensor (a {type(raw).__name__})"), no_output=True)
+        kwargs.update(output_names=list(rec.names))
+        if exporter != "dynamo":
+            torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
         with torch.no_grad():
             torch.onnx.export(rec, example, str(path), **kwargs)
     finally:  # the model is left as it was: the reference runs on it next (parity.pipeline.fold)
         rec.remove_hooks()
         torch.backends.mha.set_fastpath_enabled(fastpath)
-    return names
+    return kwargs["output_names"]
+
+
+class InputRefused(Exception):
+    """The model does not take one input shape's inputs (a config error, not an export failure):
+    `label` (None: the model's `input:`), `shapes` (the example's), `why` (the first line of its error,
+    or NO_OUTPUT: the forward returned no tensor)."""
+
+    def __init__(self, label, example, why: str, no_output: bool = False):
+        super().__init__(why)
+        self.label, self.why, self.no_output = label, why, no_output
+        self.shapes = ", ".join(str(list(x.shape)) for x in example)
 
 
 def dynamic_axes(input_names: list[str], dynamic: dict[str, dict[int, str]], exporter: str) -> dict:
@@ -122,58 +147,45 @@ class ExportFailed(Exception):
     """The exporter raised: EXPORT_FAIL (the message is the exporter's, first line)."""
 
 
-def input_error(model, example, names: list | None = None) -> str | None:
-    """Run the model eagerly once on the example inputs: None if it takes them, else the first
-    line of its error (a shape the model cannot take is a config error, not an export failure).
-    `names`: a list that gets the run's output names, leaf calls included (it runs in a LayerRecorder):
-    export_layers' names, so the export does not run the model once more (issue 38)."""
+NO_OUTPUT = "forward returned "  # InputRefused.why for a forward with nothing to compare
+
+
+def export_checked(model, firsts: list, plan, out: Path, exporter: str, opset: int) -> dict:
+    """Export the per-layer graph to `out`/layers.onnx with its weights in `out`/weights.bin (each
+    published only when export and check succeed), and the plain graph to `out`/model.onnx. `firsts`:
+    the first sample of each input shape, in the order of `plan.labels` (an InputPlan of
+    parity.config.inputspec), each run once, the export label traced. Returns the record of layers.json
+    (all but the model name) with the op inventory under "ops". InputRefused when the model does not
+    take a shape, ExportFailed when the exporter raises. The exporter writes into a temp folder beside
+    `out`; its weights are then copied, in graph order, into weights.bin (parity.models.onnx_weights.pack),
+    never loaded into a protobuf."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
-    # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
-    from parity.models.layers import OUTPUT, LayerRecorder, flatten
-
-    rec = LayerRecorder(model).eval() if names is not None else None
-    try:
-        with torch.no_grad():
-            out = model(*example) if rec is None else rec(*example)
-    except Exception as e:  # any error of the model's own forward on these inputs
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-    finally:
-        if rec is not None:
-            rec.remove_hooks()
-    if rec is not None:  # outputs first in its names: none means no tensor came back (said as below)
-        if not rec.names or not (rec.names[0] == OUTPUT or rec.names[0].startswith(OUTPUT + ":")):
-            return input_error(model, example)
-        names[:] = rec.names
-        return None
-    if out is None:
-        return NO_OUTPUT + "None"
-    if not flatten(out):
-        return NO_OUTPUT + f"no tensor (a {type(out).__name__})"
-    return None
-
-
-NO_OUTPUT = "forward returned "  # input_error's message for a forward with nothing to compare
-
-
-def export_checked(model, example, input_names, out: Path, exporter: str, opset: int, dynamic=None, names=None):
-    """Export the per-layer graph to `out`/layers.onnx with its weights in `out`/weights.bin (each
-    published only when export and check succeed); return (output names, the checked graph, weightless:
-    its initializers refer to weights.bin). ExportFailed when the exporter raises. The exporter writes
-    into a temp folder beside `out`; its weights are then copied, in graph order, into weights.bin
-    (parity.models.onnx_weights.pack), never loaded into a protobuf."""
-    out.mkdir(parents=True, exist_ok=True)
+    shapes = [(lab, tuple(torch.from_numpy(f[s["name"]].copy()) for s in plan.inputs)) for lab, f in zip(plan.labels, firsts)]
+    example, types = shapes[plan.labels.index(plan.export_label)][1], {}
+    out.parent.mkdir(parents=True, exist_ok=True)  # `out` itself only once the model took every shape
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.export-", dir=out.parent) as d:
         tmp = Path(d) / "layers.onnx"
         try:
             with warnings.catch_warnings():
                 # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
                 warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
-                names = export_layers(model, example, input_names, tmp, exporter, opset, dynamic, names)
+                names = export_layers(model, example, plan.names, tmp, exporter, opset, plan.dynamic, shapes, types)
+        except InputRefused:
+            raise
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
         full = constant_outputs_as_nodes(strip_paths(onnx_weights.load_graph(tmp)))
+        out.mkdir(exist_ok=True)
         with atomic_path(out / onnx_weights.WEIGHTS, allow_empty=True) as w:
             onnx_weights.pack(full, d, w)
     onnx_weights.write_checked(full, out / "layers.onnx")
-    return names, full
+    outputs = [n for n in names if is_output(n)]
+    plain = prune_outputs(full, outputs)  # weightless: model.onnx shares layers.onnx's weights.bin
+    onnx_weights.write_checked(plain, out / "model.onnx")
+    called = {n.split("#")[0].split(":")[0] for n in names}
+    # Leaf modules the forward never calls as modules (nn.MultiheadAttention.out_proj: MHA uses its
+    # weights through F.multi_head_attention_forward) have no layer output; list them, don't hide them.
+    return {"exporter": exporter, "opset": opset, "outputs": outputs, "uncalled": [n for n in types if n not in called],
+            "layers": [{"name": n, "module": types.get(n.split("#")[0].split(":")[0], "")} for n in names if n not in outputs],
+            "regions": layer_regions(full), "ops": op_inventory(plain)}

@@ -5,7 +5,7 @@ graph cast to float64 (onnxruntime has no float64 Conv), node by node with fallb
 (parity.pipeline.onnx_fp64). Why this reference: onnx_source's docstring.
 
 What the oracle is measured against, written as fp64.parquet (its metadata says which; the diff's
-verdict reason repeats it, parity.pipeline.diffcell.verdict_mode):
+verdict reason repeats it, parity.pipeline.diff.verdict_mode):
 - the fp64 golden run, every node in float64 (metadata: by onnx-reference-evaluator);
 - the same, with the nodes the evaluator could not run in float64 run alone in float32 (or on
   onnxruntime in float64): `fallback_nodes` (JSON) and `note` name each, and why;
@@ -141,7 +141,7 @@ def write(out: Path, model: str, rows: list, gold: list, why: str, fell: list, c
     store.write(out / "fp32.parquet", rows, md)
     if gold:
         gmd = {"model": model, "dtype": "float64", "by": "onnx-reference-evaluator"}
-        if fell:  # the diff's verdict_mode_reason repeats the note (parity.pipeline.diffcell.verdict_mode)
+        if fell:  # the diff's verdict_mode_reason repeats the note (parity.pipeline.diff.verdict_mode)
             gmd.update(fallback_nodes=json.dumps(fell), note=onnx_fp64.describe(fell))
         if conds:  # read by parity.analysis.cancellation (a cancelling sum at the drift origin)
             gmd["sum_conditions"] = json.dumps({k: round(v, 6) for k, v in sorted(conds.items())})

@@ -29,7 +29,7 @@ quant_fp32.parquet (the yardstick run, corrected the same way), quant_oracle.jso
 cost of quantisation per layer: rel_l2 of the oracle vs the fp32 reference, and at the output; the
 graph's deviation from the reference; and for int4 the provider's packed MatMulNBits initializers
 compared with parity's, weight by weight). The diff judges the cell against them by the oracle
-(parity.pipeline.diffcell) and reports the cost apart from the verdict.
+(parity.pipeline.diff) and reports the cost apart from the verdict.
 """
 
 from __future__ import annotations

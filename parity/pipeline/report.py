@@ -132,7 +132,7 @@ def alike_sections(lines: list[str]) -> tuple[str, str]:
 def quant_costs(cells: list[dict], top: int = 5) -> list[str]:
     """One line per quantised cell (int4 / int8 judged by the quantised oracle): what the quantisation
     itself costs, apart from the verdict: the output's rel_l2 vs the fp32 reference, the layers it costs
-    most (each layer's `quant_cost`, diffcell.quant_summary) and packed weights unlike parity's own."""
+    most (each layer's `quant_cost`, parity.pipeline.diff.quant_summary) and packed weights unlike parity's own."""
     lines = []
     for c in cells:
         q = (c["metrics"] or {}).get("quant")

@@ -310,7 +310,7 @@ def memory_rows(peaks: list[dict]) -> tuple[list[str], list[list[str]]]:
 
 
 MEMORY_NOTE = ("Peak RSS: VmHWM of each stage process (ru_maxrss of its children), from its timing file. Estimate: "
-               "a x W + b x SA + base (parity/core/memory.py), checked before the stage allocates; "
+               "a x W + b x SA + base (docs/resources.md), checked before the stage allocates; "
                "PARITY_MEMORY_CHECK=0 skips the check.")
 
 

@@ -8,10 +8,50 @@ the fp64 reference's, and a shape alone is a subset of them.
 
 from __future__ import annotations
 
-from parity.backends.capture_driver import run_capture
+from pathlib import Path
+
+from parity.backends import load_runner
+from parity.backends.capture_driver import latency_stats, onnx_file_unsupported, run_capture
 from parity.backends.runner import CaptureJob, CaptureResult, Runner
+from parity.config import imports
+from parity.core import modelfiles
+from parity.pipeline.inputs import load
 
 SPLIT = ("INFER_FAIL", "COMPILE_FAIL")  # failures that can depend on the input shape
+
+
+def run_cell(job: CaptureJob, plan, inputs: Path, sink, timing: tuple[int, int], unavailable: str | None):
+    """The provider's runner (`job.provider_cfg`) on every input shape of the model's InputPlan `plan`
+    (its samples read from `inputs`), each at `timing` (warmup, repeats): (CaptureResult, runner
+    settings, status by shape or None, latency stats). `unavailable`: why no node of the cluster offers
+    the provider (fingerprint.cluster_unavailable), else None."""
+    pc = job.provider_cfg
+    if not unavailable and torch_runner_on_onnx_file(job, pc):  # decided without importing the runner (torch)
+        res = CaptureResult("UNSUPPORTED", onnx_file_unsupported(job))
+        return res, {}, None if plan.labels == [None] else {lab: {"status": res.status, "reason": res.reason}
+                                                            for lab in plan.labels}, {}
+    try:
+        cls = load_runner(pc["runner"], pc.get("import"))
+    except ValueError as e:
+        return CaptureResult("UNAVAILABLE", f"{e} <providers.{job.provider}.runner>"), {}, None, {}
+    if unavailable:
+        res, by_shape = CaptureResult("UNAVAILABLE", unavailable), None
+    else:  # several input shapes: a failure says which
+        res, by_shape = capture_by_shape(cls, job, load(inputs), plan.sample_sets, *timing, plan.shown.__getitem__, sink)
+    settings = cls.settings(job) if res.status != "UNSUPPORTED" and not unavailable else {}
+    return res, settings, by_shape, latency_stats(res.latency_ms)
+
+
+def torch_runner_on_onnx_file(job: CaptureJob, pc: dict) -> bool:
+    """An ONNX-file model on a runner that takes torch models only, read from the runner's source (its
+    class attributes onnx_based and engine_build, as Python would find them; never imported): the
+    cell is UNSUPPORTED without loading torch (run_capture says the same after an import). False
+    when the source cannot tell."""
+    if not modelfiles.is_onnx_file(job.model_cfg):
+        return False
+    mod, _, name = str(pc.get("runner", "")).partition(":")
+    found = [imports.class_value(mod, name, a) for a in ("onnx_based", "engine_build")] if name else [None]
+    return found == [False, False]
 
 
 def capture_by_shape(cls: type[Runner], job: CaptureJob, feeds: list, sets: list, warmup: int, repeats: int,

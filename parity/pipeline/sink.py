@@ -72,6 +72,21 @@ class StoreSink(CaptureSink):
                 self.acc.own_value(k, i, n, v, gold)
             i += 1
 
+    def finish_cell(self, res: CaptureResult, key: str) -> tuple[dict, int]:
+        """`finish`, or when the shapes ran one by one after a failure (parity.pipeline.shapes: their values
+        are in res.samples, not here), those written whole; (own error's status entry, layers of the
+        first sample that ran)."""
+        if not res.samples:
+            own = self.finish(res)
+            return own, (self.first_layers or 0) if res.status == "OK" else 0
+        rows = [t for k, named in enumerate(res.samples) for t in store.rows_from(k, named)]
+        store.write(self.out / "layers.parquet", rows, {"cell": key, "status": res.status})
+        first = min((t.sample for t in rows), default=0)  # sample 0's shape may have failed
+        n_layers = sum(1 for t in rows if t.sample == first and not store.is_output(t.name))
+        own = write_own(self.out / "own.parquet", res, key)
+        (self.out / sums.FILE).unlink(missing_ok=True)
+        return own, n_layers
+
     def finish(self, res: CaptureResult, keep_layers: bool = False) -> dict:
         """Publish or drop each file by the result; the status entry of own error (as write_own)."""
         ok = res.status == "OK"
@@ -102,6 +117,17 @@ class StoreSink(CaptureSink):
         self.layers.abort()
         if self.own_w is not None:
             self.own_w.abort()
+
+
+def write_own(path: Path, res: CaptureResult, key: str) -> dict:
+    """own.parquet from the runner's own values (removed when there are none); the status entry."""
+    if res.status != "OK" or res.own is None:
+        path.unlink(missing_ok=True)
+        return {"measured": False, "reason": res.own_reason or res.reason or res.status}
+    rows = [store.Tensor(k, n, i, v) for k, named in enumerate(res.own) for i, (n, v) in enumerate(named)]
+    store.write(path, rows, {"cell": key, "kind": "own"})
+    return {"measured": True, "skipped": res.own_skipped}
+
 
 
 def _against(t: store.Tensor, gold: store.SampleRows) -> store.Tensor:
