@@ -236,3 +236,33 @@ def test_a_fault_only_in_the_plain_graph_is_not_read_as_0_failing():
     assert layer_counts(m).endswith("; the output and the shipped graph's output (model.onnx) fail")
     passing = dict(m, verdict="PASS", output={"passed": True}, plain_output={"passed": True})
     assert layer_counts(passing) == "3 layers compared, 0 failing"
+
+
+@pytest.mark.parametrize("numeric_label", ["offset", "unknown"])
+def test_a_few_underflowing_weights_do_not_replace_a_pattern_the_values_name(numeric_label):
+    """A failing fp16 layer that reads 2 weights below fp16's smallest subnormal: when its values name a
+    pattern (an offset of +0.02 on its output: issue 35's fault table, row 17), that stays the drift
+    origin's cause, the underflow in its evidence; when they name none, the underflow is the cause."""
+    from parity.pipeline.diff import settings_causes
+
+    b = np.random.default_rng(3).normal(size=(1, 8, 4, 4)).astype(np.float32)
+    name = "layer4.1.conv2"
+    d = compare.compare_layer(name, 0, [(0, b + np.float32(0.02), b)], 1e-5, 1e-5, "test", 0.0)
+    rng = {"param": f"{name}.weight", "format": "fp16", "numel": 2359296, "over": 0, "under": 2, "max_abs": 0.3,
+           "min_abs": 1e-9, "ops": ["Conv"], "modules": [name]}
+    numeric = {"label": numeric_label, "summary": f"{numeric_label}: +0.02", "evidence": {}}
+    cd = CellDiff({"status": "OK", "settings": {"range": [rng]}}, layers=[d],
+                  summary={"drift_origin": name, "drift_origin_cause": numeric}, mode="oracle")
+    settings_causes(cd)
+    cause = cd.summary["drift_origin_cause"]
+    if numeric_label == "offset":
+        assert cause["label"] == "offset" and "2 nonzero values below" in cause["evidence"]["range"], cause
+        assert "reads parameters below fp16's smallest subnormal" in cause["summary"], cause
+        many = {**rng, "under": 128, "numel": 128, "max_abs": 2e-8}  # every weight flushed: it is the cause
+        cd2 = CellDiff({"status": "OK", "settings": {"range": [many]}}, layers=[d],
+                       summary={"drift_origin": name, "drift_origin_cause": numeric}, mode="oracle")
+        settings_causes(cd2)
+        assert cd2.summary["drift_origin_cause"]["label"] == "range", cd2.summary["drift_origin_cause"]
+    else:
+        assert cause["label"] == "range" and cause["evidence"]["kind"] == "underflow", cause
+    assert cd.layer_causes[name]["label"] == "range"  # the layer's own record still says what the graph holds

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from parity.analysis import cancellation, causes, plaindiff, sums
-from parity.core import compare, oracle, store, tolerance
+from parity.core import compare, dtypes, oracle, store, tolerance
 from parity.core.io import read_json
 from parity.pipeline import cellfiles
 
@@ -268,7 +268,8 @@ def _only(d: dict, samples: range) -> dict:
 def settings_causes(cd: CellDiff) -> None:
     """Causes that the capture's settings explain (causes.int8_saturation; causes.param_range: a
     parameter the layer reads that the cell's format cannot hold): every failing layer gets one, and it
-    replaces the drift origin's numeric cause (which stays in its evidence)."""
+    replaces the drift origin's numeric cause (which stays in its evidence), except a parameter
+    underflow where the values name a pattern of their own (`pattern_kept`)."""
     settings = cd.status.get("settings")
     origin = cd.summary.get("drift_origin")
     for d in cd.layers:
@@ -283,7 +284,32 @@ def settings_causes(cd: CellDiff) -> None:
         if c is not None:
             cd.layer_causes[origin] = c.as_dict()
     if origin in cd.layer_causes:
-        cd.summary["drift_origin_cause"] = cd.layer_causes[origin]
+        cd.summary["drift_origin_cause"] = pattern_kept(cd.summary.get("drift_origin_cause"), cd.layer_causes[origin])
+
+
+UNEXPLAINED = (None, "unknown", "precision")  # numeric labels that name no pattern of the values
+NEGLIGIBLE = 1e-3  # flushed parameters that together weigh less than this share of the largest value
+
+
+def pattern_kept(numeric: dict | None, setting: dict) -> dict:
+    """The origin's cause: the settings' one, unless it is an underflow (parameters below the format's
+    smallest subnormal, flushed to 0) of values too small to matter (together under NEGLIGIBLE of the
+    parameter's largest |value|: each is below half the smallest subnormal) while the values name a
+    pattern (a scale, an offset, a channel, an op substituted...): the values' cause stays, the underflow
+    in its evidence. Issue 35's fault table: +2e-2 on a conv's output at fp16 was labelled `range` by 2
+    of its 2.36 M weights below 5.96e-08, while its values said offset +0.02."""
+    ev = setting.get("evidence") or {}
+    if setting.get("label") != "range" or ev.get("kind") != "underflow" or not numeric \
+            or numeric.get("label") in UNEXPLAINED:
+        return setting
+    for e in ev.get("params") or []:
+        flushed = e.get("under", 0) * dtypes.subnormal_min(dtypes.facts(e["format"])) / 2
+        if e.get("over") or not e.get("max_abs") or flushed >= NEGLIGIBLE * e["max_abs"]:
+            return setting
+    fmt = (ev.get("params") or [{}])[0].get("format", "the format")
+    return {**numeric, "summary": f"{numeric.get('summary')}; the layer also reads parameters below {fmt}'s smallest "
+                                  f"subnormal (evidence.range), too few and too small to make this pattern",
+            "evidence": {**(numeric.get("evidence") or {}), "range": setting.get("summary")}}
 
 
 def _names(ref: dict, act: dict) -> list[str]:
