@@ -17,7 +17,7 @@ from pathlib import Path
 import onnx
 
 from parity.core.io import atomic_path
-from parity.core.store import OUTPUT, is_output
+from parity.core.store import is_output
 from parity.models import onnx_cut, onnx_weights
 from parity.models.onnx_graph import op_inventory, prune_outputs  # noqa: F401  (export, decoder, tests)
 
@@ -52,8 +52,8 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
                     out = rec(*ex) if ex is example else model(*ex)
                 except Exception as e:  # any error of the model's own forward on these inputs
                     raise InputRefused(label, ex, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
-                if (not rec.names or rec.names[0] != OUTPUT and not rec.names[0].startswith(OUTPUT + ":")) \
-                        if ex is example else not flatten(out):  # no tensor came back: nothing to compare
+                if (not rec.names or not is_output(rec.names[0])) if ex is example else not flatten(out):
+                    # no tensor came back (the recorder names the model's outputs first): nothing to compare
                     raw = model(*ex) if ex is example else out
                     raise InputRefused(label, ex, NO_OUTPUT + ("None" if raw is None else
                                                                 f"no tensor (a {type(raw).__name__})"), no_output=True)
