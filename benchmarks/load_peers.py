@@ -14,7 +14,8 @@ counted) and the 1-min load average before each side. Ratios are per round (A_i 
            B: the same Polygraphy command. The workspace is re-synced (`dvc checkout`) at the end.
   noop     A: `dvc repro` with nothing changed (the env stage runs: always_changed). B: `dvc status`.
            With --before CLONE (the same pipeline on the code before a change, run there too), that
-           clone's no-op `dvc repro` is a third side of the same rounds: before and after, one loop.
+           clone's no-op `dvc repro` is a third side of the same rounds: before and after, one loop. With
+           --floor CLONE (env/dvc.yaml's `always_changed: false`, run once since) DVC's own no-op, nothing run.
   cold     A: `dvc repro -f diff@<cell>` (every upstream stage forced: DVC's log checked against the stages
            `dvc repro -f --dry` lists). B: export-validator's pipeline (`cli export` then `cli compare`, two
            processes timed together) for resnet18 on seeded random weights, as benchmarks/peers.py runs it.
@@ -26,7 +27,7 @@ counted) and the 1-min load average before each side. Ratios are per round (A_i 
 --repo is a scratch clone that has been run (`dvc repro`), e.g. the 8-cell default; <cell> must be in it.
 Nothing asserts a timing.
 
-    python benchmarks/load_peers.py --repo /tmp/x [--runs 5] [--only capture,direct,noop,cold] [--before /tmp/y]
+    python benchmarks/load_peers.py --repo /tmp/x [--runs 5] [--only capture,direct,noop,cold] [--before /tmp/y] [--floor /tmp/z]
                                     [--peer-venv DIR] [--export-validator PATH] [--ev-venv DIR] [--json OUT]
 """
 
@@ -158,13 +159,16 @@ def noop_side(repo: Path):
     return side
 
 
-def row_noop(repo: Path, runs: int, before: Path | None) -> dict:
+def row_noop(repo: Path, runs: int, before: Path | None, floor: Path | None = None) -> dict:
     """`dvc repro` / `dvc status`; with `before` (a clone of the code before a change, run too), its no-op
-    `dvc repro` in the same rounds."""
+    `dvc repro` in the same rounds; with `floor` (a clone whose env/dvc.yaml has `always_changed: false`,
+    run once since), DVC's own no-op `dvc repro` with no stage running at all: what parity cannot go under."""
     sides = {"before": noop_side(before)} if before else {}
+    sides.update({"floor": noop_side(floor)} if floor else {})
     sides.update(A=noop_side(repo), B=lambda: timed(["dvc", "status"], repo, "dvc status")[0])
     res = paired(runs, sides)
-    res["commands"] = {"before": f"dvc repro in {before}", "A": f"dvc repro in {repo}", "B": f"dvc status in {repo}"}
+    res["commands"] = {"before": f"dvc repro in {before}", "floor": f"dvc repro in {floor} (env stage not always_changed)",
+                       "A": f"dvc repro in {repo}", "B": f"dvc status in {repo}"}
     show("no-op dvc repro / dvc status", res, res["commands"])
     return res
 
@@ -213,6 +217,8 @@ def main() -> int:
                     help="Polygraphy's own venv (created once if missing; default: %(default)s)")
     ap.add_argument("--before", type=Path, help="noop: a second scratch clone (the code before a change, run "
                     "too), whose no-op `dvc repro` is timed in the same rounds")
+    ap.add_argument("--floor", type=Path, help="noop: a scratch clone whose env/dvc.yaml says `always_changed: "
+                    "false` (run once since): DVC's no-op `dvc repro` with no stage to run, timed in the same rounds")
     ap.add_argument("--export-validator", type=Path, metavar="PATH", help="cold: an export-validator checkout")
     ap.add_argument("--ev-venv", type=Path, default=Path(tempfile.gettempdir()) / "parity-export-validator-venv",
                     help="export-validator's own venv (created once if it cannot import it; default: %(default)s)")
@@ -233,7 +239,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="parity-load-peers-") as work:
         poly = polygraphy_side(repo, a.peer_venv, Path(work)) if {"capture", "direct"} & set(only) else None
         rows = {"capture": lambda: row_capture(repo, a.runs, poly), "direct": lambda: row_direct(repo, a.runs, poly),
-                "noop": lambda: row_noop(repo, a.runs, a.before and a.before.resolve()),
+                "noop": lambda: row_noop(repo, a.runs, a.before and a.before.resolve(), a.floor and a.floor.resolve()),
                 "cold": lambda: row_cold(repo, a.runs, a.export_validator, a.ev_venv, Path(work))}
         for name in only:
             out[name] = rows[name]()

@@ -417,7 +417,7 @@ def check_runner(where: str, prov: dict) -> None:
         found = set()
         for f in d.glob("*.yaml"):
             try:
-                doc = yaml.safe_load(f.read_text()) or {}
+                doc = S.load_yaml(f.read_text()) or {}
             except yaml.YAMLError:
                 continue
             found |= {v["runner"] for v in doc.values() if isinstance(v, dict) and isinstance(v.get("runner"), str)}
@@ -666,7 +666,7 @@ def load(path: str | Path = PARAMS_FILE) -> dict:
     if not path.exists():
         raise ConfigError(f"{path}: not found (compose it from conf/ with `parity compose` or `dvc exp run`)")
     try:
-        p = yaml.safe_load(path.read_text()) or {}
+        p = S.load_yaml(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(yaml_error(e, path)) from None
     except UnicodeDecodeError as e:

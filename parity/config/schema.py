@@ -35,9 +35,19 @@ from parity.core import tolerance
 CONF = Path(__file__).resolve().parents[2] / "conf" / "config.yaml"  # the defaults parity ships
 
 
+# libyaml's loader where PyYAML has it: the pure-Python one is ~10x slower, and every stage process reads
+# params.yaml and this file (issue 38)
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text: str):
+    """yaml.safe_load's result, through libyaml where PyYAML has it."""
+    return yaml.load(text, Loader=YAML_LOADER)
+
+
 @functools.cache
 def _conf_file() -> dict:
-    return yaml.safe_load(CONF.read_text(encoding="utf-8"))
+    return load_yaml(CONF.read_text(encoding="utf-8"))
 
 
 def _conf(*keys: str):

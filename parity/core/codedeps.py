@@ -182,7 +182,7 @@ def model_code(module: str, roots=None) -> dict:
     was found under, so the same code gives the same bytes on every machine.
 
     Raises LookupError if the module's file cannot be found."""
-    roots = search_roots() if roots is None else roots
+    roots = search_roots() if roots is None else list(roots)
     hit = find_module(module, roots)
     if hit is None:
         raise LookupError(f"cannot find module '{module}' (searched {searched(module)} under "
@@ -194,7 +194,10 @@ def model_code(module: str, roots=None) -> dict:
             return False
         return not _installed(home) or f.relative_to(home).parts[0] in (top, f"{top}.py")
 
-    files = closure([module], roots, keep).values()
+    # a name found under an earlier root is not the module's own and one found only under a later root is
+    # never reached: searching up to `home` gives the same closure without a stat per root per name
+    upto = next(i for i, r in enumerate(roots) if Path(r) == home)
+    files = closure([module], roots[: upto + 1], keep).values()
     return {"source": "import", "module": module,
             "files": {f.relative_to(home).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
                       for f in sorted(files)}}
