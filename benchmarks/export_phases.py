@@ -52,6 +52,7 @@ PHASES = [
     ("onnxscript optimize", "torch.onnx._internal.exporter._onnx_program:ONNXProgram.optimize", 4),
     ("ONNXProgram.save", "torch.onnx._internal.exporter._onnx_program:ONNXProgram.save", 4),
     ("load exported graph", "parity.models.onnx_weights:load_graph", 2),
+    ("graph of the unsaved program", "parity.models.onnx_weights:unsaved_graph", 2),
     ("strip paths", "parity.pipeline.layer_export:strip_paths", 2),
     ("pack weights.bin", "parity.models.onnx_weights:pack", 2),
     ("write + check graph (write_checked)", "parity.models.onnx_weights:write_checked", 1),

@@ -24,12 +24,13 @@ from parity.models.onnx_graph import op_inventory, prune_outputs  # noqa: F401  
 
 def export_layers(model, example: tuple, input_names: list[str], path: Path, exporter: str, opset: int,
                   dynamic: dict[str, dict[int, str]] | None = None, shapes: list | None = None,
-                  types: dict | None = None) -> list[str]:
+                  types: dict | None = None, unsaved: dict | None = None) -> list[str]:
     """Export `model` with every leaf call as an output; return output names (model outputs first).
     `dynamic`: {input name: {axis: dim name}} declared dynamic (several input shapes, parity.config.inputspec);
     `shapes`: [(label, example)] of every input shape, in order, each run once first (InputRefused when the
     model does not take one; the one that is `example` runs in the recorder, giving the names, so the export
-    does not run the model once more: issue 38); `types`: gets each leaf module's type name."""
+    does not run the model once more: issue 38); `types`: gets each leaf module's type name; `unsaved`
+    (dynamo): gets the exported program under "program" and nothing is written to `path`."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
     # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
@@ -61,7 +62,10 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
         if exporter != "dynamo":
             torch.backends.mha.set_fastpath_enabled(False)  # legacy export of nn.MultiheadAttention
         with torch.no_grad():
-            torch.onnx.export(rec, example, str(path), **kwargs)
+            if exporter == "dynamo" and unsaved is not None:  # f=None: the program, its weights unsaved
+                unsaved["program"] = torch.onnx.export(rec, example, None, **kwargs)
+            else:
+                torch.onnx.export(rec, example, str(path), **kwargs)
     finally:  # the model is left as it was: the reference runs on it next (parity.pipeline.fold)
         rec.remove_hooks()
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -156,13 +160,15 @@ def export_checked(model, firsts: list, plan, out: Path, exporter: str, opset: i
     the first sample of each input shape, in the order of `plan.labels` (an InputPlan of
     parity.config.inputspec), each run once, the export label traced. Returns the record of layers.json
     (all but the model name) with the op inventory under "ops". InputRefused when the model does not
-    take a shape, ExportFailed when the exporter raises. The exporter writes into a temp folder beside
-    `out`; its weights are then copied, in graph order, into weights.bin (parity.models.onnx_weights.pack),
-    never loaded into a protobuf."""
+    take a shape, ExportFailed when the exporter raises. The dynamo exporter's program is not saved: its
+    graph is serialised with the weights left in memory and written once, in graph order, into weights.bin
+    (parity.models.onnx_weights.unsaved_graph, pack); the legacy exporter writes into a temp folder beside
+    `out` and its weights are copied from there. Weights are never loaded into a protobuf."""
     import torch  # lazy: torch +1.84 s (BENCHMARKS 22); parity.pipeline.decoder uses this module's ONNX helpers only
 
     shapes = [(lab, tuple(torch.from_numpy(f[s["name"]].copy()) for s in plan.inputs)) for lab, f in zip(plan.labels, firsts)]
     example, types = shapes[plan.labels.index(plan.export_label)][1], {}
+    unsaved = {} if exporter == "dynamo" else None
     out.parent.mkdir(parents=True, exist_ok=True)  # `out` itself only once the model took every shape
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.export-", dir=out.parent) as d:
         tmp = Path(d) / "layers.onnx"
@@ -170,15 +176,20 @@ def export_checked(model, firsts: list, plan, out: Path, exporter: str, opset: i
             with warnings.catch_warnings():
                 # torch.export's pytree prints it on every dynamo export (torch 2.x internals, not ours)
                 warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, category=FutureWarning)
-                names = export_layers(model, example, plan.names, tmp, exporter, opset, plan.dynamic, shapes, types)
+                names = export_layers(model, example, plan.names, tmp, exporter, opset, plan.dynamic, shapes,
+                                      types, unsaved)
+            # a dynamo export's weights go from memory to weights.bin once, not through a temp file (issue 38)
+            graph, memory = (onnx_weights.unsaved_graph(unsaved.pop("program")) if unsaved is not None
+                             else (onnx_weights.load_graph(tmp), None))
         except InputRefused:
             raise
         except Exception as e:  # the exporter's failure is the cell's result (EXPORT_FAIL), not a crash
             raise ExportFailed(f"{type(e).__name__}: {e}") from e
-        full = constant_outputs_as_nodes(strip_paths(onnx_weights.load_graph(tmp)))
+        full = constant_outputs_as_nodes(strip_paths(graph))
         out.mkdir(exist_ok=True)
         with atomic_path(out / onnx_weights.WEIGHTS, allow_empty=True) as w:
-            onnx_weights.pack(full, d, w)
+            onnx_weights.pack(full, d, w, memory=memory)
+        del memory
     onnx_weights.write_checked(full, out / "layers.onnx")
     outputs = [n for n in names if is_output(n)]
     plain = prune_outputs(full, outputs)  # weightless: model.onnx shares layers.onnx's weights.bin
