@@ -41,8 +41,15 @@ YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_yaml(text: str):
-    """yaml.safe_load's result, through libyaml where PyYAML has it."""
-    return yaml.load(text, Loader=YAML_LOADER)
+    """yaml.safe_load's result, through libyaml where PyYAML has it. A YAML error is raised as the
+    pure-Python loader words it (`expected the node content, but found '<stream end>'`; libyaml says
+    `did not find expected node content`): errors are rare, the message is what a user reads."""
+    try:
+        return yaml.load(text, Loader=YAML_LOADER)
+    except yaml.YAMLError:
+        if YAML_LOADER is yaml.SafeLoader:
+            raise
+        return yaml.safe_load(text)
 
 
 @functools.cache
