@@ -34,7 +34,7 @@ from onnx import TensorProto, numpy_helper
 from parity.backends import fault
 from parity.core import dtypes, modelfiles, store
 from parity.backends.runner import OpSkip, Runner, SessionError, Unavailable, interleave
-from parity.models import onnx_cut, onnx_weights
+from parity.models import onnx_cut, onnx_weights, torchlib_table
 from parity.models.onnx_weights import Converted
 
 OPT_LEVELS = {"disabled": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC",
@@ -372,6 +372,7 @@ def _export_op(side, args, kwargs, opset: int, exporter: str = "legacy"):
                 contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
+                torchlib_table.install()  # listed once per process, not per case
                 prog = torch.onnx.export(wrap, tuple(ts), None, dynamo=True, opset_version=int(opset),
                                          input_names=names, verbose=False)
                 return prog.model_proto.SerializeToString(), names, ts

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -187,7 +188,7 @@ def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS,
     IN_MEMORY, with `memory`: unsaved_graph) from the tensor object its offset indexes. `m` is changed in
     place and returned. Returns without holding more than one CHUNK of weights in memory (inline
     tensors and one IN_MEMORY tensor's bytes excepted)."""
-    base, where = Path(base_dir), {}
+    base, where, scratch = Path(base_dir), {}, {}  # scratch: _write_rows' buffer, reused
     with open(weights, "wb") as out:
         for t in initializers(m):
             if is_external(t):
@@ -211,7 +212,7 @@ def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS,
                     continue
                 pos = _align(out)
                 if held:
-                    _write_tensor(tensor, out)
+                    _write_tensor(tensor, out, scratch)
                     if out.tell() - pos != n:
                         raise ValueError(f"{t.name}: {out.tell() - pos} bytes written, {n} expected")
                 else:
@@ -229,15 +230,51 @@ def pack(m: onnx.ModelProto, base_dir, weights: Path, location: str = WEIGHTS,
     return m
 
 
-def _write_tensor(tensor, out) -> None:
+def _write_tensor(tensor, out, scratch: dict | None = None) -> None:
     """An in-memory tensor's bytes appended to `out`: the exporter's TorchTensor.tofile writes them from the
-    tensor's own memory (its tobytes copies them first: 4.4 GB for llama_1b)."""
-    if hasattr(tensor, "tofile"):
+    tensor's own memory (its tobytes copies them first: 4.4 GB for llama_1b); a numpy-backed tensor that is
+    not C-contiguous (a transpose the exporter's optimizer folded, as a view) goes CHUNK at a time through
+    `scratch`'s buffer (_write_rows), the rest through its own tofile."""
+    array = getattr(tensor, "raw", None)
+    if isinstance(array, np.ndarray) and not array.flags.c_contiguous and _plain_bytes(tensor, array):
+        _write_rows(array, out, {} if scratch is None else scratch)
+    elif hasattr(tensor, "tofile"):
         out.flush()  # onnx_ir's numpy-backed tofile may write to the file descriptor itself
         tensor.tofile(out)
         out.seek(0, os.SEEK_END)
     else:
         out.write(tensor.tobytes())
+
+
+def _plain_bytes(tensor, array: np.ndarray) -> bool:
+    """Whether the tensor's serialised bytes are its array's own bytes in C order: whole-byte elements
+    (onnx_ir packs 2-, 4- and 6-bit types) in little-endian order (it swaps big-endian ones)."""
+    bits = getattr(getattr(tensor, "dtype", None), "bitwidth", 0)
+    return (bits == array.dtype.itemsize * 8 and array.dtype.itemsize in (1, 2, 4, 8)
+            and sys.byteorder == "little" and array.dtype.byteorder != ">")
+
+
+def _write_rows(array: np.ndarray, out, scratch: dict) -> None:
+    """A non-contiguous array's bytes in C order, CHUNK at a time along its first axis, each chunk gathered
+    into one buffer kept in `scratch` across tensors (a fresh 64 MB buffer per chunk costs its page
+    faults every time). numpy's tofile writes such an array one element per fwrite: bert_base's 340 MB of
+    folded transposes took 3 s of CPU that way. Where torch is loaded (the export stage), its strided
+    copy gathers (blocked: half the CPU of numpy's for a transpose); the bytes are the same."""
+    same = array.view(np.dtype(f"i{array.dtype.itemsize}"))  # bfloat16, float8: as ints of their width
+    rows = max(1, CHUNK // max(1, same[0].nbytes))
+    need = min(len(same), rows) * same[0].nbytes
+    if scratch.get("buf") is None or scratch["buf"].nbytes < need:
+        scratch["buf"] = np.empty(need, np.uint8)
+    torch = sys.modules.get("torch") if min(array.strides) >= 0 else None
+    for i in range(0, len(same), rows):
+        chunk = same[i:i + rows]
+        raw = scratch["buf"][:chunk.nbytes]
+        part = raw.view(same.dtype).reshape(chunk.shape)
+        if torch is not None:
+            torch.from_numpy(part).copy_(torch.from_numpy(chunk))
+        else:
+            np.copyto(part, chunk)
+        out.write(raw)
 
 
 def _align(out) -> int:

@@ -47,7 +47,7 @@ from torch.export import Dim
 from transformers.cache_utils import DynamicCache
 
 from parity.core.io import atomic_path
-from parity.models import hf
+from parity.models import hf, torchlib_table
 from parity.models.layers import LayerRecorder
 from parity.pipeline.layer_export import prune_outputs, strip_paths
 
@@ -194,6 +194,7 @@ def export(lm: nn.Module, out_dir, opset: int = 18) -> dict:
 
     p, s, t = Dim("past", min=0, max=1 << 16), Dim("seq", min=1, max=1 << 16), Dim("total", min=1, max=1 << 17)
     shapes = ({1: s}, {1: t}, {1: s}, *({2: p} for _ in range(2 * n)))
+    torchlib_table.install()  # the exporter's operator table listed once, cheaply
     prog = torch.onnx.export(rec, (ids, mask, pos, *past), input_names=inputs, output_names=outputs,
                              dynamic_shapes=(shapes,), dynamo=True, opset_version=opset, external_data=False)
     m = strip_paths(prog.model_proto)

@@ -18,7 +18,7 @@ import onnx
 
 from parity.core.io import atomic_path
 from parity.core.store import is_output
-from parity.models import onnx_cut, onnx_weights
+from parity.models import onnx_cut, onnx_weights, torchlib_table
 from parity.models.onnx_graph import op_inventory, prune_outputs  # noqa: F401  (export, decoder, tests)
 
 
@@ -40,6 +40,7 @@ def export_layers(model, example: tuple, input_names: list[str], path: Path, exp
                                                                    if dynamic else {}))
     if exporter == "dynamo":
         kwargs.update(dynamo=True, external_data=True, verbose=False)  # weights beside it: no 2 GiB limit
+        torchlib_table.install()  # the exporter's operator table listed once, cheaply
     else:
         kwargs.update(dynamo=False)
     fastpath = torch.backends.mha.get_fastpath_enabled()
