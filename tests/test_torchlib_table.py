@@ -49,3 +49,12 @@ def test_another_onnxscript_is_left_alone(monkeypatch):
     monkeypatch.setattr(onnxscript, "__version__", "0.0.1")
     assert torchlib_table.install() is False
     assert not getattr(apis.get_torchlib_ops, "parity_listing", False)
+
+
+def test_pinned_is_the_projects_pin():
+    """A bump of pyproject.toml's onnxscript pin without PINNED would silently turn the listing off."""
+    import re
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'"onnxscript==([^"]+)"', pyproject).group(1) == torchlib_table.PINNED

@@ -256,8 +256,7 @@ def _plain_bytes(tensor, array: np.ndarray) -> bool:
 
 def _write_rows(array: np.ndarray, out, scratch: dict) -> None:
     """A non-contiguous array's bytes in C order, CHUNK at a time along its first axis, each chunk gathered
-    into one buffer kept in `scratch` across tensors (a fresh 64 MB buffer per chunk costs its page
-    faults every time). numpy's tofile writes such an array one element per fwrite: bert_base's 340 MB of
+    into one buffer kept in `scratch` across tensors (allocated once per pack). numpy's tofile writes such an array one element per fwrite: bert_base's 340 MB of
     folded transposes took 3 s of CPU that way. Where torch is loaded (the export stage), its strided
     copy gathers (blocked: half the CPU of numpy's for a transpose); the bytes are the same."""
     same = array.view(np.dtype(f"i{array.dtype.itemsize}"))  # bfloat16, float8: as ints of their width

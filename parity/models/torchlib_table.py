@@ -2,7 +2,7 @@
 `torch.onnx.export` call (ONNXRegistry.from_torchlib, through onnxscript's get_torchlib_ops). That lists
 557 functions and, for each, asks its `function_ir` for the domain: onnxscript re-reads the function's
 source file, parses it and translates its signature, 1.2 s of CPU per export call (2 s with the
-listing) out of a tiny model's ~7 s export process, paid again by every suite case an export makes.
+listing) out of a tiny model's ~7 s export process, paid again by every suite case exported with dynamo.
 
 `install()` replaces onnxscript's get_torchlib_ops, in this process only, with one that gives the same
 list (same functions, names, complex flags, in the same order) with each domain read from the function's
